@@ -1,0 +1,36 @@
+"""spectool: a speculative-decoding engine that shows its work.
+
+    import spectool as st
+    target = st.load(st.demo_model() / "target")
+    engine = st.Engine(target, draft=st.NgramConfig())
+    result = engine.generate(["def fib(n):"], max_new_tokens=64)
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
+
+__version__ = "0.1.0"
+
+# Heavy parts load on first use so `import spectool` stays quick in notebooks and the CLI.
+_LAZY = {
+    "load": ("spectool.model.loader", "load"),
+    "Target": ("spectool.model.loader", "Target"),
+    "demo_model": ("spectool.demo", "demo_model"),
+    "Engine": ("spectool.engine", "Engine"),
+    "GenerateResult": ("spectool.engine", "GenerateResult"),
+    "Trace": ("spectool.trace.reader", "Trace"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(import_module(module), attr)
+    raise AttributeError(f"module 'spectool' has no attribute {name!r}")
+
+
+__all__ = ["EagleConfig", "MultiLayerEagleConfig", "NgramConfig", *_LAZY]

@@ -1,0 +1,124 @@
+"""Draft-method configurations: what a user passes as ``Engine(target, draft=...)``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class NgramConfig:
+    """Model-free N-gram drafting from a trie over everything seen so far.
+
+    Args:
+        max_bfs_breadth: children kept per node for the shortest suffix match (``bfs``).
+        min_bfs_breadth: children kept per node for the longest suffix match (``bfs``).
+        max_trie_depth: longest n-gram stored and matched.
+        num_draft_tokens: N, tree nodes per request including the root.
+        match: ``"bfs"`` (recency) or ``"prob"`` (frequency, best-first).
+        capacity: trie nodes before LRU eviction of leaves.
+        external_corpus: optional text or JSONL file whose token stream is also drafted from.
+        external_corpus_max_tokens: token budget for the external corpus.
+    """
+
+    max_bfs_breadth: int = 10
+    min_bfs_breadth: int = 1
+    max_trie_depth: int = 18
+    num_draft_tokens: int = 12
+    match: str = "bfs"
+    capacity: int = 10_000_000
+    external_corpus: str | Path | None = None
+    external_corpus_max_tokens: int = 1_000_000
+
+    method = "ngram"
+
+    def __post_init__(self) -> None:
+        if self.num_draft_tokens < 2:
+            raise ValueError(f"num_draft_tokens must be >= 2 (root + at least one draft), got {self.num_draft_tokens}")
+        if self.min_bfs_breadth < 1:
+            raise ValueError(f"min_bfs_breadth must be >= 1, got {self.min_bfs_breadth}")
+        if self.min_bfs_breadth > self.max_bfs_breadth:
+            raise ValueError(
+                f"min_bfs_breadth ({self.min_bfs_breadth}) > max_bfs_breadth ({self.max_bfs_breadth})")
+        if self.max_trie_depth < 1:
+            raise ValueError(f"max_trie_depth must be >= 1, got {self.max_trie_depth}")
+        if self.match not in ("bfs", "prob"):
+            raise ValueError(f"match must be 'bfs' or 'prob', got {self.match!r}")
+        if self.external_corpus is not None and not Path(self.external_corpus).is_file():
+            raise ValueError(f"external_corpus {self.external_corpus!s} is not a readable file")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["method"] = self.method
+        d["external_corpus"] = None if self.external_corpus is None else str(self.external_corpus)
+        return d
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    """EAGLE-2 drafting: one draft layer reused for ``num_steps`` steps, top-k tree.
+
+    Args:
+        path: directory of the draft checkpoint (config.json + safetensors).
+        num_steps: draft steps (tree depth).
+        topk: children expanded per frontier node per step.
+        num_draft_tokens: N, tree nodes including the root (the best N-1 by path score).
+    """
+
+    path: str | Path
+    num_steps: int = 5
+    topk: int = 4
+    num_draft_tokens: int = 16
+
+    method = "eagle"
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if self.topk < 1:
+            raise ValueError(f"topk must be >= 1, got {self.topk}")
+        if self.num_draft_tokens < 2:
+            raise ValueError(f"num_draft_tokens must be >= 2 (root + at least one draft), got {self.num_draft_tokens}")
+        most = 1 + self.topk + (self.num_steps - 1) * self.topk * self.topk
+        if self.num_draft_tokens > most:
+            raise ValueError(
+                f"num_draft_tokens={self.num_draft_tokens} is more than the tree of {self.num_steps} steps "
+                f"with topk={self.topk} can hold ({most})")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["method"] = self.method
+        d["path"] = str(self.path)
+        return d
+
+
+@dataclass(frozen=True)
+class MultiLayerEagleConfig:
+    """Multi-layer EAGLE: K independent draft layers, layer k drafts k+1 tokens ahead.
+
+    Args:
+        path: directory of the draft checkpoint holding K layers.
+        num_steps: how many of the layers to use (a chain of num_steps + 1 nodes); <= K.
+    """
+
+    path: str | Path
+    num_steps: int = 4
+
+    method = "multi_layer_eagle"
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.num_steps + 1
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["method"] = self.method
+        d["path"] = str(self.path)
+        return d
+
+
+DraftConfig = NgramConfig | EagleConfig | MultiLayerEagleConfig

@@ -1,0 +1,1 @@
+"""Native (C++) parts of spectool."""

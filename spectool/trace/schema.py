@@ -1,0 +1,73 @@
+"""The on-disk trace schema: one Arrow row per (iteration, request).
+
+The engine hands the recorder batch tensors named after STEP_FIELDS (leading
+dimension = batch); the recorder turns each batch row into one Arrow row. Per-node
+arrays have length N (the request's num_draft_tokens); the mask is bit-packed row
+by row (numpy.packbits over the flattened N*N bools, big-endian bit order).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+FORMAT_VERSION = 1
+MAGIC = "spectool-trace"
+
+# Node status codes (DraftTree / verify).
+NOT_VISITED, ACCEPTED, REJECTED = 0, 1, 2
+
+_i32 = pa.list_(pa.int32())
+_f32 = pa.list_(pa.float32())
+
+# name -> (arrow type, meaning). Order is the column order on disk.
+STEP_FIELDS: dict[str, tuple[pa.DataType, str]] = {
+    "iteration": (pa.int32(), "iteration index within the run (0-based)"),
+    "request_id": (pa.int32(), "request index in the order prompts were given"),
+    "method": (pa.string(), "ngram | eagle | multi_layer_eagle | none"),
+    "seq_len": (pa.int32(), "tokens in the cache before this iteration"),
+    "num_nodes": (pa.int32(), "N: draft tree nodes including the root"),
+    "tokens": (_i32, "draft tree tokens [N], node 0 = root"),
+    "parents": (_i32, "parent index per node, -1 for the root"),
+    "depth": (_i32, "depth per node, root 0"),
+    "scores": (_f32, "draft score per node (EAGLE path prob; multi-layer per-layer top-1 prob; "
+               "ngram frequency share or BFS rank)"),
+    "valid": (pa.list_(pa.bool_()), "False for padding nodes"),
+    "mask_packed": (pa.binary(), "tree mask as the verifier used it, packbits of N*N bools"),
+    "positions": (pa.list_(pa.int64()), "RoPE positions per node"),
+    "retrieve_index": (_i32, "b*N + i"),
+    "retrieve_next_token": (_i32, "first child or -1"),
+    "retrieve_next_sibling": (_i32, "next sibling or -1"),
+    "ngram_match_len": (pa.int32(), "matched suffix length (ngram), -1 otherwise"),
+    "ngram_breadth": (pa.int32(), "BFS breadth used (ngram), -1 otherwise"),
+    "step_topk_tokens": (_i32, "EAGLE per-step top-k tokens, flattened [S*K] (see step_topk_shape)"),
+    "step_topk_probs": (_f32, "EAGLE per-step top-k probabilities, flattened [S*K]"),
+    "step_topk_shape": (_i32, "[S, K] of the two fields above, [] when absent"),
+    "target_argmax": (_i32, "target argmax token at every node"),
+    "target_argmax_prob": (_f32, "its probability"),
+    "target_topk_tokens": (_i32, "target top-k tokens per node, flattened [N*k]"),
+    "target_topk_probs": (_f32, "their probabilities, flattened [N*k]"),
+    "status": (pa.list_(pa.int8()), "0 not visited, 1 accepted, 2 rejected"),
+    "accept_path": (_i32, "accepted node indices, root first"),
+    "accept_length": (pa.int32(), "accepted draft tokens (len(accept_path) - 1)"),
+    "bonus_token": (pa.int32(), "token the target adds after the accepted path"),
+    "coins": (_f32, "sampling: uniform coin per node (NaN = unused); empty when greedy"),
+    "temperature": (pa.float32(), "0 for greedy"),
+    "draft_us": (pa.float32(), "time drafting (µs)"),
+    "index_us": (pa.float32(), "time building tree indices (µs)"),
+    "verify_us": (pa.float32(), "time in the verify forward (µs)"),
+    "commit_us": (pa.float32(), "time accepting and committing KV (µs)"),
+    "trie_get_us": (pa.float32(), "ngram: corpus batch_get (µs)"),
+    "trie_put_us": (pa.float32(), "ngram: corpus batch_put (µs)"),
+}
+
+STEP_SCHEMA = pa.schema([pa.field(name, typ) for name, (typ, _) in STEP_FIELDS.items()])
+
+REQUEST_FIELDS: dict[str, tuple[pa.DataType, str]] = {
+    "request_id": (pa.int32(), "request index"),
+    "prompt_tokens": (_i32, "prompt token ids"),
+    "output_tokens": (_i32, "generated token ids"),
+    "finish_reason": (pa.string(), "stop | length | prefill | aborted"),
+    "prompt_text": (pa.string(), "prompt as given (empty when given as ids)"),
+}
+
+REQUEST_SCHEMA = pa.schema([pa.field(name, typ) for name, (typ, _) in REQUEST_FIELDS.items()])

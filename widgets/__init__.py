@@ -1,0 +1,1 @@
+"""Jupyter views over a spectool Trace (live or loaded from disk)."""
