@@ -1,0 +1,45 @@
+"""The ``spectool`` command: one subcommand per job, each implemented beside what it drives."""
+
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+
+# subcommand -> (module, function taking argv and returning an exit code, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "demo": ("spectool.demo.run", "main", "decode the bundled demo prompts with both draft families; "
+             "summary table, traces and an HTML report"),
+    "record": ("spectool.record", "main", "decode prompts with one draft method and record a trace"),
+    "summary": ("spectool.trace.summary", "main", "summarise a trace: accept length, per-depth rates, timings"),
+    "check": ("spectool.trace.check", "main", "verify a trace's internal consistency (and optionally replay it)"),
+    "report": ("spectool.trace.report", "main", "write one standalone HTML report of a trace"),
+    "export-perfetto": ("spectool.trace.perfetto", "main", "export phase timings as Chrome/Perfetto trace JSON"),
+    "train-target": ("spectool.train.cli", "train_target_main", "train a BPE tokenizer and a small target"),
+    "train-draft": ("spectool.train.cli", "train_draft_main", "train EAGLE or multi-layer EAGLE draft layers"),
+    "bench": ("spectool.bench", "main", "time plain vs speculative decoding on a model and prompts"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: spectool COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    lines += ["", "`spectool COMMAND --help` shows a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``spectool`` console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if argv[0] not in COMMANDS:
+        print(f"spectool: unknown command {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module, func, _ = COMMANDS[argv[0]]
+    return int(getattr(import_module(module), func)(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
