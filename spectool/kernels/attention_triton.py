@@ -1,0 +1,247 @@
+"""Triton attention for the cached forward: decode (T=1) and tree verify (T=N).
+
+One call attends T new queries per row to that row's KV-cache slot. Keys at cache
+indices ``< starts[b]`` are the prefix and always visible; the T new tokens sit at
+``starts[b] .. starts[b]+T-1`` (already written) and new token k is visible to new
+token q iff ``tree_mask[b, q, k]`` (causal when the mask is None).
+
+Why it looks like this (decode is memory bound, see DESIGN.md "Performance notes"):
+
+* ``starts`` is read on the device, so a CUDA graph captured once replays for every
+  sequence length, and only the live blocks ``[0, starts+T)`` are ever loaded --
+  never the whole ``max_seq_len`` cache.
+* Split-KV ("flash-decoding"): the live keys of each (row, kv head) are cut into
+  ``num_splits`` contiguous chunks processed by separate programs, and a second
+  small kernel merges the partial results by their log-sum-exp. At batch 1 there are
+  only 8 kv heads; without splits 8 programs would leave most of the 132 SMs idle.
+  The number of splits depends on shapes only (never on ``starts``), so the launch
+  grid is fixed and graph safe; splits that find no live block exit after writing an
+  empty partial.
+* GQA: one program serves all ``G = Hq / Hkv`` query heads of a kv head (rows of the
+  tile are (head, query) pairs), so each K/V block is read from memory once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attn_split_kernel(
+    Q, K, V, Slots, Starts, Mask, OutPart, LsePart,
+    sq_b, sq_t, sq_h, sq_d,
+    sk_b, sk_h, sk_n, sk_d,
+    sv_b, sv_h, sv_n, sv_d,
+    sm_b, sm_q, sm_k,
+    T, NUM_KV_HEADS, sm_scale_log2,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    b = pid_bh // NUM_KV_HEADS
+    kvh = pid_bh % NUM_KV_HEADS
+    slot = tl.load(Slots + b).to(tl.int64)
+    start = tl.load(Starts + b).to(tl.int32)
+    kv_len = start + T
+
+    # This split's contiguous share of the live blocks.
+    n_blocks = tl.cdiv(kv_len, BLOCK_N)
+    per_split = tl.cdiv(n_blocks, NUM_SPLITS)
+    lo = pid_s * per_split * BLOCK_N
+    hi = tl.minimum(lo + per_split * BLOCK_N, kv_len)
+
+    # Tile rows are (query head in the group, new token) pairs: row = g * T + t.
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < GROUP * T
+    g = rows // T
+    t = rows % T
+    head = kvh * GROUP + g
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+
+    q_ptrs = Q + b * sq_b + t[:, None] * sq_t + head[:, None] * sq_h + offs_d[None, :] * sq_d
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    k_base = K + slot * sk_b + kvh * sk_h
+    v_base = V + slot * sv_b + kvh * sv_h
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi
+        k = tl.load(k_base + offs_n[None, :] * sk_n + offs_d[:, None] * sk_d,
+                    mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+        s = tl.dot(q, k) * sm_scale_log2  # [BLOCK_M, BLOCK_N], in log2 units
+
+        # Visibility: the prefix always; new token k by the tree mask (or causally).
+        new_k = offs_n - start
+        is_new = (new_k >= 0) & n_ok
+        if HAS_MASK:
+            tree = tl.load(Mask + b * sm_b + t[:, None] * sm_q + new_k[None, :] * sm_k,
+                           mask=row_ok[:, None] & is_new[None, :], other=0)
+            see_new = tree != 0
+        else:
+            see_new = new_k[None, :] <= t[:, None]
+        visible = (new_k[None, :] < 0) | (is_new[None, :] & see_new)
+        visible = visible & n_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row may see nothing in this block (tree masks); keep the shift finite.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + offs_n[:, None] * sv_n + offs_d[None, :] * sv_d,
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    # Partial result normalised within the split, plus its log2-sum-exp for the merge.
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    part = ((b * NUM_KV_HEADS * GROUP + head) * T + t) * NUM_SPLITS + pid_s
+    tl.store(OutPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LsePart + part, lse, mask=row_ok)
+
+
+@triton.jit
+def _attn_merge_kernel(
+    OutPart, LsePart, Out,
+    so_b, so_t, so_h, so_d,
+    T, NUM_HEADS,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)  # ((b * NUM_HEADS) + head) * T + t
+    t = pid % T
+    head = (pid // T) % NUM_HEADS
+    b = pid // (T * NUM_HEADS)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < NUM_SPLITS
+    d_ok = offs_d < HEAD_DIM
+    lse = tl.load(LsePart + pid * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.math.exp2(lse - m)  # every row sees at least itself, so m is finite
+    parts = tl.load(OutPart + (pid * NUM_SPLITS + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
+                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    out = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(Out + b * so_b + t * so_t + head * so_h + offs_d * so_d, out.to(Out.dtype.element_ty), mask=d_ok)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the CPU interpreter: a few splits are enough to exercise the merge
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, m_blocks: int, max_seq_len: int,
+                      block_n: int, sm_count: int) -> int:
+    """Splits per (row, kv head) so the grid holds about two programs per SM.
+
+    Depends on shapes only, never on the live lengths, so it is fixed for a CUDA graph.
+    """
+    base = batch * num_kv_heads * m_blocks
+    want = max(1, math.ceil(2 * sm_count / base))
+    return max(1, min(want, triton.cdiv(max_seq_len, block_n), 64))
+
+
+def cached_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    starts: torch.Tensor,
+    tree_mask: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of T new queries per row over that row's cache slot.
+
+    Args:
+        q: [B, T, Hq, D] queries (any strides), already rotated.
+        k_cache, v_cache: [max_batch, Hkv, max_seq_len, D] one layer's cache, with the T
+            new tokens already written at ``starts[b] .. starts[b]+T-1`` of slot ``slots[b]``.
+        slots: [B] int cache slot per row.
+        starts: [B] int cache length before the new tokens, read on the device.
+        tree_mask: [B, T, T] bool, ``tree_mask[b, q, k]``: new token q sees new token k;
+            None = causal.
+        num_splits: split-KV factor; None picks one from the shapes and the SM count.
+
+    Returns:
+        [B, T, Hq, D] attention output in q's dtype.
+    """
+    B, T, Hq, D = q.shape
+    _, Hkv, max_seq_len, Dk = k_cache.shape
+    if Dk != D or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"cache shapes {tuple(k_cache.shape)}, {tuple(v_cache.shape)} do not fit q {tuple(q.shape)}")
+    if Hq % Hkv:
+        raise ValueError(f"{Hq} query heads is not a multiple of {Hkv} kv heads")
+    if slots.shape != (B,) or starts.shape != (B,):
+        raise ValueError(f"slots {tuple(slots.shape)} and starts {tuple(starts.shape)} must both be ({B},)")
+    if tree_mask is not None and tree_mask.shape != (B, T, T):
+        raise ValueError(f"tree_mask must be ({B}, {T}, {T}), got {tuple(tree_mask.shape)}")
+    group = Hq // Hkv
+    block_d = triton.next_power_of_2(D)
+    block_m = max(16, min(64, triton.next_power_of_2(group * T)))
+    block_n = 64 if block_d <= 64 else 32 if block_m >= 64 else 64
+    m_blocks = triton.cdiv(group * T, block_m)
+    if num_splits is None:
+        num_splits = choose_num_splits(B, Hkv, m_blocks, max_seq_len, block_n, _sm_count(q.device))
+
+    out_part = torch.empty(B * Hq * T * num_splits * D, device=q.device, dtype=torch.float32)
+    lse_part = torch.empty(B * Hq * T * num_splits, device=q.device, dtype=torch.float32)
+    out = torch.empty(B, T, Hq, D, device=q.device, dtype=q.dtype)
+    if tree_mask is not None:
+        mask = tree_mask if tree_mask.dtype != torch.bool else tree_mask.view(torch.uint8)
+        mask_strides = mask.stride()
+    else:
+        mask, mask_strides = q, (0, 0, 0)  # never read: HAS_MASK is False
+
+    sm_scale_log2 = (1.0 / math.sqrt(D)) * 1.4426950408889634
+    _attn_split_kernel[(B * Hkv, m_blocks, num_splits)](
+        q, k_cache, v_cache, slots, starts, mask, out_part, lse_part,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides,
+        T, Hkv, sm_scale_log2,
+        GROUP=group, HEAD_DIM=D, NUM_SPLITS=num_splits, HAS_MASK=tree_mask is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4, num_stages=2,
+    )
+    _attn_merge_kernel[(B * Hq * T,)](
+        out_part, lse_part, out, *out.stride(), T, Hq,
+        HEAD_DIM=D, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_D=block_d, num_warps=4 if block_d >= 128 else 2,
+    )
+    return out
+
+
+def cached_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    starts: torch.Tensor,
+    tree_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Plain-torch reference of :func:`cached_attention_triton` (same arguments, float32 math)."""
+    B, T, Hq, D = q.shape
+    Hkv = k_cache.shape[1]
+    out = torch.empty_like(q)
+    for b in range(B):
+        start = int(starts[b])
+        n = start + T
+        k = k_cache[int(slots[b]), :, :n].float().repeat_interleave(Hq // Hkv, dim=0)  # [Hq, n, D]
+        v = v_cache[int(slots[b]), :, :n].float().repeat_interleave(Hq // Hkv, dim=0)
+        scores = torch.einsum("thd,hnd->htn", q[b].float(), k) / math.sqrt(D)
+        new = tree_mask[b] if tree_mask is not None else torch.ones(T, T, dtype=torch.bool).tril()
+        visible = torch.cat([torch.ones(T, start, dtype=torch.bool), new.cpu().bool()], dim=1)
+        scores = scores.masked_fill(~visible.to(scores.device), float("-inf"))
+        out[b] = torch.einsum("htn,hnd->thd", scores.softmax(-1), v).to(q.dtype)
+    return out
