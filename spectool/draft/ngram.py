@@ -1,0 +1,96 @@
+"""N-gram drafting: the trie proposes continuations of each request's tail.
+
+The corpus is fed each prompt at prefill and the accepted tokens after every
+verify (with request ids, so n-gram counts stay true); ``batch_get`` returns the
+tree as tokens + mask, and the index kernel turns the mask into positions and
+retrieve_* arrays.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from spectool.config import NgramConfig
+from spectool.draft import Batch
+from spectool.draft.tree import DraftTree
+
+
+class NgramDrafter:
+    """Drafts from a ``NgramCorpus`` shared by all requests of the engine."""
+
+    def __init__(self, config: NgramConfig, engine) -> None:
+        from spectool.native import NgramCorpus
+
+        self.config = config
+        self.device = engine.device
+        self.num_draft_tokens = config.num_draft_tokens
+        self.corpus = NgramCorpus(
+            max_trie_depth=config.max_trie_depth, min_bfs_breadth=config.min_bfs_breadth,
+            max_bfs_breadth=config.max_bfs_breadth, num_draft_tokens=config.num_draft_tokens,
+            match=config.match, capacity=config.capacity)
+        if config.external_corpus is not None:
+            chunks = [engine.target.encode(text) for text in read_corpus_texts(config.external_corpus)]
+            self.corpus.add_external_corpus(str(config.external_corpus), chunks,
+                                            config.external_corpus_max_tokens)
+
+    def allocate(self) -> None:
+        """Nothing to allocate on the device: the trie lives in host memory."""
+
+    def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
+        self.corpus.batch_put(batch.histories, req_ids=batch.request_ids,
+                              total_lens=[len(h) for h in batch.histories])
+
+    def draft(self, batch: Batch, timer) -> tuple[DraftTree, dict]:
+        depth = self.config.max_trie_depth
+        with timer("trie_get"):
+            self.corpus.synchronize()
+            got = self.corpus.batch_get(batch.request_ids, [h[-depth:] for h in batch.histories],
+                                        [len(h) for h in batch.histories])
+        with timer("index"):
+            dev = self.device
+            tree = DraftTree.from_mask(
+                torch.from_numpy(got.tokens).to(dev, torch.long), torch.from_numpy(got.mask).to(dev),
+                torch.from_numpy(got.scores).to(dev), batch.seq_lens,
+                valid=torch.from_numpy(got.valid).to(dev))
+        why = {"ngram_match_len": torch.from_numpy(got.match_len),
+               "ngram_breadth": torch.from_numpy(got.breadth)}
+        return tree, why
+
+    def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
+                  accepted: list[list[int]], timer) -> None:
+        with timer("trie_put"):
+            histories = [h + a for h, a in zip(batch.histories, accepted)]
+            depth = self.config.max_trie_depth
+            windows = [h[-(depth + len(a)):] for h, a in zip(histories, accepted)]
+            self.corpus.batch_put(windows, req_ids=batch.request_ids, total_lens=[len(h) for h in histories])
+
+    def release(self, batch: Batch) -> None:
+        self.corpus.erase_match_state(batch.request_ids)
+
+
+def read_corpus_texts(path: str | Path) -> list[str]:
+    """Texts of an external corpus: a JSONL file (one object per line with a "text"
+    field, or a JSON string per line) or any other file as one plain text."""
+    path = Path(path)
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read external corpus {path}: {e}") from e
+    if path.suffix != ".jsonl":
+        return [raw]
+    texts = []
+    for lineno, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from e
+        text = obj.get("text") if isinstance(obj, dict) else obj
+        if not isinstance(text, str):
+            raise ValueError(f"{path}:{lineno}: expected a string or an object with a 'text' string")
+        texts.append(text)
+    return texts

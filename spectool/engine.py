@@ -1,0 +1,451 @@
+"""The decode loop: prefill, draft, verify, accept, commit, record.
+
+One iteration for the running batch::
+
+    tree   = drafter.draft(batch)                       # DraftTree, N nodes per request
+    hidden = target(tree.tokens, tree.positions, ...)   # tree verify over the full prefix
+    result = verify(tree, logits)                       # accepted path + bonus per request
+    commit_kv(...)                                      # accepted K/V to contiguous slots
+    drafter.on_verify(...)                              # feed the trie / draft-extend
+    recorder.record_batch(...)                          # every tree, mask and decision
+
+Plain decoding (``draft=None``) is the same loop with a one-node tree.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from spectool.config import DraftConfig
+from spectool.draft import Batch, make_drafter
+from spectool.draft.tree import DraftTree
+from spectool.stats import RunStats
+from spectool.timing import PhaseTimer
+from spectool.verify import commit_kv, verify_greedy, verify_sampling
+
+
+@dataclass
+class _Request:
+    request_id: int
+    prompt: list[int]
+    prompt_text: str
+    max_new_tokens: int
+    output: list[int] = field(default_factory=list)
+    slot: int = -1
+    seq_len: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass
+class StepEvent:
+    """What one iteration produced (``Engine.stream`` yields one per iteration).
+
+    ``new_tokens[rid]`` are the accepted draft tokens in depth order followed by the
+    bonus token (truncated at a stop token or max_new_tokens); ``records`` are the
+    recorder's rows for this iteration when recording.
+    """
+
+    iteration: int
+    new_tokens: dict[int, list[int]]
+    accept_lengths: dict[int, int]
+    records: list
+    finished: list[int]
+    stats: dict
+
+
+@dataclass
+class GenerateResult:
+    """Output of ``Engine.generate``: tokens and text per prompt, stats, trace."""
+
+    token_ids: list[list[int]]
+    texts: list[str]
+    finish_reasons: list[str]
+    stats: RunStats
+    trace: object | None = None
+
+
+class Engine:
+    """Speculative decoding over a loaded target.
+
+    Args:
+        target: what ``spectool.load`` returned.
+        draft: NgramConfig, EagleConfig, MultiLayerEagleConfig, or None for plain decoding.
+        max_batch_size: requests decoded together; more prompts wait for a free slot.
+        max_seq_len: longest prompt + output per request; the KV cache is allocated
+            once for max_batch_size × max_seq_len (plus room for one draft tree).
+        cuda_graphs: capture and replay the per-iteration forwards on CUDA.
+        record_topk: how many of the target's top tokens to record per node.
+    """
+
+    def __init__(self, target, draft: DraftConfig | None = None, max_batch_size: int = 8,
+                 max_seq_len: int = 4096, cuda_graphs: bool = True, record_topk: int = 5) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
+        self.target = target
+        self.model = target.model
+        self.config = target.config
+        self.device = torch.device(target.device)
+        self.draft_config = draft
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        self.record_topk = record_topk
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.drafter = make_drafter(draft, self)
+        self.num_draft_tokens = self.drafter.num_draft_tokens if self.drafter else 1
+        self.method = draft.method if draft is not None else "none"
+        # One spare slot past the last request slot: padded graph rows write there.
+        self.num_slots = max_batch_size + 1
+        self.cache_len = max_seq_len + self.num_draft_tokens
+        from spectool.model.kv_cache import KVCache
+
+        self.cache = KVCache.for_model(self.config, self.num_slots, self.cache_len, target.dtype, self.device)
+        if self.drafter is not None:
+            self.drafter.allocate()
+        self._stop = threading.Event()
+
+    # ----------------------------------------------------------------- public API
+
+    def request_stop(self) -> None:
+        """Ask a running ``generate``/``stream`` to stop after the current iteration (thread-safe)."""
+        self._stop.set()
+
+    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 256,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 record: bool = True, stop_token_ids: Sequence[int] | None = None,
+                 ignore_eos: bool = False, progress: bool = False) -> GenerateResult:
+        """Decode every prompt to completion; see ``stream`` for the arguments."""
+        state: dict = {}
+        for _ in self.stream(prompts, max_new_tokens, temperature, top_k, top_p, seed, record,
+                             stop_token_ids, ignore_eos, progress, _state=state):
+            pass
+        reqs: list[_Request] = state["requests"]
+        return GenerateResult(
+            token_ids=[r.output for r in reqs],
+            texts=[self._decode(r.output) for r in reqs],
+            finish_reasons=[r.finish_reason or "aborted" for r in reqs],
+            stats=state["stats"],
+            trace=state.get("trace"),
+        )
+
+    def stream(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 256,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+               record: bool = True, stop_token_ids: Sequence[int] | None = None,
+               ignore_eos: bool = False, progress: bool = False, _state: dict | None = None,
+               ) -> Iterator[StepEvent]:
+        """Decode and yield one ``StepEvent`` per iteration.
+
+        Args:
+            prompts: strings (encoded with the target's tokenizer) or token-id lists.
+            max_new_tokens: tokens to generate per request (the first comes from prefill).
+            temperature: 0 for greedy; otherwise sampling, exactly lossless.
+            top_k, top_p: applied to the target distribution before sampling (0 / 1.0 = off).
+            seed: seeds the sampling generator; equal seeds give equal outputs.
+            record: keep a Trace of every iteration (``result.trace``).
+            stop_token_ids: tokens that finish a request (default: the model's eos ids).
+            ignore_eos: never stop at a stop token (benchmarks).
+            progress: show a progress bar of generated tokens.
+        """
+        self._validate_sampling(max_new_tokens, temperature, top_k, top_p)
+        requests = [self._make_request(i, p, max_new_tokens) for i, p in enumerate(prompts)]
+        stops = set() if ignore_eos else set(stop_token_ids if stop_token_ids is not None
+                                             else self.target.eos_token_ids)
+        sampling = dict(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        stats = RunStats(method=self.method)
+        recorder = self._make_recorder(sampling, seed) if record else None
+        state = _state if _state is not None else {}
+        state.update(requests=requests, stats=stats)
+        self._stop.clear()
+        bar = _progress_bar(progress, total=max_new_tokens * len(requests))
+
+        waiting = deque(requests)
+        running: list[_Request] = []
+        free_slots = list(range(self.max_batch_size))
+        timer = PhaseTimer(self.device)
+        started = time.perf_counter()
+        iteration = 0
+        try:
+            while waiting or running:
+                if self._stop.is_set():
+                    break
+                admitted = []
+                while waiting and free_slots:
+                    req = waiting.popleft()
+                    req.slot = free_slots.pop(0)
+                    admitted.append(req)
+                if admitted:
+                    self._prefill(admitted, sampling, generator, stats)
+                    for req in admitted:
+                        bar.update(1)
+                        if self._finish_if_done(req, stops):
+                            req.finish_reason = "prefill" if req.finish_reason == "length" else req.finish_reason
+                            self._release([req], free_slots, recorder)
+                        else:
+                            running.append(req)
+                if not running:
+                    continue
+                running.sort(key=lambda r: r.slot)
+                event = self._iteration(iteration, running, sampling, generator, stats, recorder, timer, stops)
+                done = [r for r in running if r.finish_reason is not None]
+                if done:
+                    self._release(done, free_slots, recorder)
+                    running = [r for r in running if r.finish_reason is None]
+                stats.elapsed_s = time.perf_counter() - started
+                event.stats = {"tokens_per_s": stats.tokens_per_s,
+                               "mean_accept_length": stats.mean_accept_length,
+                               "iterations": iteration + 1, "elapsed_s": stats.elapsed_s}
+                bar.update(sum(len(t) for t in event.new_tokens.values()))
+                iteration += 1
+                yield event
+        finally:
+            bar.close()
+            for req in requests:
+                if req.finish_reason is None:
+                    req.finish_reason = "aborted"
+            aborted = [r for r in running if r.slot >= 0]
+            if aborted:
+                self._release(aborted, free_slots, recorder)
+            for req in waiting:
+                if recorder is not None:
+                    recorder.record_request(req.request_id, req.prompt, req.output, req.finish_reason,
+                                            prompt_text=req.prompt_text)
+            stats.elapsed_s = time.perf_counter() - started
+            if recorder is not None:
+                state["trace"] = recorder.close()
+
+    # ----------------------------------------------------------------- internals
+
+    def _validate_sampling(self, max_new_tokens: int, temperature: float, top_k: int, top_p: float) -> None:
+        if max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+    def _make_request(self, index: int, prompt, max_new_tokens: int) -> _Request:
+        if isinstance(prompt, str):
+            text, ids = prompt, self.target.encode(prompt)
+        else:
+            text, ids = "", [int(t) for t in prompt]
+        if not ids:
+            raise ValueError(f"prompt {index} is empty")
+        vocab = self.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt {index} has token ids outside [0, {vocab}): {bad[:5]}")
+        if len(ids) + max_new_tokens > self.max_seq_len:
+            raise ValueError(
+                f"prompt {index} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} it needs "
+                f"{len(ids) + max_new_tokens} > max_seq_len={self.max_seq_len}")
+        return _Request(index, ids, text, max_new_tokens)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.target.decode(ids) if self.target.tokenizer is not None else ""
+
+    def _make_recorder(self, sampling: dict, seed: int):
+        from spectool.trace.recorder import Recorder
+
+        tok = self.target.tokenizer
+        run_info = {
+            "engine": {"max_batch_size": self.max_batch_size, "max_seq_len": self.max_seq_len,
+                       "cuda_graphs": self.cuda_graphs, "record_topk": self.record_topk,
+                       "seed": seed, **sampling},
+            "draft": self.draft_config.to_dict() if self.draft_config is not None else {"method": "none"},
+            "model": {"name": self.target.name, "hash": self.target.model_hash,
+                      "dtype": str(self.target.dtype).replace("torch.", "")},
+            "device": str(self.device),
+            "versions": {"spectool": _version(), "torch": torch.__version__},
+            "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        return Recorder(None, run_info, tokenizer_json=tok.to_str() if tok is not None else None)
+
+    def _forward(self, tokens, positions, slots, starts, tree_mask, kv_len):
+        hidden = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts,
+                            tree_mask=tree_mask, kv_len=kv_len)
+        return hidden, self.model.logits(hidden)
+
+    def _prefill(self, reqs: list[_Request], sampling: dict, generator, stats: RunStats) -> None:
+        """Prefill each new request (one at a time: prompts differ in length) and sample its first token."""
+        hiddens = []
+        for req in reqs:
+            n = len(req.prompt)
+            tokens = torch.tensor([req.prompt], dtype=torch.long, device=self.device)
+            positions = torch.arange(n, device=self.device).unsqueeze(0)
+            slots = torch.tensor([req.slot], dtype=torch.long, device=self.device)
+            starts = torch.zeros(1, dtype=torch.long, device=self.device)
+            hidden, logits = self._forward(tokens, positions, slots, starts, None, n)
+            root_only = _root_tree(tokens[:, -1], starts + n - 1)
+            res = self._verify(root_only, logits[:, -1:], sampling, generator)
+            req.output.append(int(res.bonus[0]))
+            req.seq_len = n
+            stats.prefill_tokens += n
+            stats.generated_tokens += 1
+            hiddens.append(hidden[0])
+        if self.drafter is not None:
+            self.drafter.on_prefill(self._batch(reqs), hiddens)
+
+    def _batch(self, reqs: list[_Request]) -> Batch:
+        dev = self.device
+        return Batch(
+            request_ids=[r.request_id for r in reqs],
+            slots=torch.tensor([r.slot for r in reqs], dtype=torch.long, device=dev),
+            seq_lens=torch.tensor([r.seq_len for r in reqs], dtype=torch.long, device=dev),
+            roots=torch.tensor([r.output[-1] for r in reqs], dtype=torch.long, device=dev),
+            histories=[r.prompt + r.output for r in reqs],
+            seq_lens_host=[r.seq_len for r in reqs],
+        )
+
+    def _verify(self, tree: DraftTree, logits: torch.Tensor, sampling: dict, generator):
+        if sampling["temperature"] == 0.0:
+            return verify_greedy(tree, logits)
+        return verify_sampling(tree, logits, sampling["temperature"], sampling["top_k"], sampling["top_p"],
+                               generator)
+
+    def _iteration(self, iteration: int, running: list[_Request], sampling: dict, generator,
+                   stats: RunStats, recorder, timer: PhaseTimer, stops: set[int]) -> StepEvent:
+        batch = self._batch(running)
+        timer.reset()
+        why: dict = {}
+        with timer("draft"):
+            if self.drafter is None:
+                tree = _root_tree(batch.roots, batch.seq_lens)
+            else:
+                tree, why = self.drafter.draft(batch, timer)
+        n = tree.tokens.shape[1]
+        with timer("verify"):
+            hidden, logits = self._forward(tree.tokens, tree.positions, batch.slots, batch.seq_lens,
+                                           tree.mask, max(batch.seq_lens_host) + n)
+        with timer("commit"):
+            res = self._verify(tree, logits, sampling, generator)
+            if n > 1:
+                commit_kv(self.cache.k, self.cache.v, batch.slots, batch.seq_lens, res.accept_path,
+                          res.accept_length)
+        fields = self._record_fields(iteration, batch, tree, res, logits, sampling, why) if recorder else None
+
+        # The iteration's one host sync: the engine needs the accepted tokens to stop requests.
+        accept_length = res.accept_length.tolist()
+        paths = res.accept_path.tolist()
+        bonus = res.bonus.tolist()
+        tree_tokens = tree.tokens.tolist()
+        depth_max = tree.depth.max(dim=1).values.tolist()
+
+        event = StepEvent(iteration, {}, {}, [], [], {})
+        accepted: list[list[int]] = []
+        for b, req in enumerate(running):
+            a = accept_length[b]
+            gained = [tree_tokens[b][p] for p in paths[b][1:a + 1]] + [bonus[b]]
+            accepted.append(gained)
+            req.seq_len += a + 1
+            new = self._append_output(req, gained, stops)
+            stats.generated_tokens += len(new)
+            event.new_tokens[req.request_id] = new
+            event.accept_lengths[req.request_id] = a
+            if req.finish_reason is not None:
+                event.finished.append(req.request_id)
+        if self.drafter is not None:
+            self.drafter.on_verify(batch, tree, res, hidden, accepted, timer)
+        phase_us = timer.micros()
+        stats.add_iteration(batch.request_ids, accept_length, depth_max, phase_us)
+        if recorder is not None:
+            fields.update({f"{k}_us": v for k, v in phase_us.items()})
+            event.records = recorder.record_batch(fields)
+        return event
+
+    def _append_output(self, req: _Request, new: list[int], stops: set[int]) -> list[int]:
+        room = req.max_new_tokens - len(req.output)
+        kept = []
+        for tok in new[:room]:
+            kept.append(tok)
+            if tok in stops:
+                req.finish_reason = "stop"
+                break
+        req.output.extend(kept)
+        if req.finish_reason is None and len(req.output) >= req.max_new_tokens:
+            req.finish_reason = "length"
+        return kept
+
+    def _finish_if_done(self, req: _Request, stops: set[int]) -> bool:
+        if req.output[-1] in stops:
+            req.finish_reason = "stop"
+        elif len(req.output) >= req.max_new_tokens:
+            req.finish_reason = "length"
+        return req.finish_reason is not None
+
+    def _release(self, reqs: list[_Request], free_slots: list[int], recorder) -> None:
+        if self.drafter is not None:
+            self.drafter.release(self._batch(reqs))
+        for req in reqs:
+            if recorder is not None:
+                recorder.record_request(req.request_id, req.prompt, req.output, req.finish_reason,
+                                        prompt_text=req.prompt_text)
+            free_slots.append(req.slot)
+            req.slot = -1
+        free_slots.sort()
+
+    def _record_fields(self, iteration: int, batch: Batch, tree: DraftTree, res, logits: torch.Tensor,
+                       sampling: dict, why: dict) -> dict:
+        from spectool.verify import target_probs
+
+        probs = target_probs(logits, **sampling)
+        k = min(self.record_topk, probs.shape[-1])
+        top_p, top_i = probs.topk(k, dim=-1)
+        fields = {
+            "iteration": iteration,
+            "method": self.method,
+            "temperature": sampling["temperature"],
+            "request_id": torch.tensor(batch.request_ids, dtype=torch.int32),
+            "seq_len": batch.seq_lens,
+            "num_nodes": torch.full((batch.size,), tree.tokens.shape[1], dtype=torch.int32),
+            "tokens": tree.tokens, "parents": tree.parents, "depth": tree.depth, "scores": tree.scores,
+            "valid": tree.valid, "mask": tree.mask, "positions": tree.positions,
+            "retrieve_index": tree.retrieve_index, "retrieve_next_token": tree.retrieve_next_token,
+            "retrieve_next_sibling": tree.retrieve_next_sibling,
+            "target_argmax": top_i[..., 0], "target_argmax_prob": top_p[..., 0],
+            "target_topk_tokens": top_i, "target_topk_probs": top_p,
+            "status": res.status, "accept_path": res.accept_path, "accept_length": res.accept_length,
+            "bonus_token": res.bonus,
+        }
+        if sampling["temperature"] > 0:
+            fields["coins"] = res.coins
+        fields.update(why)
+        return fields
+
+
+def _root_tree(roots: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
+    """The one-node tree of plain decoding (and of the first token after prefill)."""
+    b = roots.shape[0]
+    return DraftTree.from_parents(roots[:, None], torch.full((b, 1), -1, dtype=torch.long, device=roots.device),
+                                  torch.ones((b, 1), device=roots.device), seq_lens)
+
+
+def _version() -> str:
+    from spectool import __version__
+
+    return __version__
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(enabled: bool, total: int):
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="tok", desc="decoding")
