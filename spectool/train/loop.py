@@ -1,0 +1,107 @@
+"""What the target and draft training loops share: device, precision, schedule, checkpoints, progress."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+CHECKPOINT_NAME = "train_state.pt"
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """``"auto"``/None picks CUDA when present; an unusable device is a ValueError, not a crash later."""
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {name!r}") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but CUDA is not available here")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, torch (CPU and CUDA) so a run is repeatable."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on GPU (the weights and optimizer stay float32); full float32 on CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warmup to ``peak``, then cosine decay to a tenth of it at ``total``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(params, lr: float, weight_decay: float, fused: bool) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (norm gains and biases are left alone)."""
+    params = [p for p in params if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    other = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+
+
+def atomic_save(obj, path: str | Path) -> None:
+    """torch.save to a temporary file, then rename: an interruption never leaves a torn checkpoint."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(out_dir: str | Path) -> dict | None:
+    """The training state saved in ``out_dir``, or None when there is none."""
+    path = Path(out_dir) / CHECKPOINT_NAME
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a foreign or damaged file: say which, do not guess
+        raise ValueError(f"cannot read checkpoint {path}: {e}") from e
+
+
+def oom_exit(batch_size: int, out_dir: str | Path) -> SystemExit:
+    """The error a user sees when a batch does not fit on the GPU."""
+    smaller = max(1, batch_size // 2)
+    return SystemExit(
+        f"CUDA out of memory at --batch-size {batch_size}; try --batch-size {smaller} "
+        f"(or a shorter --seq-len). Checkpoints already in {out_dir} are intact; add --resume to continue.")
+
+
+class Progress:
+    """A tqdm bar showing the loss and tokens/s; silent when ``enabled`` is False."""
+
+    def __init__(self, total: int, initial: int, desc: str, enabled: bool = True):
+        self.bar = tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True)
+        self.t0 = time.perf_counter()
+        self.tokens = 0
+
+    def update(self, tokens: int, **fields: float) -> None:
+        self.tokens += tokens
+        rate = self.tokens / max(1e-9, time.perf_counter() - self.t0)
+        self.bar.set_postfix({k: f"{v:.3f}" for k, v in fields.items()} | {"tok/s": f"{rate:,.0f}"},
+                             refresh=False)
+        self.bar.update(1)
+
+    def tokens_per_second(self) -> float:
+        return self.tokens / max(1e-9, time.perf_counter() - self.t0)
+
+    def close(self) -> None:
+        self.bar.close()
