@@ -1,0 +1,154 @@
+"""Tree index arrays rebuilt from a tree mask: a Triton kernel and its torch reference.
+
+Given the N x N tree mask of each request (mask[q][k] = node k is q or an ancestor
+of q, nodes in topological order) and the cache length ``seq_lens``, compute
+
+* ``positions[b, i]``             = seq_lens[b] + depth(i), depth(i) = popcount(row i) - 1;
+* ``retrieve_index[b, i]``        = b * N + i;
+* ``retrieve_next_token[b, i]``   = smallest child index of i, or -1;
+* ``retrieve_next_sibling[b, i]`` = smallest j > i with the same parent as i, or -1.
+
+In topological order the parent of i is its ancestor with the largest index (every
+other ancestor is an ancestor of the parent, so it comes earlier). Both versions use
+that; neither checks the mask (``spectool.draft.tree.validate_tree`` does). The depth
+is not returned separately: it is ``positions - seq_lens[:, None]``.
+
+The Triton kernel runs one program per request with the whole mask tile in
+registers (N <= 128 in practice): it loads the tile twice, once as rows and once
+transposed, so that the parent of every node is at hand along both tile axes and
+children and siblings fall out of one compare-and-min each. All outputs are int64.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+IndexArrays = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _check(mask: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    if mask.dim() != 3 or mask.shape[1] != mask.shape[2] or mask.shape[1] == 0:
+        raise ValueError(f"mask must be [B, N, N] with N >= 1, got shape {tuple(mask.shape)}")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must be torch.bool, got {mask.dtype}")
+    if seq_lens.shape != (mask.shape[0],):
+        raise ValueError(f"seq_lens must be [B] = [{mask.shape[0]}], got shape {tuple(seq_lens.shape)}")
+    if seq_lens.dtype.is_floating_point or seq_lens.dtype == torch.bool:
+        raise ValueError(f"seq_lens must be an integer tensor, got {seq_lens.dtype}")
+    if seq_lens.device != mask.device:
+        raise ValueError(f"seq_lens is on {seq_lens.device} but mask is on {mask.device}")
+
+
+def mask_to_parents(mask: torch.Tensor) -> torch.Tensor:
+    """Parents [B, N] int64 (-1 for the root) of topologically ordered trees given by their
+    masks [B, N, N]: the parent of a node is its ancestor with the largest index."""
+    n = mask.shape[-1]
+    idx = torch.arange(n, device=mask.device)
+    strict = mask & (idx[None, :] < idx[:, None])
+    return torch.where(strict, idx, -1).amax(-1)
+
+
+def next_token_and_sibling(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(retrieve_next_token, retrieve_next_sibling)`` [B, N] int64 from parents [B, N]
+    (-1 for the root): the smallest child of each node and the next child of its parent."""
+    n = parents.shape[-1]
+    idx = torch.arange(n, device=parents.device)
+    # is_child[b, i, j]: j is a child of i.
+    is_child = parents[:, None, :] == idx[None, :, None]
+    next_token = torch.where(is_child, idx, n).amin(-1)
+    # Same parent and after i; the root (parent -1) has no siblings.
+    same_parent = (parents[:, None, :] == parents[:, :, None]) & (parents[:, :, None] >= 0)
+    next_sibling = torch.where(same_parent & (idx[None, :] > idx[:, None]), idx, n).amin(-1)
+    return torch.where(next_token == n, -1, next_token), torch.where(next_sibling == n, -1, next_sibling)
+
+
+def reconstruct_indices_torch(mask: torch.Tensor, seq_lens: torch.Tensor) -> IndexArrays:
+    """Plain-torch reference of :func:`reconstruct_indices_from_tree_mask`."""
+    _check(mask, seq_lens)
+    bs, n, _ = mask.shape
+    dev = mask.device
+    depth = mask.sum(-1) - 1
+    positions = seq_lens.to(torch.int64)[:, None] + depth
+    retrieve_index = torch.arange(bs * n, device=dev).view(bs, n)
+
+    next_token, next_sibling = next_token_and_sibling(mask_to_parents(mask))
+    return positions, retrieve_index, next_token, next_sibling
+
+
+@triton.jit
+def _tree_indices_kernel(
+    Mask, SeqLens, Positions, RetIndex, NextToken, NextSibling,
+    N, BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    rows = tl.arange(0, BLOCK)  # node i along axis 0
+    cols = tl.arange(0, BLOCK)  # node k / j along axis 1
+    inside = (rows[:, None] < N) & (cols[None, :] < N)
+    base = Mask + b * N * N
+    # m[i, k] = mask[i][k]; mt[k, j] = mask[j][k] (the same tile, transposed).
+    m = tl.load(base + rows[:, None] * N + cols[None, :], mask=inside, other=0) != 0
+    mt = tl.load(base + cols[None, :] * N + rows[:, None], mask=inside, other=0) != 0
+
+    depth = tl.sum(m.to(tl.int32), axis=1) - 1
+    # Parent of node i along axis 0 and of node j along axis 1.
+    parent_row = tl.max(tl.where(m & (cols[None, :] < rows[:, None]), cols[None, :], -1), axis=1)
+    parent_col = tl.max(tl.where(mt & (rows[:, None] < cols[None, :]), rows[:, None], -1), axis=0)
+
+    big = BLOCK + N
+    is_child = (parent_col[None, :] == rows[:, None]) & (cols[None, :] < N)
+    next_token = tl.min(tl.where(is_child, cols[None, :], big), axis=1)
+    sib = (parent_col[None, :] == parent_row[:, None]) & (cols[None, :] > rows[:, None])
+    sib = sib & (cols[None, :] < N) & (parent_row[:, None] >= 0)
+    next_sibling = tl.min(tl.where(sib, cols[None, :], big), axis=1)
+
+    out = rows < N
+    seq_len = tl.load(SeqLens + b).to(tl.int64)
+    offs = b * N + rows
+    tl.store(Positions + offs, seq_len + depth.to(tl.int64), mask=out)
+    tl.store(RetIndex + offs, offs, mask=out)
+    tl.store(NextToken + offs, tl.where(next_token == big, -1, next_token).to(tl.int64), mask=out)
+    tl.store(NextSibling + offs, tl.where(next_sibling == big, -1, next_sibling).to(tl.int64), mask=out)
+
+
+def reconstruct_indices_triton(mask: torch.Tensor, seq_lens: torch.Tensor) -> IndexArrays:
+    """Triton version of :func:`reconstruct_indices_from_tree_mask` (CUDA, or CPU under
+    ``TRITON_INTERPRET=1``). One launch, no host sync, so it can sit in a CUDA graph."""
+    _check(mask, seq_lens)
+    bs, n, _ = mask.shape
+    mask_u8 = mask.contiguous().view(torch.uint8)
+    out = [torch.empty(bs, n, dtype=torch.int64, device=mask.device) for _ in range(4)]
+    if bs > 0:
+        block = max(16, triton.next_power_of_2(n))
+        _tree_indices_kernel[(bs,)](mask_u8, seq_lens.contiguous(), *out, n, BLOCK=block,
+                                    num_warps=4 if block <= 64 else 8)
+    return tuple(out)
+
+
+def _triton_on_cpu() -> bool:
+    # Read per call: the interpreter only works when the variable was set before triton loaded,
+    # but reading it late does no harm and lets one process opt in from its environment.
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def reconstruct_indices_from_tree_mask(mask: torch.Tensor, seq_lens: torch.Tensor) -> IndexArrays:
+    """Rebuild a batch's tree index arrays from its tree masks.
+
+    Args:
+        mask: [B, N, N] bool, mask[b, q, k] = node k is q or an ancestor of q; nodes in
+            topological order (node 0 the root).
+        seq_lens: [B] integer, tokens in the cache before the tree.
+
+    Returns:
+        ``(positions, retrieve_index, retrieve_next_token, retrieve_next_sibling)``, each
+        [B, N] int64 on the mask's device (see the module docstring for their meaning).
+
+    Triton on CUDA (and on CPU when ``TRITON_INTERPRET=1``), the torch reference on CPU
+    otherwise; both give identical results on valid trees.
+    """
+    if mask.is_cuda or _triton_on_cpu():
+        return reconstruct_indices_triton(mask, seq_lens)
+    return reconstruct_indices_torch(mask, seq_lens)
