@@ -1,0 +1,288 @@
+"""Fused Triton kernels for the decode step, each with its plain-torch reference beside it.
+
+At batch 1 a decoder layer's matmuls take ~100 µs on the H200 (8B shape) and every
+other kernel launch costs 3-5 µs even inside a CUDA graph, so the glue between the
+matmuls is fused into as few launches as possible (DESIGN.md "Performance notes"):
+
+* ``add_rms_norm``: residual add + RMSNorm in one pass (also plain RMSNorm);
+* ``rope_write_kv``: rotary embedding of q and k plus the K/V cache write;
+* ``silu_mul``: SiLU(gate) * up over the fused gate_up projection output;
+* ``argmax``: greedy token over the vocabulary in two small passes (``torch.argmax``
+  over 128k logits is one long single-block reduction per row).
+
+Numerics follow Hugging Face Llama: RMSNorm normalises in float32, rounds to the
+activation dtype, then multiplies by the weight; the residual sum is rounded to the
+activation dtype before it is normalised and returned.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# ---------------------------------------------------------------------------------
+# residual add + RMSNorm
+
+
+@triton.jit
+def _add_rms_norm_kernel(X, R, W, Out, ResOut, stride_x, stride_r, stride_o, stride_ro, N, eps,
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0)
+    dtype = x.dtype
+    xf = x.to(tl.float32)  # all arithmetic in float32, rounded where torch rounds
+    if HAS_RESIDUAL:
+        xf = xf + tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
+        x = xf.to(dtype)
+        tl.store(ResOut + row * stride_ro + cols, x, mask=ok)
+        xf = x.to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(xf * xf, 0) / N + eps)
+    w = tl.load(W + cols, mask=ok, other=0.0)
+    y = (xf * rstd).to(dtype).to(tl.float32) * w.to(tl.float32)
+    tl.store(Out + row * stride_o + cols, y.to(Out.dtype.element_ty), mask=ok)
+
+
+def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of ``x + residual`` (or of ``x`` when residual is None).
+
+    Returns ``(normed, x + residual)``; the second is ``x`` itself when residual is None.
+    Shapes ``[..., N]`` with a contiguous last dim; weight ``[N]``.
+    """
+    shape, n = x.shape, x.shape[-1]
+    if weight.shape != (n,):
+        raise ValueError(f"weight {tuple(weight.shape)} does not fit hidden size {n}")
+    x2 = x.reshape(-1, n)
+    r2 = residual.reshape(-1, n) if residual is not None else x2
+    if x2.stride(-1) != 1 or r2.stride(-1) != 1:
+        raise ValueError("add_rms_norm needs a contiguous last dimension")
+    out = torch.empty_like(x2)
+    res_out = torch.empty_like(x2) if residual is not None else x2
+    block = triton.next_power_of_2(n)
+    _add_rms_norm_kernel[(x2.shape[0],)](
+        x2, r2, weight, out, res_out, x2.stride(0), r2.stride(0), out.stride(0), res_out.stride(0), n, eps,
+        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)))
+    return out.view(shape), res_out.view(shape)
+
+
+def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of :func:`add_rms_norm_triton`."""
+    if residual is not None:
+        x = x + residual
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (normed.float() * weight.float()).to(x.dtype), x
+
+
+# ---------------------------------------------------------------------------------
+# RoPE on q and k + K/V cache write
+
+
+@triton.jit
+def _rope_write_kv_kernel(
+    Q, K, V, Cos, Sin, Pos, Slots, Starts, QOut, KC, VC,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+    sqo_b, sqo_t, sqo_h, sc_pos, sp_b, sp_t,
+    skc_b, skc_h, skc_n, svc_b, svc_h, svc_n,
+    T, MAX_SEQ_LEN,
+    HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    pid = tl.program_id(0)  # one program per (row, new token): all heads at once
+    b = pid // T
+    t = pid % T
+    pos = tl.load(Pos + b * sp_b + t * sp_t).to(tl.int64)
+    slot = tl.load(Slots + b).to(tl.int64)
+    idx = tl.load(Starts + b).to(tl.int64) + t
+    offs = tl.arange(0, BLOCK_HALF)
+    c_ok = offs < HALF
+    cos = tl.load(Cos + pos * sc_pos + offs, mask=c_ok, other=0.0).to(tl.float32)
+    sin = tl.load(Sin + pos * sc_pos + offs, mask=c_ok, other=0.0).to(tl.float32)
+
+    # q: rotate-half convention, x1 = x[:D/2], x2 = x[D/2:].
+    hq = tl.arange(0, BLOCK_HQ)
+    m = (hq < HQ)[:, None] & c_ok[None, :]
+    qp = Q + b * sq_b + t * sq_t + hq[:, None] * sq_h + offs[None, :]
+    q1 = tl.load(qp, mask=m, other=0.0).to(tl.float32)
+    q2 = tl.load(qp + HALF, mask=m, other=0.0).to(tl.float32)
+    qo = QOut + b * sqo_b + t * sqo_t + hq[:, None] * sqo_h + offs[None, :]
+    tl.store(qo, (q1 * cos - q2 * sin).to(QOut.dtype.element_ty), mask=m)
+    tl.store(qo + HALF, (q2 * cos + q1 * sin).to(QOut.dtype.element_ty), mask=m)
+
+    # k rotated and v as is, straight into the cache (never past its end: padding rows).
+    hk = tl.arange(0, BLOCK_HKV)
+    m = (hk < HKV)[:, None] & c_ok[None, :]
+    kp = K + b * sk_b + t * sk_t + hk[:, None] * sk_h + offs[None, :]
+    k1 = tl.load(kp, mask=m, other=0.0).to(tl.float32)
+    k2 = tl.load(kp + HALF, mask=m, other=0.0).to(tl.float32)
+    vp = V + b * sv_b + t * sv_t + hk[:, None] * sv_h + offs[None, :]
+    v1 = tl.load(vp, mask=m, other=0.0)
+    v2 = tl.load(vp + HALF, mask=m, other=0.0)
+    m = m & ((hk * 0 + idx) < MAX_SEQ_LEN)[:, None]
+    kc = KC + slot * skc_b + hk[:, None] * skc_h + idx * skc_n + offs[None, :]
+    tl.store(kc, (k1 * cos - k2 * sin).to(KC.dtype.element_ty), mask=m)
+    tl.store(kc + HALF, (k2 * cos + k1 * sin).to(KC.dtype.element_ty), mask=m)
+    vc = VC + slot * svc_b + hk[:, None] * svc_h + idx * svc_n + offs[None, :]
+    tl.store(vc, v1.to(VC.dtype.element_ty), mask=m)
+    tl.store(vc + HALF, v2.to(VC.dtype.element_ty), mask=m)
+
+
+def _check_rope_args(q, k, v, cos, sin, positions, k_cache, v_cache, slots, starts) -> None:
+    B, T, _, D = q.shape
+    if k.shape != v.shape or k.shape[:2] != (B, T) or k.shape[3] != D:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit together")
+    if D % 2 or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("head_dim must be even and q, k, v contiguous in head_dim")
+    if cos.shape != sin.shape or cos.shape[-1] not in (D // 2, D) or cos.stride(-1) != 1:
+        raise ValueError(f"cos/sin tables {tuple(cos.shape)} must be [max_pos, {D // 2} or {D}]")
+    if positions.shape != (B, T) or slots.shape != (B,) or starts.shape != (B,):
+        raise ValueError("positions must be [B, T]; slots and starts [B]")
+    if k_cache.shape != v_cache.shape or k_cache.shape[1] != k.shape[2] or k_cache.shape[3] != D:
+        raise ValueError(f"cache {tuple(k_cache.shape)} does not fit k {tuple(k.shape)}")
+
+
+def rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """Rotate q and k (rotate-half RoPE) and write k, v to the cache in one launch.
+
+    Args:
+        q: [B, T, Hq, D]; k, v: [B, T, Hkv, D] (views into a fused qkv output are fine).
+        cos, sin: [max_pos, D/2] tables (a [max_pos, D] table whose halves repeat also works).
+        positions: [B, T] RoPE positions.
+        k_cache, v_cache: [max_batch, Hkv, max_seq_len, D]; token t of row b goes to
+            ``[slots[b], :, starts[b] + t]`` (indices past max_seq_len are dropped).
+        slots, starts: [B].
+
+    Returns:
+        rotated q, [B, T, Hq, D] contiguous.
+    """
+    _check_rope_args(q, k, v, cos, sin, positions, k_cache, v_cache, slots, starts)
+    B, T, Hq, D = q.shape
+    Hkv = k.shape[2]
+    q_out = torch.empty(B, T, Hq, D, device=q.device, dtype=q.dtype)
+    half = D // 2
+    _rope_write_kv_kernel[(B * T,)](
+        q, k, v, cos, sin, positions, slots, starts, q_out, k_cache, v_cache,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), q_out.stride(0), q_out.stride(1), q_out.stride(2),
+        cos.stride(0), positions.stride(0), positions.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        T, k_cache.shape[2],
+        HQ=Hq, HKV=Hkv, HALF=half, BLOCK_HQ=triton.next_power_of_2(Hq),
+        BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_HALF=triton.next_power_of_2(half), num_warps=4)
+    return q_out
+
+
+def rope_write_kv_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                            sin: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
+                            v_cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """Torch reference of :func:`rope_write_kv_triton` (float32 math, same rounding points)."""
+    _check_rope_args(q, k, v, cos, sin, positions, k_cache, v_cache, slots, starts)
+    half = q.shape[-1] // 2
+    c = cos[positions][..., :half].float().unsqueeze(2)  # [B, T, 1, D/2]
+    s = sin[positions][..., :half].float().unsqueeze(2)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.float()[..., :half], x.float()[..., half:]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+    k_rot = rotate(k)
+    for b in range(q.shape[0]):
+        slot, start = int(slots[b]), int(starts[b])
+        n = max(0, min(q.shape[1], k_cache.shape[2] - start))
+        k_cache[slot, :, start:start + n] = k_rot[b, :n].transpose(0, 1).to(k_cache.dtype)
+        v_cache[slot, :, start:start + n] = v[b, :n].transpose(0, 1).to(v_cache.dtype)
+    return rotate(q).contiguous()
+
+
+# ---------------------------------------------------------------------------------
+# SiLU(gate) * up
+
+
+@triton.jit
+def _silu_mul_kernel(X, Out, stride_x, stride_o, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    g = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(X + row * stride_x + N + cols, mask=ok, other=0.0).to(tl.float32)
+    y = g / (1.0 + tl.exp(-g)) * u
+    tl.store(Out + row * stride_o + cols, y.to(Out.dtype.element_ty), mask=ok)
+
+
+def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` where ``gate_up = cat([gate, up], -1)``: [..., 2I] -> [..., I]."""
+    two_n = gate_up.shape[-1]
+    if two_n % 2 or gate_up.stride(-1) != 1:
+        raise ValueError(f"gate_up last dim must be even and contiguous, got shape {tuple(gate_up.shape)}")
+    x = gate_up.reshape(-1, two_n)
+    n = two_n // 2
+    out = torch.empty(x.shape[0], n, device=x.device, dtype=x.dtype)
+    block = 1024
+    _silu_mul_kernel[(x.shape[0], triton.cdiv(n, block))](x, out, x.stride(0), out.stride(0), n,
+                                                         BLOCK=block, num_warps=4)
+    return out.view(*gate_up.shape[:-1], n)
+
+
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """Torch reference of :func:`silu_mul_triton`."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)
+
+
+# ---------------------------------------------------------------------------------
+# argmax over the vocabulary (greedy decoding)
+
+
+@triton.jit
+def _argmax_partial_kernel(X, PartVal, PartIdx, stride_x, V, NUM_CHUNKS, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + row * stride_x + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+    # NaN never wins here (torch.argmax would pick it); logits are finite in practice.
+    x = tl.where(x != x, float("-inf"), x)
+    val, idx = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(PartVal + row * NUM_CHUNKS + chunk, val)
+    tl.store(PartIdx + row * NUM_CHUNKS + chunk, chunk * BLOCK + idx)
+
+
+@triton.jit
+def _argmax_final_kernel(PartVal, PartIdx, Out, NUM_CHUNKS, BLOCK_C: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_C)
+    ok = offs < NUM_CHUNKS
+    val = tl.load(PartVal + row * NUM_CHUNKS + offs, mask=ok, other=float("-inf"))
+    idx = tl.load(PartIdx + row * NUM_CHUNKS + offs, mask=ok, other=2**31 - 1)
+    best = tl.max(val, 0)
+    # Ties across chunks: the smallest index wins, as within a chunk.
+    win = tl.min(tl.where(val == best, idx, 2**31 - 1), 0)
+    tl.store(Out + row, win.to(tl.int64))
+
+
+def argmax_triton(logits: torch.Tensor, block: int = 4096) -> torch.Tensor:
+    """Index of the largest logit per row (first one on ties): [..., V] -> [...] int64."""
+    V = logits.shape[-1]
+    if logits.stride(-1) != 1 or V == 0:
+        raise ValueError(f"argmax needs a non-empty contiguous last dim, got shape {tuple(logits.shape)}")
+    x = logits.reshape(-1, V)
+    rows, chunks = x.shape[0], triton.cdiv(V, block)
+    part_val = torch.empty(rows, chunks, device=x.device, dtype=torch.float32)
+    part_idx = torch.empty(rows, chunks, device=x.device, dtype=torch.int32)
+    out = torch.empty(rows, device=x.device, dtype=torch.int64)
+    _argmax_partial_kernel[(rows, chunks)](x, part_val, part_idx, x.stride(0), V, chunks, BLOCK=block,
+                                           num_warps=8)
+    _argmax_final_kernel[(rows,)](part_val, part_idx, out, chunks, BLOCK_C=triton.next_power_of_2(chunks),
+                                  num_warps=1)
+    return out.view(logits.shape[:-1])
+
+
+def argmax_reference(logits: torch.Tensor) -> torch.Tensor:
+    """Torch reference of :func:`argmax_triton`."""
+    return logits.argmax(-1)
