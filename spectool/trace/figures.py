@@ -1,0 +1,309 @@
+"""Plain plotly figures of a trace: the draft tree, the tree mask and acceptance.
+
+Each figure is built from a fixed list of traces (`tree_traces`, `mask_traces`,
+`acceptance_traces`) so the widgets can build a figure once and later restyle the
+same traces in place for another iteration or request; `spectool report` embeds
+the same styling. A view object here is what `Trace.iteration(i, request)`
+returns (an IterationView: numpy fields tokens, parents, depth, scores, valid,
+mask, status, accept_path, bonus_token, target_* and token_texts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import pyarrow as pa
+import pyarrow.compute as pc
+from plotly.subplots import make_subplots
+
+from spectool.trace.layout import ancestors, layout_tree
+from spectool.trace.schema import ACCEPTED, NOT_VISITED, REJECTED
+
+TokenText = Callable[[Sequence[int]], list[str]]
+
+# Node colours by decision; "bonus" is the token the target adds after the accepted path.
+COLORS = {"accepted": "#2ca02c", "rejected": "#d62728", "not visited": "#b8b8b8", "bonus": "#1f77b4"}
+STATUS_NAMES = {NOT_VISITED: "not visited", ACCEPTED: "accepted", REJECTED: "rejected"}
+HIGHLIGHT = "#ff7f0e"
+# Mask cell codes and their colours: hidden, visible, cached prefix, visible in the selected row.
+MASK_HIDDEN, MASK_VISIBLE, MASK_PREFIX, MASK_SELECTED = 0, 1, 2, 3
+MASK_COLORS = ["#ffffff", "#9ecae1", "#d9d9d9", HIGHLIGHT]
+
+
+def _quote(text: str) -> str:
+    """A token's text as hover shows it: quoted, with whitespace made visible."""
+    return repr(text)
+
+
+def _texts(ids: Sequence[int], token_text: TokenText | None) -> list[str]:
+    ids = [int(t) for t in ids]
+    return token_text(ids) if token_text is not None else [f"#{t}" for t in ids]
+
+
+def node_hover(view: Any, token_text: TokenText | None = None) -> list[str]:
+    """Hover text per node: token, score, depth, decision and the target's top-k."""
+    topk_tokens = np.asarray(view.target_topk_tokens).reshape(len(view.tokens), -1)
+    topk_probs = np.asarray(view.target_topk_probs).reshape(len(view.tokens), -1)
+    flat = _texts(topk_tokens.ravel(), token_text) if topk_tokens.size else []
+    k = topk_tokens.shape[1]
+    argmax_text = _texts(view.target_argmax, token_text)
+    out = []
+    for i, tok in enumerate(view.tokens):
+        lines = [
+            f"node {i} · {_quote(view.token_texts[i])} (id {int(tok)})",
+            f"depth {int(view.depth[i])} · score {float(view.scores[i]):.4g}",
+            f"{STATUS_NAMES.get(int(view.status[i]), '?')}",
+            f"target argmax {_quote(argmax_text[i])} p={float(view.target_argmax_prob[i]):.3f}",
+        ]
+        if k:
+            pairs = ", ".join(f"{_quote(flat[i * k + j])} {float(topk_probs[i, j]):.3f}" for j in range(k))
+            lines.append(f"target top-{k}: {pairs}")
+        out.append("<br>".join(lines))
+    return out
+
+
+def _edges(parents: np.ndarray, x: np.ndarray, y: np.ndarray, nodes: Sequence[int]) -> tuple[list, list]:
+    """Line segments parent -> node for the given nodes, None-separated for one scatter trace."""
+    ex: list = []
+    ey: list = []
+    for i in nodes:
+        p = parents[i]
+        if p >= 0 and not np.isnan(x[i]):
+            ex += [x[p], x[i], None]
+            ey += [y[p], y[i], None]
+    return ex, ey
+
+
+def tree_traces(view: Any, highlight: int | None = None, token_text: TokenText | None = None,
+                layout: tuple[np.ndarray, np.ndarray] | None = None) -> list[dict]:
+    """The tree figure's traces as plain dicts, always in the same order:
+
+    edges, highlighted path edges, one marker trace per status (not visited,
+    accepted, rejected), the bonus token, highlighted path markers. `highlight` is
+    a node whose ancestors (root .. node, the nodes its mask row sees) are marked.
+    Every marker trace carries node indices in customdata (-1 for the bonus token).
+    """
+    parents = np.asarray(view.parents)
+    status = np.asarray(view.status)
+    valid = np.asarray(view.valid, dtype=bool)
+    x, y = layout if layout is not None else layout_tree(parents, view.scores, valid)
+    shown = np.nonzero(~np.isnan(x))[0]
+    hover = node_hover(view, token_text)
+    labels = [t if len(t) <= 8 else t[:7] + "…" for t in view.token_texts]
+
+    traces: list[dict] = []
+    ex, ey = _edges(parents, x, y, shown)
+    traces.append(dict(type="scatter", name="edges", x=ex, y=ey, mode="lines", hoverinfo="skip",
+                       line=dict(color="#999999", width=1), showlegend=False))
+    path = ancestors(parents, highlight) if highlight is not None else []
+    px, py = _edges(parents, x, y, path)
+    traces.append(dict(type="scatter", name="selected path", x=px, y=py, mode="lines", hoverinfo="skip",
+                       line=dict(color=HIGHLIGHT, width=4), showlegend=False))
+    for code in (NOT_VISITED, ACCEPTED, REJECTED):
+        idx = shown[status[shown] == code]
+        name = STATUS_NAMES[code]
+        traces.append(dict(
+            type="scatter", name=name, x=x[idx].tolist(), y=y[idx].tolist(), mode="markers+text",
+            customdata=idx.tolist(), hovertext=[hover[i] for i in idx], hoverinfo="text",
+            text=[labels[i] for i in idx], textposition="middle right",
+            marker=dict(color=COLORS[name], size=14, line=dict(color="#333333", width=1))))
+    traces.append(_bonus_trace(view, x, y, token_text))
+    traces.append(dict(type="scatter", name="selected", x=x[path].tolist(), y=y[path].tolist(),
+                       mode="markers", customdata=list(path), hoverinfo="skip", showlegend=False,
+                       marker=dict(color="rgba(0,0,0,0)", size=22, line=dict(color=HIGHLIGHT, width=3))))
+    return traces
+
+
+def _bonus_trace(view: Any, x: np.ndarray, y: np.ndarray, token_text: TokenText | None) -> dict:
+    """The bonus token, one level below the last accepted node, right of that level's nodes."""
+    path = [int(a) for a in np.asarray(view.accept_path) if a >= 0]
+    bonus = int(view.bonus_token)
+    bx: list = []
+    by: list = []
+    hover: list = []
+    if path and bonus >= 0:
+        last = path[-1]
+        level = y[last] - 1
+        row = x[y == level]
+        bx = [float(row.max()) + 1.0 if len(row) else float(x[last])]
+        by = [float(level)]
+        text = _texts([bonus], token_text)[0]
+        hover = [f"bonus token {_quote(text)} (id {bonus})<br>from the target after node {last}"]
+    return dict(type="scatter", name="bonus", x=bx, y=by, mode="markers", customdata=[-1] * len(bx),
+                hovertext=hover, hoverinfo="text", marker=dict(
+                    color=COLORS["bonus"], size=14, symbol="star", line=dict(color="#333333", width=1)))
+
+
+def tree_figure(view: Any, highlight: int | None = None, token_text: TokenText | None = None,
+                title: str | None = None) -> go.Figure:
+    """The draft tree of one iteration: tidy layout, nodes coloured by decision, hover details."""
+    fig = go.Figure([go.Scatter(t) for t in tree_traces(view, highlight, token_text)])
+    fig.update_layout(
+        title=title or _iteration_title(view), height=420, margin=dict(l=20, r=20, t=50, b=20),
+        plot_bgcolor="white", legend=dict(orientation="h", y=-0.02),
+        xaxis=dict(visible=False), yaxis=dict(title="depth", zeroline=False, showgrid=False, dtick=1))
+    return fig
+
+
+def _iteration_title(view: Any) -> str:
+    parts = [f"{view.method}", f"seq_len {int(view.seq_len)}", f"accept length {int(view.accept_length)}"]
+    if int(getattr(view, "ngram_match_len", -1)) >= 0:
+        parts.append(f"match {int(view.ngram_match_len)}, breadth {int(view.ngram_breadth)}")
+    return " · ".join(parts)
+
+
+def mask_cells(view: Any, selected: int | None = None, prefix: int = 0) -> np.ndarray:
+    """Cell codes [N, prefix + N]: MASK_HIDDEN / VISIBLE / PREFIX, and MASK_SELECTED for
+    the selected row's visible tree cells."""
+    mask = np.asarray(view.mask, dtype=bool)
+    n = len(mask)
+    if selected is not None and not 0 <= selected < n:
+        raise ValueError(f"row {selected} is outside a mask of {n} rows")
+    if prefix < 0:
+        raise ValueError(f"prefix must be >= 0, got {prefix}")
+    prefix = min(prefix, int(view.seq_len))
+    z = np.empty((n, prefix + n), dtype=np.int8)
+    z[:, :prefix] = MASK_PREFIX
+    z[:, prefix:] = np.where(mask, MASK_VISIBLE, MASK_HIDDEN)
+    if selected is not None:
+        z[selected, prefix:][mask[selected]] = MASK_SELECTED
+    return z
+
+
+def mask_traces(view: Any, selected: int | None = None, prefix: int = 0) -> list[dict]:
+    """The mask figure's single heatmap trace (rows = queries, columns = prefix then tree keys)."""
+    z = mask_cells(view, selected, prefix)
+    n = len(view.tokens)
+    p = z.shape[1] - n
+    rows = [f"{i} {_quote(t)}" for i, t in enumerate(view.token_texts)]
+    keys = [f"pos {int(view.seq_len) - p + j}" for j in range(p)] + rows
+    seen = {MASK_HIDDEN: "hidden", MASK_VISIBLE: "sees", MASK_PREFIX: "sees", MASK_SELECTED: "sees"}
+    hover = [[f"{r} {seen[c]} {k}" for c, k in zip(zr, keys)] for r, zr in zip(rows, z.tolist())]
+    # Discrete colours: each code owns an equal band of the colour axis.
+    bands = len(MASK_COLORS)
+    scale = []
+    for code, color in enumerate(MASK_COLORS):
+        scale += [[code / bands, color], [(code + 1) / bands, color]]
+    return [dict(type="heatmap", name="mask", z=z.tolist(), zmin=-0.5, zmax=bands - 0.5,
+                 colorscale=scale, showscale=False, xgap=1, ygap=1,
+                 hovertext=hover, hoverinfo="text")]
+
+
+def mask_figure(view: Any, selected: int | None = None, prefix: int = 0, title: str | None = None
+                ) -> go.Figure:
+    """The tree mask as the verifier used it: row q sees column k when k is q or its ancestor.
+
+    `selected` marks one row's visible cells; `prefix` adds that many cached-prefix
+    columns (always visible, at most seq_len) before the tree columns.
+    """
+    traces = mask_traces(view, selected, prefix)
+    n = len(view.tokens)
+    p = len(traces[0]["z"][0]) - n
+    fig = go.Figure([go.Heatmap(t) for t in traces])
+    ticks = [f"{i} {t}" for i, t in enumerate(view.token_texts)]
+    fig.update_layout(
+        title=title or f"tree mask ({n} nodes{f', {p} prefix columns' if p else ''})",
+        height=max(300, 14 * n + 120), margin=dict(l=20, r=20, t=90, b=20), plot_bgcolor="white",
+        yaxis=dict(autorange="reversed", tickvals=list(range(n)), ticktext=ticks, title="query node"),
+        xaxis=dict(tickvals=list(range(p, p + n)), ticktext=ticks, tickangle=-60, side="top"))
+    return fig
+
+
+def request_columns(steps: pa.Table, request: int) -> dict[str, Any]:
+    """Per-iteration columns of one request, computed column-wise (no per-row Python).
+
+    Returns numpy arrays iteration, seq_len, accept_length and max_depth (deepest
+    drafted node), ordered by iteration, and the request's draft method.
+    """
+    rows = steps.filter(pc.equal(steps["request_id"], request))
+    rows = rows.sort_by("iteration")
+    depth = rows["depth"].combine_chunks() if rows.num_rows else pa.array([], pa.list_(pa.int32()))
+    flat = np.asarray(depth.flatten().to_numpy(zero_copy_only=False), dtype=np.int64)
+    offsets = np.asarray(depth.offsets.to_numpy(), dtype=np.int64) - int(depth.offsets[0].as_py() or 0)
+    lengths = np.diff(offsets)
+    max_depth = np.zeros(len(lengths), dtype=np.int64)
+    nonempty = lengths > 0
+    if nonempty.any():
+        max_depth[nonempty] = np.maximum.reduceat(flat, offsets[:-1][nonempty])
+    return {
+        "iteration": rows["iteration"].to_numpy(),
+        "seq_len": rows["seq_len"].to_numpy(),
+        "accept_length": rows["accept_length"].to_numpy().astype(np.int64),
+        "max_depth": max_depth,
+        "method": rows["method"][0].as_py() if rows.num_rows else "none",
+    }
+
+
+def acceptance_by_depth(accept_length: np.ndarray, max_depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per depth d >= 1: share of iterations that accepted depth d among those that
+    accepted depth d-1 and drafted at depth d. Returns (rate, count of such iterations)."""
+    top = int(max_depth.max()) if len(max_depth) else 0
+    d = np.arange(1, top + 1)[:, None]
+    reached = (accept_length[None, :] >= d - 1) & (max_depth[None, :] >= d)
+    count = reached.sum(axis=1)
+    accepted = (reached & (accept_length[None, :] >= d)).sum(axis=1)
+    rate = np.divide(accepted, count, out=np.zeros(len(count)), where=count > 0)
+    return rate, count
+
+
+def acceptance_traces(cols: dict[str, Any], current: int | None = None) -> list[dict]:
+    """Acceptance figure traces, in order: accept length per iteration, the current
+    iteration's marker, acceptance by depth (by layer for multi_layer_eagle), histogram."""
+    acc = cols["accept_length"]
+    it = cols["iteration"]
+    method = cols["method"]
+    rate, count = acceptance_by_depth(acc, cols["max_depth"])
+    unit = "layer" if method == "multi_layer_eagle" else "depth"
+    # Multi-layer EAGLE: layer k drafts the token at depth k+1.
+    labels = [f"{unit} {d - 1 if unit == 'layer' else d}" for d in range(1, len(rate) + 1)]
+    cur_x = [int(it[current])] if current is not None and 0 <= current < len(it) else []
+    cur_y = [int(acc[current])] if cur_x else []
+    hist = np.bincount(acc, minlength=1) if len(acc) else np.zeros(1, dtype=np.int64)
+    return [
+        dict(type="scatter", name="accept length", x=it.tolist(), y=acc.tolist(), mode="lines+markers",
+             line=dict(color=COLORS["accepted"], width=1), marker=dict(size=4), xaxis="x", yaxis="y",
+             hovertemplate="iteration %{x}: accept length %{y}<extra></extra>"),
+        dict(type="scatter", name="current", x=cur_x, y=cur_y, mode="markers", xaxis="x", yaxis="y",
+             marker=dict(color=HIGHLIGHT, size=12, symbol="diamond"), hoverinfo="skip"),
+        dict(type="bar", name=f"acceptance by {unit}", x=labels, y=rate.tolist(), customdata=count.tolist(),
+             marker=dict(color=COLORS["accepted"]), xaxis="x2", yaxis="y2",
+             hovertemplate="%{x}: %{y:.1%} of %{customdata} tries<extra></extra>"),
+        dict(type="bar", name="accept length histogram", x=list(range(len(hist))), y=hist.tolist(),
+             marker=dict(color=COLORS["bonus"]), xaxis="x3", yaxis="y3",
+             hovertemplate="accept length %{x}: %{y} iterations<extra></extra>"),
+    ]
+
+
+def acceptance_figure(trace: Any, request: int, current: int | None = None) -> go.Figure:
+    """Accept length per iteration, acceptance by depth (or layer) and a histogram for one request.
+
+    `current` is a position in the request's iterations to mark (the player's step).
+    """
+    if request not in list(trace.request_ids):
+        raise ValueError(f"request {request} is not in this trace (requests: {list(trace.request_ids)})")
+    return acceptance_figure_from_columns(request_columns(trace.steps, request), request, current)
+
+
+def acceptance_figure_from_columns(cols: dict[str, Any], request: int, current: int | None = None
+                                   ) -> go.Figure:
+    """`acceptance_figure` from precomputed `request_columns` (the widgets cache them per request)."""
+    method = cols["method"]
+    fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]], vertical_spacing=0.18,
+                        subplot_titles=("accept length per iteration",
+                                        "acceptance by layer" if method == "multi_layer_eagle"
+                                        else "acceptance by depth (given the parent was accepted)",
+                                        "accept length histogram"))
+    for t in acceptance_traces(cols, current):
+        kind = go.Bar if t["type"] == "bar" else go.Scatter
+        fig.add_trace(kind(t))
+    acc = cols["accept_length"]
+    mean = f"mean accept length {acc.mean():.2f} over {len(acc)} iterations" if len(acc) else "no iterations"
+    fig.update_layout(title=f"request {request} · {method} · {mean}", height=520, showlegend=False,
+                      margin=dict(l=40, r=20, t=70, b=40), plot_bgcolor="white")
+    fig.update_yaxes(title_text="accepted", row=1, col=1)
+    fig.update_yaxes(tickformat=".0%", range=[0, 1], row=2, col=1)
+    fig.update_xaxes(title_text="iteration", row=1, col=1)
+    return fig
