@@ -48,7 +48,9 @@ class StepEvent:
 
     ``new_tokens[rid]`` are the accepted draft tokens in depth order followed by the
     bonus token (truncated at a stop token or max_new_tokens); ``records`` are the
-    recorder's rows for this iteration when recording.
+    recorder's rows for this iteration when recording. ``prefill_tokens[rid]`` is the
+    first output token of each request prefilled since the previous event (it comes
+    before that request's ``new_tokens``).
     """
 
     iteration: int
@@ -57,6 +59,7 @@ class StepEvent:
     records: list
     finished: list[int]
     stats: dict
+    prefill_tokens: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -172,6 +175,7 @@ class Engine:
         timer = PhaseTimer(self.device)
         started = time.perf_counter()
         iteration = 0
+        prefilled: dict[int, int] = {}  # first tokens not yet reported in an event
         try:
             while waiting or running:
                 if self._stop.is_set():
@@ -183,6 +187,7 @@ class Engine:
                     admitted.append(req)
                 if admitted:
                     self._prefill(admitted, sampling, generator, stats)
+                    prefilled.update({req.request_id: req.output[0] for req in admitted})
                     for req in admitted:
                         bar.update(1)
                         if self._finish_if_done(req, stops):
@@ -203,6 +208,7 @@ class Engine:
                                "mean_accept_length": stats.mean_accept_length,
                                "iterations": iteration + 1, "elapsed_s": stats.elapsed_s}
                 bar.update(sum(len(t) for t in event.new_tokens.values()))
+                event.prefill_tokens, prefilled = prefilled, {}
                 iteration += 1
                 yield event
         finally:
