@@ -1,0 +1,90 @@
+"""The per-layer operations of the decoder, as plain torch functions.
+
+The model calls only these, so a faster variant (Triton, CUDA) can be dispatched from
+here without touching model code. Shapes follow the model: activations are
+[B, T, ...]; q/k/v are [B, T, heads, head_dim]; one layer's cache is
+[max_batch, kv_heads, max_seq_len, head_dim]. Nothing here syncs with the host
+unless the caller passes a host ``kv_len``, so every op is CUDA-graph safe.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension, scaled by ``weight``."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual``; returns ``(rms_norm(s), s)`` (the fusion point of the residual add)."""
+    s = x + residual
+    return rms_norm(s, weight, eps), s
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [B,T,Hq,D] and k [B,T,Hkv,D] by cos/sin [B,T,D/2] (half-split layout, as Llama)."""
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    return rotate(q), rotate(k)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU activation: ``silu(gate) * up`` where gate_up = [gate | up] on the last dimension."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slots: torch.Tensor, starts: torch.Tensor) -> None:
+    """Write k, v [B,T,Hkv,D] into cache indices ``starts[b] .. starts[b]+T-1`` of slot ``slots[b]``."""
+    T = k.shape[1]
+    index = starts[:, None] + torch.arange(T, device=starts.device)  # [B, T]
+    # Advanced indices around a slice put their dims first: the target view is [B, T, Hkv, D].
+    k_cache[slots[:, None], :, index] = k
+    v_cache[slots[:, None], :, index] = v
+
+
+def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     slots: torch.Tensor, starts: torch.Tensor, tree_mask: torch.Tensor | None,
+                     kv_len: int | None) -> torch.Tensor:
+    """Attention of T new queries per row over that row's cache slot (new K/V already written).
+
+    Query t of row b sees every cache index below ``starts[b]`` and new token k iff
+    ``tree_mask[b, t, k]`` (causal when None); it always sees itself.
+
+    Args:
+        q: [B, T, Hq, D] rotated queries.
+        k_cache, v_cache: [max_batch, Hkv, max_seq_len, D], one layer.
+        slots, starts: [B] int64.
+        tree_mask: [B, T, T] bool or None.
+        kv_len: host int >= max(starts + T) to read only the live part of the cache;
+            None reads all of it (no host sync; the mask hides what is not live).
+
+    Returns:
+        [B, T, Hq, D] in q's dtype.
+    """
+    B, T, Hq, D = q.shape
+    L = k_cache.shape[2] if kv_len is None else kv_len
+    k = k_cache[slots, :, :L]  # [B, Hkv, L, D]
+    v = v_cache[slots, :, :L]
+    rel = torch.arange(L, device=q.device) - starts[:, None]  # [B, L]: key index relative to the new tokens
+    t = torch.arange(T, device=q.device)[:, None]  # [T, 1]
+    if tree_mask is None:
+        see_new = rel[:, None, :] <= t
+    else:
+        idx = rel.clamp(0, T - 1)[:, None, :].expand(B, T, L)
+        see_new = torch.gather(tree_mask, 2, idx) | (rel[:, None, :] == t)
+    in_new = (rel >= 0) & (rel < T)
+    visible = (rel < 0)[:, None, :] | (in_new[:, None, :] & see_new)  # [B, T, L]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=visible[:, None],
+                                         enable_gqa=k.shape[1] != Hq)
+    return out.transpose(1, 2)

@@ -1,0 +1,164 @@
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over a static KV cache.
+
+One forward serves every use:
+- ``cache=None``: plain causal (or tree-masked) forward over the T tokens, for training
+  and as the reference;
+- with a cache: prefill (T = prompt length, rows padded on the right), decode (T = 1)
+  and tree verify (T = N with a tree mask). New K/V are written to cache indices
+  ``starts[b] .. starts[b]+T-1`` of slot ``slots[b]`` and attention reads the prefix
+  below ``starts[b]`` plus the new tokens.
+
+The forward returns the hidden state before the final norm (draft layers consume
+it); ``logits()`` applies the final norm and the head. q/k/v and gate/up are fused
+into one matmul each (the loader concatenates the checkpoint's tensors).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spectool.kernels import ops
+from spectool.model.config import ModelConfig
+from spectool.model.kv_cache import KVCache
+from spectool.model.rope import RotaryEmbedding
+
+LayerCache = tuple[torch.Tensor, torch.Tensor] | None  # one layer's (k, v) cache views, or no cache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.split = [q_size, kv_size, kv_size]
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        # Qwen3 normalises each head of q and k before RoPE.
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerCache,
+                slots: torch.Tensor | None, starts: torch.Tensor | None,
+                tree_mask: torch.Tensor | None, kv_len: int | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = self.q_norm(q.view(B, T, self.num_heads, self.head_dim))
+        k = self.k_norm(k.view(B, T, self.num_kv_heads, self.head_dim))
+        v = v.view(B, T, self.num_kv_heads, self.head_dim)
+        q, k = ops.rope(q, k, cos, sin)
+        if kv is None:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                attn_mask=None if tree_mask is None else tree_mask[:, None],
+                is_causal=tree_mask is None, enable_gqa=self.num_heads != self.num_kv_heads,
+            ).transpose(1, 2)
+        else:
+            ops.write_kv(kv[0], kv[1], k, v, slots, starts)
+            out = ops.cached_attention(q, kv[0], kv[1], slots, starts, tree_mask, kv_len)
+        return self.o_proj(out.reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
+
+
+class Block(nn.Module):
+    """One pre-norm decoder layer: x + attn(norm(x)), then h + mlp(norm(h))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerCache,
+                slots: torch.Tensor | None = None, starts: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None, kv_len: int | None = None) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, kv, slots, starts, tree_mask, kv_len)
+        norm = self.post_attention_layernorm
+        normed, h = ops.add_rms_norm(attn, x, norm.weight, norm.eps)
+        return h + self.mlp(normed)
+
+
+def check_forward_args(tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
+                       slots: torch.Tensor | None, starts: torch.Tensor | None,
+                       tree_mask: torch.Tensor | None, vocab_size: int, max_position: int) -> None:
+    """Shape checks (free) and, off CUDA, range checks (cheap there; on CUDA they would sync)."""
+    if tokens.dim() != 2 or positions.shape != tokens.shape:
+        raise ValueError(f"tokens and positions must both be [B, T]; got {tuple(tokens.shape)} "
+                         f"and {tuple(positions.shape)}")
+    B, T = tokens.shape
+    if tree_mask is not None and tree_mask.shape != (B, T, T):
+        raise ValueError(f"tree_mask must be [{B}, {T}, {T}] bool, got {tuple(tree_mask.shape)}")
+    if cache is not None and (slots is None or starts is None or slots.shape != (B,) or starts.shape != (B,)):
+        raise ValueError(f"a cached forward needs slots and starts of shape [{B}]")
+    if tokens.is_cuda:
+        return
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise ValueError(f"token ids must be in [0, {vocab_size}); "
+                         f"got {int(tokens.min())}..{int(tokens.max())}")
+    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= max_position):
+        raise ValueError(f"positions must be in [0, {max_position}); got up to {int(positions.max())}")
+    if cache is not None and B and int((starts + T).max()) > cache.max_seq_len:
+        raise ValueError(f"starts + T = {int((starts + T).max())} exceeds the cache's max_seq_len "
+                         f"{cache.max_seq_len}")
+
+
+class Transformer(nn.Module):
+    """Token embedding, ``num_layers`` Blocks, final norm and lm_head (tied or not)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope = RotaryEmbedding(cfg)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
+                slots: torch.Tensor | None = None, starts: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None, kv_len: int | None = None) -> torch.Tensor:
+        """Hidden states [B, T, H] before the final norm (see the module docstring and INTERNALS.md).
+
+        Args:
+            tokens, positions: [B, T] int64 token ids and RoPE positions.
+            cache: the static KVCache, or None for a plain forward over the T tokens only.
+            slots: [B] cache slot per row; starts: [B] cache length before these tokens.
+            tree_mask: [B, T, T] bool, [b, q, k] = new token q sees new token k; None = causal.
+            kv_len: host int >= max(starts + T) so attention reads only that much cache;
+                None = no host value (attention masks the rest).
+        """
+        check_forward_args(tokens, positions, cache, slots, starts, tree_mask,
+                           self.config.vocab_size, self.rope.max_position)
+        x = self.embed_tokens(tokens)
+        cos, sin = self.rope(positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else cache.layer(i)
+            x = layer(x, cos, sin, kv, slots, starts, tree_mask, kv_len)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + lm_head, as float32 [B, T, V]."""
+        return self.lm_head(self.norm(hidden)).float()

@@ -1,0 +1,50 @@
+"""Rotary position embedding tables (default, linear and llama3 frequency scaling)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from spectool.model.config import ModelConfig
+
+
+def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """The head_dim/2 rotation frequencies, float32, with the config's rope scaling applied."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", "default")
+    if kind == "linear":
+        inv_freq = inv_freq / float(scaling["factor"])
+    elif kind == "llama3":
+        # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        inv_freq = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        in_band = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        inv_freq = torch.where(in_band, blended, inv_freq)
+    return inv_freq
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for every position up to max_position, computed once (float32 buffers).
+
+    Gathering by a positions tensor needs no host sync, so it is safe inside CUDA graphs.
+    """
+
+    def __init__(self, cfg: ModelConfig, max_position: int | None = None, device: torch.device | None = None):
+        super().__init__()
+        self.max_position = max_position or cfg.max_position_embeddings
+        angles = torch.outer(torch.arange(self.max_position, dtype=torch.float32), inverse_frequencies(cfg))
+        self.register_buffer("cos", angles.cos().to(device), persistent=False)  # [max_position, head_dim/2]
+        self.register_buffer("sin", angles.sin().to(device), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [*positions.shape, head_dim/2] in ``dtype`` (as transformers casts them)."""
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
