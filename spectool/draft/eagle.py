@@ -1,0 +1,151 @@
+"""EAGLE-2 drafting: one draft layer reused for ``num_steps`` steps, a dynamic top-k tree.
+
+Alignment (docs/INTERNALS.md): at draft-cache index i the layer consumes
+(emb(x[i+1]), h[i]) at position i+1 and predicts x[i+2]. After every verify the
+layer is *extended* over the newly accepted tokens with the target's hidden
+states, which leaves per slot the feature and the top-k children of the root.
+``draft()`` then grows the tree: each step feeds the current frontier (the best
+``topk`` nodes by path score) with its parents' output features standing in for
+the target hidden state, and expands every frontier node into ``topk`` children.
+Frontier nodes of earlier steps are fed again with each step (a tree mask keeps
+each node to its own ancestors), so every step is one fixed-shape forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectool.config import EagleConfig
+from spectool.draft import Batch
+from spectool.draft.tree import DraftTree, build_eagle_tree
+
+
+class EagleDrafter:
+    """Drafts an EAGLE-2 tree from one draft layer with its own KV cache."""
+
+    def __init__(self, config: EagleConfig, engine) -> None:
+        from spectool.model.draft_layer import load_draft
+
+        self.config = config
+        self.engine = engine
+        self.device = engine.device
+        self.draft = load_draft(config.path, engine.target)
+        if self.draft.kind != "eagle" and self.draft.num_layers < 1:
+            raise ValueError(f"{config.path} holds no draft layer")
+        vocab = engine.config.vocab_size
+        if config.topk > vocab:
+            raise ValueError(f"topk={config.topk} is larger than the vocabulary ({vocab})")
+        self.layer = self.draft.layers[0]
+        self.num_draft_tokens = config.num_draft_tokens
+
+    def allocate(self) -> None:
+        e = self.engine
+        # The draft cache holds the committed prefix plus the fed frontier nodes of one draft.
+        room = self.config.num_steps * self.config.topk
+        self.cache = self.draft.make_cache(0, e.num_slots, e.cache_len + room)
+        hidden = e.config.hidden_size
+        dtype = e.target.dtype
+        self.feature = torch.zeros(e.num_slots, hidden, dtype=dtype, device=self.device)
+        self.root_p = torch.zeros(e.num_slots, self.config.topk, device=self.device)
+        self.root_i = torch.zeros(e.num_slots, self.config.topk, dtype=torch.long, device=self.device)
+
+    # ------------------------------------------------------------ extend
+
+    def _run(self, tokens, hidden, positions, slots, starts, tree_mask, kv_len):
+        emb = self.engine.model.embed_tokens(tokens)
+        feature, normed = self.layer(emb, hidden, positions, self.cache, slots, starts, tree_mask, kv_len)
+        return feature, self.engine.model.lm_head(normed).float()
+
+    def _extend(self, slots, starts, tokens, hidden, lengths: list[int]) -> None:
+        """Feed (tokens[b, :len], hidden[b, :len]) at draft-cache index starts[b]; keep the last feature."""
+        t = tokens.shape[1]
+        positions = starts[:, None] + 1 + torch.arange(t, device=self.device)
+        feature, logits = self._run(tokens, hidden, positions, slots, starts, None,
+                                    int(starts.max()) + t)
+        last = torch.tensor(lengths, device=self.device) - 1
+        rows = torch.arange(len(lengths), device=self.device)
+        self.feature[slots] = feature[rows, last]
+        p, i = torch.softmax(logits[rows, last], dim=-1).topk(self.config.topk, dim=-1)
+        self.root_p[slots], self.root_i[slots] = p, i
+
+    def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
+        for b in range(batch.size):
+            hist = batch.histories[b]
+            n = len(hist) - 1  # prompt length; hist[-1] is the first sampled token (the root)
+            tokens = torch.tensor([hist[1:]], dtype=torch.long, device=self.device)
+            self._extend(batch.slots[b:b + 1], torch.zeros(1, dtype=torch.long, device=self.device),
+                         tokens, hiddens[b][None, :n], [n])
+
+    def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
+                  accepted: list[list[int]], timer) -> None:
+        with timer("draft"):
+            lengths = [len(a) for a in accepted]
+            t = max(lengths)
+            tokens = torch.tensor([a + [0] * (t - len(a)) for a in accepted], dtype=torch.long,
+                                  device=self.device)
+            path = result.accept_path[:, :t].clamp(min=0)
+            h = hidden.gather(1, path[..., None].expand(-1, -1, hidden.shape[-1]))
+            self._extend(batch.slots, batch.seq_lens, tokens, h, lengths)
+
+    def release(self, batch: Batch) -> None:
+        """Slots are overwritten by the next prefill; nothing to free."""
+
+    # ------------------------------------------------------------ draft
+
+    def draft(self, batch: Batch, timer) -> tuple[DraftTree, dict]:
+        k, steps = self.config.topk, self.config.num_steps
+        b = batch.size
+        dev = self.device
+        slots = batch.slots
+        scores = self.root_p[slots]  # [B, K] path scores of step-0 candidates
+        tokens = self.root_i[slots]
+        step_tokens, step_scores, step_parents = [tokens], [scores], [torch.full_like(tokens, -1)]
+        frontier_tok, frontier_score = tokens, scores
+        frontier_hidden = self.feature[slots][:, None].expand(-1, k, -1)
+        frontier_depth = 1
+        fed_tok = torch.empty(b, 0, dtype=torch.long, device=dev)
+        fed_hidden = self.feature.new_empty(b, 0, self.feature.shape[-1])
+        fed_pos = torch.empty(b, 0, dtype=torch.long, device=dev)
+        fed_mask = torch.zeros(b, 0, 0, dtype=torch.bool, device=dev)
+        frontier_parent_fed = torch.full((b, k), -1, dtype=torch.long, device=dev)
+        frontier_index = torch.arange(k, device=dev).expand(b, -1)  # into the latest step's candidates
+        chosen_tok, chosen_p = [tokens], [scores]
+        for _ in range(1, steps):
+            # Append the frontier to the fed nodes; each sees its fed ancestors and itself.
+            n_fed = fed_tok.shape[1]
+            parent_rows = torch.zeros(b, k, n_fed + k, dtype=torch.bool, device=dev)
+            if n_fed:
+                has_parent = frontier_parent_fed >= 0
+                rows = fed_mask.gather(1, frontier_parent_fed.clamp(min=0)[..., None].expand(-1, -1, n_fed))
+                parent_rows[..., :n_fed] = rows & has_parent[..., None]
+            parent_rows[:, torch.arange(k), n_fed + torch.arange(k)] = True
+            fed_mask = torch.cat([torch.nn.functional.pad(fed_mask, (0, k)), parent_rows], dim=1)
+            fed_tok = torch.cat([fed_tok, frontier_tok], 1)
+            fed_hidden = torch.cat([fed_hidden, frontier_hidden], 1)
+            fed_pos = torch.cat([fed_pos, batch.seq_lens[:, None] + frontier_depth + fed_tok.new_zeros(b, k)], 1)
+            feature, logits = self._run(fed_tok, fed_hidden, fed_pos, slots, batch.seq_lens, fed_mask,
+                                        max(batch.seq_lens_host) + fed_tok.shape[1])
+            feat, logp = feature[:, -k:], torch.softmax(logits[:, -k:], dim=-1)
+            p, i = logp.topk(k, dim=-1)  # [B, K(frontier), K(children)]
+            cand_score = (frontier_score[..., None] * p).reshape(b, k * k)
+            cand_tok = i.reshape(b, k * k)
+            cand_parent = torch.arange(k, device=dev).repeat_interleave(k).expand(b, -1)
+            step_tokens.append(cand_tok)
+            step_scores.append(cand_score)
+            step_parents.append(frontier_index.gather(1, cand_parent))  # index into the previous step
+            best = torch.nan_to_num(cand_score, nan=-1.0).topk(k, dim=-1).indices
+            frontier_index = best
+            frontier_tok = cand_tok.gather(1, best)
+            frontier_score = cand_score.gather(1, best)
+            parent_of_best = best // k
+            frontier_hidden = feat.gather(1, parent_of_best[..., None].expand(-1, -1, feat.shape[-1]))
+            frontier_parent_fed = n_fed + parent_of_best
+            frontier_depth += 1
+            chosen_tok.append(frontier_tok)
+            chosen_p.append(frontier_score)
+        with timer("index"):
+            tree = build_eagle_tree(batch.roots, step_tokens, step_scores, step_parents,
+                                    self.num_draft_tokens, batch.seq_lens)
+        why = {"step_topk_tokens": torch.stack(chosen_tok, 1), "step_topk_probs": torch.stack(chosen_p, 1)}
+        return tree, why
+

@@ -1,0 +1,88 @@
+"""``spectool record``: decode prompts with one draft method and save the trace."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
+from spectool.prompts import load_prompts
+
+
+def add_draft_arguments(p: argparse.ArgumentParser) -> None:
+    """Options that choose and shape a draft method (shared by record and bench)."""
+    p.add_argument("--draft", choices=["none", "ngram", "eagle", "multi_layer_eagle"], default="ngram")
+    p.add_argument("--draft-path", help="draft checkpoint directory (eagle, multi_layer_eagle)")
+    p.add_argument("--num-draft-tokens", type=int, help="tree nodes including the root")
+    p.add_argument("--num-steps", type=int, help="draft steps (eagle, multi_layer_eagle)")
+    p.add_argument("--topk", type=int, help="top-k per step (eagle)")
+    p.add_argument("--max-bfs-breadth", type=int)
+    p.add_argument("--min-bfs-breadth", type=int)
+    p.add_argument("--max-trie-depth", type=int)
+    p.add_argument("--match", choices=["bfs", "prob"])
+
+
+def draft_config(args: argparse.Namespace):
+    """The draft config the options describe (None for plain decoding)."""
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    pick = lambda *names: {n: given[n] for n in names if n in given}  # noqa: E731
+    if args.draft == "none":
+        return None
+    if args.draft == "ngram":
+        return NgramConfig(**pick("num_draft_tokens", "max_bfs_breadth", "min_bfs_breadth", "max_trie_depth",
+                                  "match"))
+    if not args.draft_path:
+        raise ValueError(f"--draft {args.draft} needs --draft-path")
+    if args.draft == "eagle":
+        return EagleConfig(args.draft_path, **pick("num_steps", "topk", "num_draft_tokens"))
+    return MultiLayerEagleConfig(args.draft_path, **pick("num_steps"))
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """Model, prompts and sampling options."""
+    p.add_argument("--model", required=True, help="target directory (Hugging Face format) or hub id")
+    p.add_argument("--prompts", required=True, help="JSONL ({'prompt': ...}) or text, one prompt per line")
+    p.add_argument("--kind", help="only JSONL prompts of this kind (completion, editing)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-seq-len", type=int, default=4096)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+
+
+def build_engine(args: argparse.Namespace):
+    """Load the target and make the engine the options describe."""
+    import spectool as st
+
+    dtype = getattr(torch, args.dtype) if args.dtype else (
+        torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
+    target = st.load(args.model, device=args.device, dtype=dtype)
+    return st.Engine(target, draft=draft_config(args), max_batch_size=args.batch_size,
+                     max_seq_len=args.max_seq_len)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="spectool record", description=__doc__)
+    add_run_arguments(p)
+    add_draft_arguments(p)
+    p.add_argument("--out", required=True, help="trace file to write (.sptrace)")
+    args = p.parse_args(argv)
+    try:
+        engine = build_engine(args)
+        prompts = load_prompts(args.prompts, args.kind)
+        result = engine.generate(prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, record=True,
+                                 progress=True)
+    except ValueError as e:
+        print(f"spectool record: {e}", file=sys.stderr)
+        return 2
+    result.trace.save(args.out)
+    print(f"{len(prompts)} requests, mean accept length {result.stats.mean_accept_length:.2f}, "
+          f"{result.stats.tokens_per_s:.1f} tok/s; trace written to {args.out}")
+    return 0
