@@ -58,7 +58,12 @@ STEP_FIELDS: dict[str, tuple[pa.DataType, str]] = {
     "commit_us": (pa.float32(), "time accepting and committing KV (µs)"),
     "trie_get_us": (pa.float32(), "ngram: corpus batch_get (µs)"),
     "trie_put_us": (pa.float32(), "ngram: corpus batch_put (µs)"),
+    "iteration_us": (pa.float32(), "wall time of the whole iteration (µs), the same for every row of "
+                     "the iteration; tokens/s = gained tokens / its sum over iterations"),
 }
+
+# Phase timings, in the order an iteration runs them (summary, Perfetto export).
+PHASE_FIELDS = ("draft_us", "index_us", "verify_us", "commit_us", "trie_get_us", "trie_put_us")
 
 STEP_SCHEMA = pa.schema([pa.field(name, typ) for name, (typ, _) in STEP_FIELDS.items()])
 
