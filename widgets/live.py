@@ -96,6 +96,7 @@ class LiveDecode(widgets.VBox):
 
         self.stats: dict = {}
         self.accept_lengths: list[dict[int, int]] = []  # per iteration: request -> accept length
+        self.iteration_depths: list[list[int]] = []  # per iteration: depth of every token shown (0 = bonus)
         self.error: str | None = None
         self._requests: list[_RequestText] = []
         self._thread: threading.Thread | None = None
@@ -170,14 +171,14 @@ class LiveDecode(widgets.VBox):
     def to_figure(self) -> go.Figure:
         """Tokens gained per iteration, stacked by draft depth (layer) with the bonus on top."""
         fig = go.Figure()
-        iters = list(range(len(self.accept_lengths)))
-        max_depth = max((a for it in self.accept_lengths for a in it.values()), default=0)
+        iters = list(range(len(self.iteration_depths)))
+        max_depth = max((d for it in self.iteration_depths for d in it), default=0)
         label = "layer" if self.method == "multi_layer_eagle" else "depth"
         for d in range(1, max_depth + 1):
-            counts = [sum(a >= d for a in it.values()) for it in self.accept_lengths]
+            counts = [it.count(d) for it in self.iteration_depths]
             name = f"{label} {d - 1}" if label == "layer" else f"depth {d}"
             fig.add_bar(x=iters, y=counts, name=f"accepted, {name}", marker_color=depth_colour(d))
-        bonus = [len(it) for it in self.accept_lengths]
+        bonus = [it.count(0) for it in self.iteration_depths]
         fig.add_bar(x=iters, y=bonus, name="bonus", marker_color=BONUS_COLOUR)
         fig.update_layout(barmode="stack", title=self._stats_text(html_markup=False),
                           xaxis_title="iteration", yaxis_title="tokens gained (all requests)",
@@ -199,6 +200,7 @@ class LiveDecode(widgets.VBox):
         self._requests = [_RequestText(p if isinstance(p, str) else self._token_text(list(p)))
                           for p in self.prompts]
         self.accept_lengths = []
+        self.iteration_depths = []
         self.stats = {}
         self.error = None
         self._render()
@@ -224,17 +226,24 @@ class LiveDecode(widgets.VBox):
         after = self._decode(context + [token])
         return after[len(before):] if after.startswith(before) else self._decode([token])
 
+    def _append(self, req: _RequestText, token: int, depth: int) -> None:
+        req.pieces.append(_Piece(self._piece(req.tokens[-_DECODE_CONTEXT:], token), depth))
+        req.tokens.append(token)
+
     def _consume(self, event, elapsed: float) -> None:
         accepted = dict(event.accept_lengths)
         self.accept_lengths.append(accepted)
+        # The prefill token (sampled from the prompt alone) comes first and is plain.
+        for rid, tok in event.prefill_tokens.items():
+            self._append(self._requests[rid], tok, depth=0)
+        depths = []
         for rid, new in event.new_tokens.items():
-            req = self._requests[rid]
             n_drafts = accepted.get(rid, 0)
             for j, tok in enumerate(new):
                 # Tokens beyond the accepted drafts are the bonus (normally exactly one).
-                depth = j + 1 if j < n_drafts else 0
-                req.pieces.append(_Piece(self._piece(req.tokens[-_DECODE_CONTEXT:], tok), depth))
-                req.tokens.append(tok)
+                depths.append(j + 1 if j < n_drafts else 0)
+                self._append(self._requests[rid], tok, depth=depths[-1])
+        self.iteration_depths.append(depths)
         for rid in event.finished:
             self._requests[rid].finished = True
         self.stats = dict(event.stats)
