@@ -100,6 +100,7 @@ class Engine:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.record_topk = record_topk
+        self.prefill_budget = 8192  # padded tokens per prefill forward
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.drafter = make_drafter(draft, self)
         self.num_draft_tokens = self.drafter.num_draft_tokens if self.drafter else 1
@@ -282,22 +283,32 @@ class Engine:
         return hidden, self.model.logits(hidden)
 
     def _prefill(self, reqs: list[_Request], sampling: dict, generator, stats: RunStats) -> None:
-        """Prefill each new request (one at a time: prompts differ in length) and sample its first token."""
-        hiddens = []
-        for req in reqs:
-            n = len(req.prompt)
-            tokens = torch.tensor([req.prompt], dtype=torch.long, device=self.device)
-            positions = torch.arange(n, device=self.device).unsqueeze(0)
-            slots = torch.tensor([req.slot], dtype=torch.long, device=self.device)
-            starts = torch.zeros(1, dtype=torch.long, device=self.device)
-            hidden, logits = self._forward(tokens, positions, slots, starts, None, n)
-            root_only = _root_tree(tokens[:, -1], starts + n - 1)
-            res = self._verify(root_only, logits[:, -1:], sampling, generator)
-            req.output.append(int(res.bonus[0]))
-            req.seq_len = n
-            stats.prefill_tokens += n
-            stats.generated_tokens += 1
-            hiddens.append(hidden[0])
+        """Prefill new requests (right-padded into groups) and sample each one's first token.
+
+        Padding is harmless: a short row's pad tokens land past its prompt in the cache,
+        where later writes overwrite them before anything reads them.
+        """
+        hiddens: list[torch.Tensor] = []
+        for group in _prefill_groups(reqs, self.prefill_budget):
+            lens = [len(r.prompt) for r in group]
+            t = max(lens)
+            dev = self.device
+            tokens = torch.tensor([r.prompt + [0] * (t - len(r.prompt)) for r in group], dtype=torch.long,
+                                  device=dev)
+            positions = torch.arange(t, device=dev).expand(len(group), -1)
+            slots = torch.tensor([r.slot for r in group], dtype=torch.long, device=dev)
+            starts = torch.zeros(len(group), dtype=torch.long, device=dev)
+            hidden, logits = self._forward(tokens, positions, slots, starts, None, t)
+            last = torch.tensor(lens, device=dev) - 1
+            rows = torch.arange(len(group), device=dev)
+            res = self._verify(_root_tree(tokens[rows, last], last), logits[rows, last][:, None],
+                               sampling, generator)
+            for req, first, n, h in zip(group, res.bonus.tolist(), lens, hidden):
+                req.output.append(first)
+                req.seq_len = n
+                hiddens.append(h[:n])
+            stats.prefill_tokens += sum(lens)
+            stats.generated_tokens += len(group)
         if self.drafter is not None:
             self.drafter.on_prefill(self._batch(reqs), hiddens)
 
@@ -426,6 +437,17 @@ class Engine:
             fields["coins"] = res.coins
         fields.update(why)
         return fields
+
+
+def _prefill_groups(reqs: list[_Request], budget: int) -> list[list[_Request]]:
+    """Split requests into prefill groups whose padded size stays within ``budget`` tokens."""
+    groups: list[list[_Request]] = []
+    for req in reqs:
+        if groups and max(len(r.prompt) for r in [*groups[-1], req]) * (len(groups[-1]) + 1) <= budget:
+            groups[-1].append(req)
+        else:
+            groups.append([req])
+    return groups
 
 
 def _root_tree(roots: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
