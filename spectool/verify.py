@@ -1,0 +1,238 @@
+"""Tree verification (greedy and lossless sampling) and the KV commit that follows it.
+
+Both verifiers are batched torch with a fixed number of kernels whatever the tree
+depth and no host sync, so they run inside the decode step (and its CUDA graph).
+Neither walks the tree node by node: each works out, for every node at once,
+whether it is the child its parent would take ("good"), then accepts the deepest
+node whose whole root path is good. In topological order that is the walk "from
+the root, take the chosen child, stop when there is none", done in parallel.
+
+Node status: 1 accepted (the accepted path, root included); 2 rejected (a valid
+child of an accepted node that the target looked at and turned down: every child
+before the one taken, or all of them when none was taken); 0 not visited.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from spectool.draft.tree import DraftTree
+
+NOT_VISITED, ACCEPTED, REJECTED = 0, 1, 2
+
+
+@dataclass
+class VerifyResult:
+    """What the verifier decided for a batch of trees.
+
+    ``status`` [B, N] int8 (0 not visited, 1 accepted, 2 rejected); ``accept_path``
+    [B, max_depth+1] int64 node indices, root first, -1 padded; ``accept_length`` [B]
+    int64 (accepted drafts, excluding the root); ``bonus`` [B] int64, the token the
+    target adds after the path; ``coins`` [B, N] float32, the uniform coin of each
+    visited node (NaN elsewhere, and everywhere when greedy); ``target_argmax`` [B, N]
+    int64; ``target_probs`` [B, N, V] float32, the target distribution after
+    temperature / top-k / top-p (sampling only; None when greedy).
+    """
+
+    status: torch.Tensor
+    accept_path: torch.Tensor
+    accept_length: torch.Tensor
+    bonus: torch.Tensor
+    coins: torch.Tensor
+    target_argmax: torch.Tensor
+    target_probs: torch.Tensor | None = None
+
+
+def _check_logits(tree: DraftTree, logits: torch.Tensor) -> None:
+    if logits.dim() != 3 or logits.shape[:2] != tree.tokens.shape:
+        raise ValueError(f"logits must be [B, N, V] with [B, N] = {tuple(tree.tokens.shape)}, "
+                         f"got {tuple(logits.shape)}")
+    if not logits.dtype.is_floating_point:
+        raise ValueError(f"logits must be floating point, got {logits.dtype}")
+    if logits.device != tree.device:
+        raise ValueError(f"logits are on {logits.device} but the tree is on {tree.device}")
+
+
+def _accept(tree: DraftTree, good: torch.Tensor):
+    """Accept the deepest node whose root path is all ``good`` (ties: lowest index).
+
+    Returns (accepted [B,N] bool, status, accept_path, accept_length, last [B]).
+    """
+    bs, n = tree.tokens.shape
+    idx = torch.arange(n, device=tree.device)
+    ok = good | (idx == 0)
+    agree = ~(tree.mask & ~ok[:, None, :]).any(-1)
+    key = torch.where(agree, tree.depth * n + (n - 1 - idx), -1)
+    last = key.argmax(-1)
+    accepted = tree.mask[torch.arange(bs, device=tree.device), last]
+    accept_length = tree.depth.gather(1, last[:, None])[:, 0]
+
+    width = tree.max_depth + 1
+    path = torch.full((bs, width + 1), -1, dtype=torch.long, device=tree.device)
+    path.scatter_(1, torch.where(accepted, tree.depth.clamp(max=width - 1), width), idx.expand(bs, n))
+    # Child taken at each node's parent: the path entry one level below the parent (-1: none -> n).
+    taken = path.gather(1, tree.depth.clamp(max=width))
+    taken = torch.where(taken < 0, n, taken)
+    parent_accepted = accepted.gather(1, tree.parents.clamp(min=0)) & (idx > 0)
+    rejected = tree.valid & parent_accepted & ~accepted & (idx < taken)
+    status = (accepted.to(torch.int8) * ACCEPTED) + (rejected.to(torch.int8) * REJECTED)
+    return accepted, status, path[:, :width], accept_length, last
+
+
+def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
+    """Greedy verify: accept the longest root path whose every token is the target's
+    argmax at its parent (with duplicate sibling tokens, the deepest such path, ties to
+    the lower node index); the bonus is the argmax at the last accepted node.
+
+    Args:
+        tree: the batch of draft trees.
+        logits: [B, N, V] target logits at every node.
+    """
+    _check_logits(tree, logits)
+    n = tree.num_nodes
+    idx = torch.arange(n, device=tree.device)
+    argmax = logits.argmax(-1)
+    good = tree.valid & (idx > 0) & (tree.tokens == argmax.gather(1, tree.parents.clamp(min=0)))
+    _, status, path, length, last = _accept(tree, good)
+    coins = torch.full(tree.tokens.shape, math.nan, dtype=torch.float32, device=tree.device)
+    return VerifyResult(status=status, accept_path=path, accept_length=length,
+                        bonus=argmax.gather(1, last[:, None])[:, 0], coins=coins, target_argmax=argmax)
+
+
+def target_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
+                 top_p: float = 1.0) -> torch.Tensor:
+    """The target distribution sampling draws from: softmax(logits / temperature) cut to
+    the ``top_k`` most likely tokens (0 = all; ties at the k-th value are kept) and then
+    to the smallest most-likely set whose mass reaches ``top_p``, renormalised. float32."""
+    if not (isinstance(temperature, int | float) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0 (use verify_greedy for 0), "
+                         f"got {temperature!r}")
+    if not (isinstance(top_k, int) and top_k >= 0):
+        raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}")
+    if not (isinstance(top_p, int | float) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    x = logits.float() / temperature
+    if 0 < top_k < x.shape[-1]:
+        kth = x.topk(top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, -math.inf)
+    probs = torch.softmax(x, dim=-1)
+    if top_p < 1:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # Drop a token when the mass before it already reaches top_p.
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
+        probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def verify_sampling(
+    tree: DraftTree,
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> VerifyResult:
+    """Target-only tree sampling, exactly lossless (DESIGN.md part 5).
+
+    Every visited node x draws one coin u ~ U[0, 1). Its valid drafted children, in node
+    order and with repeated tokens counted once (first occurrence), partition [0, 1)
+    by their target probabilities p(c | x): the child whose interval holds u is
+    accepted. When u falls past them all (u >= S, their total mass), the bonus token is
+    the inverse CDF of the residual (p with the children's tokens zeroed, in vocabulary
+    order) at u - S. So each token t is emitted with probability exactly p(t | x),
+    whatever was drafted, and the recorded coins replay the whole decision.
+
+    Args:
+        tree: the batch of draft trees.
+        logits: [B, N, V] target logits at every node.
+        temperature, top_k, top_p: applied to the target distribution first
+            (:func:`target_probs`).
+        generator: torch.Generator on the logits' device for the coins (None = default).
+    """
+    _check_logits(tree, logits)
+    probs = target_probs(logits, temperature, top_k, top_p)
+    bs, n, vocab = probs.shape
+    dev = tree.device
+    idx = torch.arange(n, device=dev)
+    parents = tree.parents
+    live = tree.valid & (idx > 0)
+    coins = torch.rand(bs, n, generator=generator, device=dev, dtype=torch.float32)
+
+    same_parent = (parents[:, :, None] == parents[:, None, :]) & live[:, :, None] & live[:, None, :]
+    before = idx[None, :] < idx[:, None]  # [j, k]: k is before j
+    duplicate = (same_parent & before & (tree.tokens[:, :, None] == tree.tokens[:, None, :])).any(-1)
+    # q[j] = p(token_j | parent_j) for the first occurrence of each child token, else 0.
+    flat = probs.view(bs, n * vocab).gather(1, parents.clamp(min=0) * vocab + tree.tokens)
+    q = torch.where(live & ~duplicate, flat, 0.0)
+    upto = same_parent & (before | (idx[None, :] == idx[:, None]))
+    cum = (upto * q[:, None, :]).sum(-1)
+    coin_at_parent = coins.gather(1, parents.clamp(min=0))
+    hit = (q > 0) & (coin_at_parent < cum)
+    good = hit & ~(same_parent & before & hit[:, None, :]).any(-1)
+    accepted, status, path, length, last = _accept(tree, good)
+
+    # Bonus: inverse CDF of the residual at the last accepted node.
+    rows = torch.arange(bs, device=dev)
+    p_last = probs[rows, last]
+    child_of_last = live & (parents == last[:, None])
+    child_mass = torch.where(child_of_last, q, 0.0).sum(-1)
+    residual = torch.cat([p_last, p_last.new_zeros(bs, 1)], 1)
+    residual.scatter_(1, torch.where(child_of_last, tree.tokens, vocab), 0.0)
+    residual = residual[:, :vocab]
+    u = (coins[rows, last] - child_mass).clamp(min=0).double()
+    bonus = (residual.double().cumsum(-1) <= u[:, None]).sum(-1)
+    # Rounding can put u past the residual's total: take its last token; an all-zero residual
+    # (children hold all the mass, u landed past it by rounding) falls back to the argmax.
+    last_nonzero = vocab - 1 - (residual > 0).flip(-1).int().argmax(-1)
+    bonus = torch.where(bonus >= vocab, last_nonzero, bonus)
+    bonus = torch.where(residual.sum(-1) > 0, bonus, p_last.argmax(-1))
+
+    return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus,
+                        coins=torch.where(accepted, coins, math.nan), target_argmax=probs.argmax(-1),
+                        target_probs=probs)
+
+
+def commit_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+    accept_path: torch.Tensor,
+    accept_length: torch.Tensor,
+) -> None:
+    """Move the accepted nodes' cache entries to contiguous positions, in place.
+
+    k, v: [L, max_batch, kv_heads, max_seq_len, head_dim] (a target cache, or a draft
+    layer's). For request b in cache slot ``slots[b]``, the tree was written at cache
+    indices seq_len .. seq_len+N-1 in node order; entry ``seq_len + accept_path[b, j]``
+    moves to ``seq_len + j`` for j = 0 .. accept_length[b]. Call it for each cache
+    (target, draft layers); the caller then advances seq_len by accept_length + 1.
+    One gather and one scatter, no host sync.
+    """
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != 5:
+            raise ValueError(f"{name} must be [L, max_batch, kv_heads, max_seq_len, head_dim], "
+                             f"got shape {tuple(t.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    bs = slots.shape[0]
+    if slots.dim() != 1 or seq_lens.shape != (bs,) or accept_length.shape != (bs,) \
+            or accept_path.dim() != 2 or accept_path.shape[0] != bs:
+        raise ValueError(f"expected slots [B], seq_lens [B], accept_path [B, D+1], accept_length [B]; "
+                         f"got {tuple(slots.shape)}, {tuple(seq_lens.shape)}, "
+                         f"{tuple(accept_path.shape)}, {tuple(accept_length.shape)}")
+    width = accept_path.shape[1]
+    j = torch.arange(width, device=k.device)
+    base = seq_lens.long()[:, None]
+    # Entries past the accept length copy onto themselves (a no-op) so shapes stay static.
+    src = base + torch.where(j <= accept_length[:, None], accept_path.long(), j)
+    dst = (base + j).clamp(max=k.shape[3] - 1)
+    src = src.clamp(max=k.shape[3] - 1)
+    slot = slots.long()[:, None].expand(bs, width)
+    for cache in (k, v):
+        # Advanced indices on dims 1 and 3 (split by a slice) put [B, D+1] in front: [B, D+1, L, H, hd].
+        cache[:, slot, :, dst] = cache[:, slot, :, src]
