@@ -159,8 +159,8 @@ def random_windows(tokens: torch.Tensor, batch_size: int, length: int, generator
     """[batch_size, length] int64 windows at random offsets of a token stream."""
     if len(tokens) < length + 1:
         raise ValueError(f"corpus has {len(tokens)} tokens, fewer than one window of {length + 1}")
-    starts = torch.randint(0, len(tokens) - length, (batch_size,), generator=generator)
-    return torch.stack([tokens[s:s + length] for s in starts.tolist()]).long()
+    starts = torch.randint(0, len(tokens) - length, (batch_size, 1), generator=generator)
+    return tokens[starts + torch.arange(length)].long()
 
 
 def eval_windows(tokens: torch.Tensor, length: int, max_windows: int) -> Iterator[torch.Tensor]:

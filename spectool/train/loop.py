@@ -105,3 +105,45 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def train_loop(step_fn, save_fn, *, start: int, steps: int, checkpoint_every: int, batch_size: int,
+               out_dir: str | Path, desc: str, progress: bool = True, max_seconds: float | None = None,
+               log_every: int = 10) -> dict:
+    """Run ``step_fn(step) -> (loss tensor, tokens)`` from ``start`` to ``steps``, checkpointing.
+
+    ``save_fn(step)`` writes the checkpoint after every ``checkpoint_every`` steps and at the end.
+    The loss is read back from the device only every ``log_every`` steps (a read is a sync).
+    ``max_seconds`` stops early (a time budget); CUDA OOM and Ctrl-C end the run with a message,
+    leaving the last checkpoint as it was.
+
+    Returns ``{"steps", "tokens_per_s", "loss_history": [[step, loss], ...], "stopped_early"}``.
+    """
+    bar = Progress(steps, start, desc, progress)
+    history: list[list[float]] = []
+    step, loss_value, stopped_early = start, float("nan"), False
+    try:
+        while step < steps:
+            if max_seconds is not None and time.perf_counter() - bar.t0 > max_seconds:
+                stopped_early = True
+                break
+            loss, tokens = step_fn(step)
+            step += 1
+            if step % log_every == 0 or step == steps:
+                loss_value = float(loss)
+                history.append([step, loss_value])
+            bar.update(tokens, loss=loss_value)
+            if step % checkpoint_every == 0 or step == steps:
+                save_fn(step)
+    except torch.cuda.OutOfMemoryError:
+        raise oom_exit(batch_size, out_dir) from None
+    except KeyboardInterrupt:
+        raise SystemExit(f"interrupted at step {step}; the last checkpoint in {out_dir} is intact, "
+                         "rerun the same command with --resume to continue") from None
+    finally:
+        bar.close()
+    if stopped_early:
+        save_fn(step)
+        print(f"{desc}: time budget of {max_seconds:.0f}s reached at step {step} of {steps}")
+    return {"steps": step, "tokens_per_s": bar.tokens_per_second(), "loss_history": history,
+            "stopped_early": stopped_early}
