@@ -1,0 +1,81 @@
+"""`spectool export-perfetto TRACE [-o out.json]`: phase timings as Chrome trace-event JSON.
+
+Opens in https://ui.perfetto.dev or chrome://tracing. Each iteration is one
+complete event ("ph": "X") on the "iteration" track; inside it the phases run one
+after another on the "phases" track in the engine's order (draft, index, verify,
+commit); the n-gram corpus calls (trie_get, trie_put) go on their own track since
+trie_put runs on the corpus worker thread. Times are µs. When iteration_us was
+recorded, iterations are laid out by it (the gap after the phases is host overhead);
+otherwise back to back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from spectool.trace.format import TraceFormatError
+from spectool.trace.reader import Trace
+from spectool.trace.schema import PHASE_FIELDS
+
+_TRACKS = {"iteration": 1, "phases": 2, "trie": 3}
+_SEQUENTIAL = ("draft_us", "index_us", "verify_us", "commit_us")
+
+
+def perfetto_events(trace: Trace) -> dict:
+    """The Chrome trace-event JSON object for ``trace``."""
+    steps = trace.steps.sort_by([("iteration", "ascending"), ("request_id", "ascending")])
+    names = ["iteration", "request_id", "accept_length", "iteration_us", *PHASE_FIELDS]
+    cols = steps.select(names).to_pylist()
+    by_iteration: dict[int, list[dict]] = {}
+    for row in cols:
+        by_iteration.setdefault(row["iteration"], []).append(row)
+    events = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "spectool decode"}}]
+    events += [{"ph": "M", "pid": 1, "tid": tid, "name": "thread_name", "args": {"name": name}}
+               for name, tid in _TRACKS.items()]
+    t = 0.0
+    for it, rows in by_iteration.items():
+        first = rows[0]  # phase timings are per batch: every row of an iteration holds the same
+        phases = {p: first[p] for p in PHASE_FIELDS if first[p] is not None}
+        busy = sum(phases.get(p, 0.0) for p in _SEQUENTIAL)
+        length = first["iteration_us"] if first["iteration_us"] is not None else busy
+        args = {"iteration": it, "batch": len(rows),
+                "accept_lengths": {str(r["request_id"]): r["accept_length"] for r in rows}}
+        events.append({"ph": "X", "pid": 1, "tid": _TRACKS["iteration"], "name": f"iteration {it}",
+                       "ts": t, "dur": max(length, busy), "args": args})
+        start = t
+        for p in _SEQUENTIAL:
+            if p in phases:
+                events.append({"ph": "X", "pid": 1, "tid": _TRACKS["phases"], "name": p.removesuffix("_us"),
+                               "ts": start, "dur": phases[p], "args": {"iteration": it}})
+                start += phases[p]
+        if "trie_get_us" in phases:  # the corpus lookup happens at the start of drafting
+            events.append({"ph": "X", "pid": 1, "tid": _TRACKS["trie"], "name": "trie_get", "ts": t,
+                           "dur": phases["trie_get_us"], "args": {"iteration": it}})
+        if "trie_put_us" in phases:  # the insert follows the commit
+            events.append({"ph": "X", "pid": 1, "tid": _TRACKS["trie"], "name": "trie_put", "ts": start,
+                           "dur": phases["trie_put_us"], "args": {"iteration": it}})
+        t += max(length, busy)
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"run_info": {k: v for k, v in trace.run_info.items() if k != "tokenizer_json"}}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: write the JSON next to the trace (or to -o); exit 2 when unreadable."""
+    parser = argparse.ArgumentParser(prog="spectool export-perfetto",
+                                     description="Export phase timings as Chrome/Perfetto trace JSON.")
+    parser.add_argument("trace", help="a .sptrace file")
+    parser.add_argument("-o", "--out", help="output JSON (default: TRACE with .perfetto.json)")
+    args = parser.parse_args(argv)
+    try:
+        trace = Trace.load(args.trace)
+    except (TraceFormatError, OSError) as e:
+        print(f"spectool export-perfetto: cannot read {args.trace}: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path(args.trace).with_suffix(".perfetto.json")
+    data = perfetto_events(trace)
+    out.write_text(json.dumps(data))
+    print(f"wrote {out} ({len(data['traceEvents'])} events); open it in https://ui.perfetto.dev")
+    return 0
