@@ -49,14 +49,15 @@ def _write_target(out: Path) -> None:
 
 def _write_drafts(root: Path) -> None:
     """Random draft layers in spectool's checkpoint format (INTERNALS.md, "Draft layer")."""
-    from spectool.model.draft_layer import DraftLayer, save_draft
+    import torch
 
     from spectool.model.config import ModelConfig
-
+    from spectool.model.draft_layer import DraftModel, save_draft
 
     cfg = ModelConfig.from_json(root / "target" / "config.json")
+    torch.manual_seed(1)
     for kind, layers in (("eagle", 1), ("multi_layer_eagle", 4)):
-        save_draft([DraftLayer(cfg) for _ in range(layers)], root / kind, kind=kind)
+        save_draft(DraftModel(cfg, layers, kind), root / kind)
 
 
 def _write_prompts(root: Path) -> None:
@@ -79,6 +80,9 @@ def make_demo_dir(root: Path) -> Path:
     return root
 
 
+_stand_in: Path | None = None
+
+
 def demo_or_stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundled demo model if there is one, else a stand-in with the same layout.
 
@@ -86,7 +90,11 @@ def demo_or_stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """
     import spectool as st
 
+    global _stand_in
     try:
         return st.demo_model()
     except FileNotFoundError:
-        return make_demo_dir(tmp_path_factory.mktemp("demo_model"))
+        # Built once per test session, however many test files ask for it.
+        if _stand_in is None:
+            _stand_in = make_demo_dir(tmp_path_factory.mktemp("demo_model"))
+        return _stand_in
