@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# What tests/test_browser.py needs: Debian's chromium and Playwright's Python package to drive it.
+# Never `playwright install`: it downloads its own browser, which this environment cannot fetch;
+# the test launches /usr/bin/chromium through executable_path instead.
+set -euo pipefail
+
+if [ ! -x /usr/bin/chromium ]; then
+    SUDO=$([ "$(id -u)" -eq 0 ] && echo "" || echo "sudo")
+    $SUDO apt-get update
+    $SUDO apt-get install -y --no-install-recommends chromium fonts-dejavu-core
+fi
+python -m pip install --quiet "playwright>=1.45"
+/usr/bin/chromium --version
