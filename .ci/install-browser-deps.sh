@@ -9,5 +9,9 @@ if [ ! -x /usr/bin/chromium ]; then
     $SUDO apt-get update
     $SUDO apt-get install -y --no-install-recommends chromium fonts-dejavu-core
 fi
-python -m pip install --quiet "playwright>=1.45"
+# Playwright comes with the test extra (pip install -e '.[test]'); install it here only into an
+# active virtual environment (the system Python is externally managed).
+if [ -n "${VIRTUAL_ENV:-}" ]; then
+    python -m pip install --quiet "playwright>=1.45"
+fi
 /usr/bin/chromium --version
