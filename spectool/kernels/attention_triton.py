@@ -86,7 +86,7 @@ def _attn_split_kernel(
         if HAS_MASK:
             tree = tl.load(Mask + b * sm_b + t[:, None] * sm_q + new_k[None, :] * sm_k,
                            mask=row_ok[:, None] & is_new[None, :], other=0)
-            see_new = tree != 0
+            see_new = (tree != 0) | (new_k[None, :] == t[:, None])  # a token always sees itself
         else:
             see_new = new_k[None, :] <= t[:, None]
         visible = (new_k[None, :] < 0) | (is_new[None, :] & see_new)
@@ -171,8 +171,8 @@ def cached_attention_triton(
             new tokens already written at ``starts[b] .. starts[b]+T-1`` of slot ``slots[b]``.
         slots: [B] int cache slot per row.
         starts: [B] int cache length before the new tokens, read on the device.
-        tree_mask: [B, T, T] bool, ``tree_mask[b, q, k]``: new token q sees new token k;
-            None = causal.
+        tree_mask: [B, T, T] bool, ``tree_mask[b, q, k]``: new token q sees new token k
+            (a token always sees itself); None = causal.
         num_splits: split-KV factor; None picks one from the shapes and the SM count.
 
     Returns:
@@ -240,8 +240,9 @@ def cached_attention_reference(
         k = k_cache[int(slots[b]), :, :n].float().repeat_interleave(Hq // Hkv, dim=0)  # [Hq, n, D]
         v = v_cache[int(slots[b]), :, :n].float().repeat_interleave(Hq // Hkv, dim=0)
         scores = torch.einsum("thd,hnd->htn", q[b].float(), k) / math.sqrt(D)
-        new = tree_mask[b] if tree_mask is not None else torch.ones(T, T, dtype=torch.bool).tril()
-        visible = torch.cat([torch.ones(T, start, dtype=torch.bool), new.cpu().bool()], dim=1)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        new = tree_mask[b].cpu().bool() | torch.eye(T, dtype=torch.bool) if tree_mask is not None else causal
+        visible = torch.cat([torch.ones(T, start, dtype=torch.bool), new], dim=1)
         scores = scores.masked_fill(~visible.to(scores.device), float("-inf"))
         out[b] = torch.einsum("htn,hnd->thd", scores.softmax(-1), v).to(q.dtype)
     return out

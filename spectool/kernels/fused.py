@@ -5,7 +5,8 @@ other kernel launch costs 3-5 µs even inside a CUDA graph, so the glue between 
 matmuls is fused into as few launches as possible (DESIGN.md "Performance notes"):
 
 * ``add_rms_norm``: residual add + RMSNorm in one pass (also plain RMSNorm);
-* ``rope_write_kv``: rotary embedding of q and k plus the K/V cache write;
+* ``rope`` / ``rope_write_kv``: rotary embedding of q and k in one launch, optionally
+  with the K/V cache write;
 * ``silu_mul``: SiLU(gate) * up over the fused gate_up projection output;
 * ``argmax``: greedy token over the vocabulary in two small passes (``torch.argmax``
   over 128k logits is one long single-block reduction per row).
@@ -79,29 +80,25 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None, weigh
 
 
 # ---------------------------------------------------------------------------------
-# RoPE on q and k + K/V cache write
+# RoPE on q and k (+ K/V cache write)
 
 
 @triton.jit
-def _rope_write_kv_kernel(
-    Q, K, V, Cos, Sin, Pos, Slots, Starts, QOut, KC, VC,
-    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
-    sqo_b, sqo_t, sqo_h, sc_pos, sp_b, sp_t,
-    skc_b, skc_h, skc_n, svc_b, svc_h, svc_n,
+def _rope_kernel(
+    Q, K, V, Cos, Sin, Slots, Starts, QOut, KOut, VOut,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sc_b, sc_t, ss_b, ss_t,
+    sqo_b, sqo_t, sqo_h, sko_b, sko_h, sko_n, svo_b, svo_h, svo_n,
     T, MAX_SEQ_LEN,
-    HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
+    HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, WRITE_KV: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
     pid = tl.program_id(0)  # one program per (row, new token): all heads at once
     b = pid // T
     t = pid % T
-    pos = tl.load(Pos + b * sp_b + t * sp_t).to(tl.int64)
-    slot = tl.load(Slots + b).to(tl.int64)
-    idx = tl.load(Starts + b).to(tl.int64) + t
     offs = tl.arange(0, BLOCK_HALF)
     c_ok = offs < HALF
-    cos = tl.load(Cos + pos * sc_pos + offs, mask=c_ok, other=0.0).to(tl.float32)
-    sin = tl.load(Sin + pos * sc_pos + offs, mask=c_ok, other=0.0).to(tl.float32)
+    cos = tl.load(Cos + b * sc_b + t * sc_t + offs, mask=c_ok, other=0.0).to(tl.float32)
+    sin = tl.load(Sin + b * ss_b + t * ss_t + offs, mask=c_ok, other=0.0).to(tl.float32)
 
     # q: rotate-half convention, x1 = x[:D/2], x2 = x[D/2:].
     hq = tl.arange(0, BLOCK_HQ)
@@ -113,47 +110,74 @@ def _rope_write_kv_kernel(
     tl.store(qo, (q1 * cos - q2 * sin).to(QOut.dtype.element_ty), mask=m)
     tl.store(qo + HALF, (q2 * cos + q1 * sin).to(QOut.dtype.element_ty), mask=m)
 
-    # k rotated and v as is, straight into the cache (never past its end: padding rows).
+    # k rotated; with WRITE_KV, k and v go straight to the cache slot at starts[b] + t
+    # (never past its end: padding rows), else k to a [B, Hkv, T, D] output.
     hk = tl.arange(0, BLOCK_HKV)
     m = (hk < HKV)[:, None] & c_ok[None, :]
     kp = K + b * sk_b + t * sk_t + hk[:, None] * sk_h + offs[None, :]
     k1 = tl.load(kp, mask=m, other=0.0).to(tl.float32)
     k2 = tl.load(kp + HALF, mask=m, other=0.0).to(tl.float32)
-    vp = V + b * sv_b + t * sv_t + hk[:, None] * sv_h + offs[None, :]
-    v1 = tl.load(vp, mask=m, other=0.0)
-    v2 = tl.load(vp + HALF, mask=m, other=0.0)
-    m = m & ((hk * 0 + idx) < MAX_SEQ_LEN)[:, None]
-    kc = KC + slot * skc_b + hk[:, None] * skc_h + idx * skc_n + offs[None, :]
-    tl.store(kc, (k1 * cos - k2 * sin).to(KC.dtype.element_ty), mask=m)
-    tl.store(kc + HALF, (k2 * cos + k1 * sin).to(KC.dtype.element_ty), mask=m)
-    vc = VC + slot * svc_b + hk[:, None] * svc_h + idx * svc_n + offs[None, :]
-    tl.store(vc, v1.to(VC.dtype.element_ty), mask=m)
-    tl.store(vc + HALF, v2.to(VC.dtype.element_ty), mask=m)
+    if WRITE_KV:
+        row = tl.load(Slots + b).to(tl.int64)
+        idx = tl.load(Starts + b).to(tl.int64) + t
+        m = m & ((hk * 0 + idx) < MAX_SEQ_LEN)[:, None]
+    else:
+        row = b.to(tl.int64)
+        idx = t
+    ko = KOut + row * sko_b + hk[:, None] * sko_h + idx * sko_n + offs[None, :]
+    tl.store(ko, (k1 * cos - k2 * sin).to(KOut.dtype.element_ty), mask=m)
+    tl.store(ko + HALF, (k2 * cos + k1 * sin).to(KOut.dtype.element_ty), mask=m)
+    if WRITE_KV:
+        vp = V + b * sv_b + t * sv_t + hk[:, None] * sv_h + offs[None, :]
+        vo = VOut + row * svo_b + hk[:, None] * svo_h + idx * svo_n + offs[None, :]
+        tl.store(vo, tl.load(vp, mask=m, other=0.0).to(VOut.dtype.element_ty), mask=m)
+        tl.store(vo + HALF, tl.load(vp + HALF, mask=m, other=0.0).to(VOut.dtype.element_ty), mask=m)
 
 
-def _check_rope_args(q, k, v, cos, sin, positions, k_cache, v_cache, slots, starts) -> None:
+def _check_rope_args(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     B, T, _, D = q.shape
-    if k.shape != v.shape or k.shape[:2] != (B, T) or k.shape[3] != D:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit together")
-    if D % 2 or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
-        raise ValueError("head_dim must be even and q, k, v contiguous in head_dim")
-    if cos.shape != sin.shape or cos.shape[-1] not in (D // 2, D) or cos.stride(-1) != 1:
-        raise ValueError(f"cos/sin tables {tuple(cos.shape)} must be [max_pos, {D // 2} or {D}]")
-    if positions.shape != (B, T) or slots.shape != (B,) or starts.shape != (B,):
-        raise ValueError("positions must be [B, T]; slots and starts [B]")
-    if k_cache.shape != v_cache.shape or k_cache.shape[1] != k.shape[2] or k_cache.shape[3] != D:
-        raise ValueError(f"cache {tuple(k_cache.shape)} does not fit k {tuple(k.shape)}")
+    if k.dim() != 4 or k.shape[:2] != (B, T) or k.shape[3] != D:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not fit together")
+    if D % 2 or q.stride(-1) != 1 or k.stride(-1) != 1:
+        raise ValueError("head_dim must be even and q, k contiguous in head_dim")
+    if cos.shape != (B, T, D // 2) or sin.shape != cos.shape or cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError(f"cos/sin must be [{B}, {T}, {D // 2}], got {tuple(cos.shape)}, {tuple(sin.shape)}")
+
+
+def _launch_rope(q, k, v, cos, sin, slots, starts, q_out, k_out, v_out, write_kv: bool) -> None:
+    B, T, Hq, D = q.shape
+    Hkv = k.shape[2]
+    _rope_kernel[(B * T,)](
+        q, k, v, cos, sin, slots, starts, q_out, k_out, v_out,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *cos.stride()[:2], *sin.stride()[:2],
+        *q_out.stride()[:3], *k_out.stride()[:3], *v_out.stride()[:3],
+        T, k_out.shape[2],
+        HQ=Hq, HKV=Hkv, HALF=D // 2, WRITE_KV=write_kv, BLOCK_HQ=triton.next_power_of_2(Hq),
+        BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_HALF=triton.next_power_of_2(D // 2), num_warps=4)
+
+
+def rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [B,T,Hq,D] and k [B,T,Hkv,D] by cos/sin [B,T,D/2] (rotate-half layout).
+
+    Same contract as ``ops.rope``; one launch for both. Returns contiguous outputs.
+    """
+    _check_rope_args(q, k, cos, sin)
+    B, T, Hkv, D = k.shape
+    q_out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    k_out = torch.empty(B, Hkv, T, D, device=k.device, dtype=k.dtype)
+    _launch_rope(q, k, k, cos, sin, cos, cos, q_out, k_out, k_out, write_kv=False)
+    return q_out, k_out.transpose(1, 2).contiguous()
 
 
 def rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                         sin: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
-                         v_cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-    """Rotate q and k (rotate-half RoPE) and write k, v to the cache in one launch.
+                         sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """Rotate q and k and write k, v to the cache in one launch (``ops.rope`` + ``ops.write_kv``).
 
     Args:
         q: [B, T, Hq, D]; k, v: [B, T, Hkv, D] (views into a fused qkv output are fine).
-        cos, sin: [max_pos, D/2] tables (a [max_pos, D] table whose halves repeat also works).
-        positions: [B, T] RoPE positions.
+        cos, sin: [B, T, D/2] for the tokens' positions.
         k_cache, v_cache: [max_batch, Hkv, max_seq_len, D]; token t of row b goes to
             ``[slots[b], :, starts[b] + t]`` (indices past max_seq_len are dropped).
         slots, starts: [B].
@@ -161,44 +185,44 @@ def rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos:
     Returns:
         rotated q, [B, T, Hq, D] contiguous.
     """
-    _check_rope_args(q, k, v, cos, sin, positions, k_cache, v_cache, slots, starts)
-    B, T, Hq, D = q.shape
-    Hkv = k.shape[2]
-    q_out = torch.empty(B, T, Hq, D, device=q.device, dtype=q.dtype)
-    half = D // 2
-    _rope_write_kv_kernel[(B * T,)](
-        q, k, v, cos, sin, positions, slots, starts, q_out, k_cache, v_cache,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), q_out.stride(0), q_out.stride(1), q_out.stride(2),
-        cos.stride(0), positions.stride(0), positions.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        T, k_cache.shape[2],
-        HQ=Hq, HKV=Hkv, HALF=half, BLOCK_HQ=triton.next_power_of_2(Hq),
-        BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_HALF=triton.next_power_of_2(half), num_warps=4)
+    _check_rope_args(q, k, cos, sin)
+    B, T = q.shape[:2]
+    if v.shape != k.shape or v.stride(-1) != 1:
+        raise ValueError(f"v {tuple(v.shape)} must match k {tuple(k.shape)}, contiguous in head_dim")
+    if k_cache.shape != v_cache.shape or k_cache.shape[1] != k.shape[2] or k_cache.shape[3] != k.shape[3]:
+        raise ValueError(f"cache {tuple(k_cache.shape)} does not fit k {tuple(k.shape)}")
+    if slots.shape != (B,) or starts.shape != (B,):
+        raise ValueError(f"slots and starts must be ({B},)")
+    q_out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    _launch_rope(q, k, v, cos, sin, slots, starts, q_out, k_cache, v_cache, write_kv=True)
     return q_out
 
 
-def rope_write_kv_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
-                            sin: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
-                            v_cache: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-    """Torch reference of :func:`rope_write_kv_triton` (float32 math, same rounding points)."""
-    _check_rope_args(q, k, v, cos, sin, positions, k_cache, v_cache, slots, starts)
+def rope_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of :func:`rope_triton` (float32 math, one rounding at the end)."""
+    _check_rope_args(q, k, cos, sin)
     half = q.shape[-1] // 2
-    c = cos[positions][..., :half].float().unsqueeze(2)  # [B, T, 1, D/2]
-    s = sin[positions][..., :half].float().unsqueeze(2)
+    c, s = cos.float().unsqueeze(2), sin.float().unsqueeze(2)
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.float()[..., :half], x.float()[..., half:]
         return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
 
-    k_rot = rotate(k)
+    return rotate(q), rotate(k)
+
+
+def rope_write_kv_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                            sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """Torch reference of :func:`rope_write_kv_triton`."""
+    q_rot, k_rot = rope_reference(q, k, cos, sin)
     for b in range(q.shape[0]):
         slot, start = int(slots[b]), int(starts[b])
         n = max(0, min(q.shape[1], k_cache.shape[2] - start))
         k_cache[slot, :, start:start + n] = k_rot[b, :n].transpose(0, 1).to(k_cache.dtype)
         v_cache[slot, :, start:start + n] = v[b, :n].transpose(0, 1).to(v_cache.dtype)
-    return rotate(q).contiguous()
+    return q_rot
 
 
 # ---------------------------------------------------------------------------------

@@ -1,0 +1,158 @@
+"""The Triton cached attention against its torch reference, on the CPU via TRITON_INTERPRET=1.
+
+Triton picks interpreter or compiler when it is imported (its own helpers such as
+``tl.cdiv`` are jit functions too), so unless this process started with
+TRITON_INTERPRET=1 the file re-runs itself in a child pytest that does; the parent
+never sets the variable, so other tests (and compiled GPU kernels) are untouched.
+The interpreter's bfloat16 arithmetic is not faithful, so dtypes here are float32 and
+float16; bfloat16 is covered by tests/gpu/test_attention_gpu.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and type(triton.language.standard.cdiv).__name__ == (
+    "InterpretedFunction")
+
+in_interpreter = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child")
+
+
+@pytest.mark.skipif(INTERPRETED, reason="already in the interpreter")
+def test_kernels_in_an_interpreter_subprocess():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-2000:]
+    assert " passed, 1 skipped in" in child.stdout, child.stdout[-2000:]  # only the launcher skips
+
+
+from spectool.kernels import attention_triton as attn  # noqa: E402  (after the importorskip)
+
+
+@in_interpreter
+def test_kernels_really_run_in_the_interpreter():
+    assert type(attn._attn_split_kernel).__name__ == "InterpretedFunction"
+    assert type(attn._attn_merge_kernel).__name__ == "InterpretedFunction"
+
+
+def random_tree_mask(B: int, T: int, gen: torch.Generator) -> torch.Tensor:
+    """Ancestor masks of random trees in topological order (parent index < child index)."""
+    mask = torch.zeros(B, T, T, dtype=torch.bool)
+    for b in range(B):
+        for i in range(T):
+            mask[b, i, i] = True
+            if i:
+                parent = int(torch.randint(0, i, (1,), generator=gen))
+                mask[b, i] |= mask[b, parent]
+    return mask
+
+
+def make_case(B, T, Hq, Hkv, D, max_seq, dtype, gen, max_batch=5):
+    k_cache = torch.randn(max_batch, Hkv, max_seq, D, generator=gen).to(dtype)
+    v_cache = torch.randn(max_batch, Hkv, max_seq, D, generator=gen).to(dtype)
+    q = torch.randn(B, T, Hq, D, generator=gen).to(dtype)
+    slots = torch.randperm(max_batch, generator=gen)[:B]
+    starts = torch.randint(0, max_seq - T + 1, (B,), generator=gen)
+    return q, k_cache, v_cache, slots, starts
+
+
+CASES = [  # B, T, Hq, Hkv, D, max_seq, tree mask, num_splits
+    (1, 1, 8, 2, 64, 300, False, None),    # decode, GQA 4
+    (3, 1, 4, 4, 32, 100, False, 3),       # MHA, several rows
+    (2, 5, 8, 2, 64, 120, True, None),     # tree verify
+    (2, 6, 6, 2, 40, 90, True, 2),         # head_dim not a power of two, GQA 3
+    (1, 12, 4, 1, 128, 80, False, 1),      # causal block of new tokens, one split
+    (2, 9, 16, 2, 16, 70, True, 4),        # GQA 8 x T 9 = 72 rows: more than one row tile
+]
+
+
+@in_interpreter
+@pytest.mark.parametrize("B,T,Hq,Hkv,D,max_seq,with_mask,splits", CASES)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+def test_matches_reference(B, T, Hq, Hkv, D, max_seq, with_mask, splits, dtype, tol):
+    gen = torch.Generator().manual_seed(B * 100 + T * 10 + D)
+    q, kc, vc, slots, starts = make_case(B, T, Hq, Hkv, D, max_seq, dtype, gen)
+    mask = random_tree_mask(B, T, gen) if with_mask else None
+    out = attn.cached_attention_triton(q, kc, vc, slots, starts, mask, num_splits=splits)
+    ref = attn.cached_attention_reference(q, kc, vc, slots, starts, mask)
+    assert out.shape == (B, T, Hq, D) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@in_interpreter
+def test_never_reads_past_the_live_length():
+    # NaN everywhere past starts+T (and in other slots): one read of it would poison the output.
+    gen = torch.Generator().manual_seed(1)
+    B, T, Hq, Hkv, D, max_seq = 2, 3, 4, 2, 32, 200
+    q, kc, vc, slots, starts = make_case(B, T, Hq, Hkv, D, max_seq, torch.float32, gen)
+    starts = torch.tensor([5, 70])
+    poisoned_k, poisoned_v = torch.full_like(kc, float("nan")), torch.full_like(vc, float("nan"))
+    for b in range(B):
+        live = int(starts[b]) + T
+        poisoned_k[slots[b], :, :live] = kc[slots[b], :, :live]
+        poisoned_v[slots[b], :, :live] = vc[slots[b], :, :live]
+    for splits in (1, 7, 64):  # 64 splits: most of them find no live block at all
+        out = attn.cached_attention_triton(q, poisoned_k, poisoned_v, slots, starts, None, num_splits=splits)
+        torch.testing.assert_close(out, attn.cached_attention_reference(q, kc, vc, slots, starts), atol=1e-5,
+                                   rtol=1e-5)
+
+
+@in_interpreter
+def test_tree_node_equals_decode_of_its_root_path():
+    # Independent oracle: a tree node attends exactly like the last token of its root path
+    # decoded alone (T=1) over a cache holding prefix + path. DESIGN.md's worked example tree.
+    gen = torch.Generator().manual_seed(2)
+    Hq, Hkv, D, prefix = 4, 2, 32, 10
+    parents = [-1, 0, 0, 1, 1]
+    N = len(parents)
+    mask = torch.zeros(1, N, N, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        mask[0, i, i] = True
+        if p >= 0:
+            mask[0, i] |= mask[0, p]
+    q = torch.randn(1, N, Hq, D, generator=gen)
+    kc = torch.randn(1, Hkv, 32, D, generator=gen)
+    vc = torch.randn(1, Hkv, 32, D, generator=gen)
+    slot, start = torch.tensor([0]), torch.tensor([prefix])
+    tree_out = attn.cached_attention_triton(q, kc, vc, slot, start, mask)
+    for node in range(N):
+        path = [k for k in range(N) if mask[0, node, k]]  # ancestors in topological order, node last
+        kp, vp = kc.clone(), vc.clone()
+        kp[0, :, prefix:prefix + len(path)] = kc[0, :, [prefix + k for k in path]]
+        vp[0, :, prefix:prefix + len(path)] = vc[0, :, [prefix + k for k in path]]
+        decode = attn.cached_attention_triton(q[:, node:node + 1], kp, vp, slot,
+                                              torch.tensor([prefix + len(path) - 1]))
+        torch.testing.assert_close(tree_out[:, node], decode[:, 0], atol=1e-5, rtol=1e-5)
+
+
+@in_interpreter
+def test_split_count_depends_on_shapes_only():
+    # Graph safety: the grid is fixed by shapes; more splits for small batches, never more than blocks.
+    assert attn.choose_num_splits(1, 8, 1, 4096, 64, 132) == 33
+    assert attn.choose_num_splits(64, 8, 1, 4096, 64, 132) == 1
+    assert attn.choose_num_splits(1, 8, 1, 128, 64, 132) == 2
+
+
+@in_interpreter
+@pytest.mark.parametrize("change", ["heads", "slots", "mask", "cache"])
+def test_bad_shapes_raise_value_error(change):
+    gen = torch.Generator().manual_seed(3)
+    q, kc, vc, slots, starts = make_case(2, 3, 4, 2, 16, 40, torch.float32, gen)
+    mask = None
+    if change == "heads":
+        q = torch.randn(2, 3, 5, 16)
+    elif change == "slots":
+        slots = slots[:1]
+    elif change == "mask":
+        mask = torch.ones(2, 3, 4, dtype=torch.bool)
+    else:
+        vc = vc[:, :, :20]
+    with pytest.raises(ValueError):
+        attn.cached_attention_triton(q, kc, vc, slots, starts, mask)
