@@ -60,6 +60,16 @@ def _arr(value, dtype) -> np.ndarray:
     return np.asarray([] if value is None else value, dtype=dtype)
 
 
+def _shaped(value, dtype, rows: int, shape: list[int] | None = None) -> np.ndarray:
+    """A flattened list field as [rows, k] (or ``shape``); empty [rows or 0, 0] when absent."""
+    flat = _arr(value, dtype)
+    if shape is not None and len(shape) == 2 and flat.size == shape[0] * shape[1] and flat.size:
+        return flat.reshape(shape)
+    if shape is None and rows and flat.size and flat.size % rows == 0:
+        return flat.reshape(rows, -1)
+    return np.zeros((rows if shape is None else 0, 0), dtype)
+
+
 @dataclass
 class IterationView:
     """One request's record of one iteration, as numpy arrays the views draw from.
@@ -118,10 +128,7 @@ class IterationView:
         else:
             bits = np.unpackbits(np.frombuffer(packed, dtype=np.uint8), count=n * n)
             mask = bits.astype(bool).reshape(n, n)
-        topk_tokens = _arr(row["target_topk_tokens"], np.int64)
-        topk_probs = _arr(row["target_topk_probs"], np.float32)
-        k = topk_tokens.size // n if n else 0
-        shape = list(row["step_topk_shape"] or [0, 0])
+        shape = list(row["step_topk_shape"] or [])
         tokens = _arr(row["tokens"], np.int64)
         bonus = -1 if row["bonus_token"] is None else int(row["bonus_token"])
         return cls(
@@ -146,14 +153,14 @@ class IterationView:
             bonus_token=bonus,
             target_argmax=_arr(row["target_argmax"], np.int64),
             target_argmax_prob=_arr(row["target_argmax_prob"], np.float32),
-            target_topk_tokens=topk_tokens.reshape(n, k) if k else np.zeros((n, 0), np.int64),
-            target_topk_probs=topk_probs.reshape(n, k) if k else np.zeros((n, 0), np.float32),
+            target_topk_tokens=_shaped(row["target_topk_tokens"], np.int64, n),
+            target_topk_probs=_shaped(row["target_topk_probs"], np.float32, n),
             coins=_arr(row["coins"], np.float32),
             temperature=float(row["temperature"] or 0.0),
             ngram_match_len=-1 if row["ngram_match_len"] is None else int(row["ngram_match_len"]),
             ngram_breadth=-1 if row["ngram_breadth"] is None else int(row["ngram_breadth"]),
-            step_topk_tokens=_arr(row["step_topk_tokens"], np.int64).reshape(shape),
-            step_topk_probs=_arr(row["step_topk_probs"], np.float32).reshape(shape),
+            step_topk_tokens=_shaped(row["step_topk_tokens"], np.int64, 0, shape),
+            step_topk_probs=_shaped(row["step_topk_probs"], np.float32, 0, shape),
             timings={p: float(row[p]) for p in (*PHASE_FIELDS, "iteration_us") if row.get(p) is not None},
             token_texts=token_text(tokens),
             bonus_text=token_text([bonus])[0] if bonus >= 0 else "",

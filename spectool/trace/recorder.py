@@ -316,10 +316,13 @@ def _step_topk_shape(f: dict[str, Any], rows: int) -> pa.Array:
 
 
 def depth_from_parents(parents: np.ndarray) -> np.ndarray:
-    """Depth of every node of [B, N] parent arrays (nodes in topological order; -1 = root)."""
+    """Depth of every node of [B, N] parent arrays (nodes in topological order; -1 = root).
+
+    Entries past a row's num_nodes may be junk: a parent that is not an earlier node gives depth 0.
+    """
     depth = np.zeros(parents.shape, dtype=np.int64)
     rows = np.arange(parents.shape[0])
     for i in range(1, parents.shape[1]):
         p = parents[:, i]
-        depth[:, i] = np.where(p >= 0, depth[rows, np.clip(p, 0, None)] + 1, 0)
+        depth[:, i] = np.where((p >= 0) & (p < i), depth[rows, np.clip(p, 0, i - 1)] + 1, 0)
     return depth

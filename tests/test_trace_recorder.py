@@ -1,0 +1,146 @@
+"""Recorder -> Trace: what goes in comes out, sliced, packed and derived as documented."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from trace_factory import METHODS, VOCAB, ancestors_mask, make_trace, tiny_tokenizer_json
+
+from spectool.trace.reader import Trace
+from spectool.trace.recorder import Recorder
+
+
+def _batch(rng, widths=(5, 3), width=7):
+    """Two rows with different num_nodes padded to a batch-wide width (junk beyond)."""
+    b = len(widths)
+    parents = np.full((b, width), 99)
+    tokens = rng.integers(2, len(VOCAB), (b, width))
+    mask = np.ones((b, width, width), bool)
+    for r, n in enumerate(widths):
+        p = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+        parents[r, :n] = p
+        mask[r, :n, :n] = ancestors_mask(np.array(p))
+    path = np.full((b, 4), -1)
+    path[0, :2] = [0, 1]
+    path[1, :1] = [0]
+    return {"iteration": 4, "request_id": torch.tensor([3, 8]), "method": "ngram",
+            "seq_len": np.array([10, 20]), "num_nodes": np.array(widths), "tokens": torch.from_numpy(tokens),
+            "parents": parents, "mask": torch.from_numpy(mask), "accept_path": path,
+            "scores": torch.rand(b, width, dtype=torch.bfloat16),
+            "target_topk_tokens": rng.integers(0, 9, (b, width, 3)),
+            "step_topk_tokens": rng.integers(0, 9, (b, 2, 4)), "draft_us": 12.5}, parents, tokens, mask
+
+
+def test_record_batch_slices_packs_and_derives():
+    rng = np.random.default_rng(0)
+    fields, parents, tokens, mask = _batch(rng)
+    rec = Recorder(None, {"method": "ngram"}, tiny_tokenizer_json())
+    rec.record_batch(fields)
+    trace = rec.close()
+    for row, (rid, n) in enumerate([(3, 5), (8, 3)]):
+        v = trace.iteration(4, rid)
+        assert v.num_nodes == n and v.method == "ngram" and v.seq_len == [10, 20][row]
+        np.testing.assert_array_equal(v.tokens, tokens[row, :n])
+        np.testing.assert_array_equal(v.parents, parents[row, :n])
+        np.testing.assert_array_equal(v.mask, mask[row, :n, :n])
+        np.testing.assert_array_equal(v.depth, ancestors_mask(parents[row, :n]).sum(1) - 1)
+        np.testing.assert_array_equal(v.target_topk_tokens, fields["target_topk_tokens"][row, :n])
+        np.testing.assert_array_equal(v.step_topk_tokens, fields["step_topk_tokens"][row])
+        np.testing.assert_allclose(v.scores, fields["scores"][row, :n].float().numpy())
+        assert v.timings["draft_us"] == 12.5
+        assert v.token_texts == [VOCAB[t] for t in tokens[row, :n]]
+        assert v.ngram_match_len == -1 and v.coins.size == 0
+    assert trace.iteration(4, 3).accept_path.tolist() == [0, 1]
+    assert trace.iteration(4, 3).accept_length == 1
+    assert trace.iteration(4, 8).accept_length == 0
+
+
+def test_engine_buffers_may_be_reused_after_record_batch():
+    rng = np.random.default_rng(1)
+    fields, _, tokens, _ = _batch(rng)
+    before = fields["tokens"].clone()
+    with Recorder(None, {}) as rec:
+        rec.record_batch(fields)
+        fields["tokens"].fill_(0)  # the engine overwrites its static buffer for the next iteration
+    np.testing.assert_array_equal(rec.close().iteration(4, 3).tokens, before[0, :5].numpy())
+
+
+def test_bad_fields_raise_clear_errors():
+    rec = Recorder(None, {})
+    with pytest.raises(ValueError, match="unknown trace field"):
+        rec.record_batch({"iteration": 0, "request_id": [0], "tokenz": [[1]]})
+    with pytest.raises(ValueError, match="leading dim"):
+        rec.record_batch({"iteration": 0, "request_id": [0, 1], "tokens": torch.zeros(3, 4)})
+    with pytest.raises(ValueError, match="request_id"):
+        rec.record_batch({"iteration": 0})
+    rec.close()
+    with pytest.raises(ValueError, match="closed"):
+        rec.record_batch({"iteration": 0, "request_id": [0]})
+    with pytest.raises(ValueError, match="flush_every"):
+        Recorder(None, {}, flush_every=0)
+
+
+def test_writer_errors_surface_on_the_engine_thread():
+    rec = Recorder(None, {})
+    rec.record_batch({"iteration": 0, "request_id": [0], "num_nodes": [9], "tokens": torch.ones(1, 2)})
+    with pytest.raises(ValueError, match="trace writer failed"):
+        rec.close()
+
+
+def test_iteration_rows_hands_out_each_row_once():
+    rng = np.random.default_rng(2)
+    rec = Recorder(None, {}, flush_every=1000)
+    fields, *_ = _batch(rng)
+    rec.record_batch(fields)
+    first = rec.iteration_rows()
+    assert [(v.iteration, v.request_id) for v in first] == [(4, 3), (4, 8)]
+    assert rec.iteration_rows() == []
+    fields["iteration"] = 5
+    rec.record_batch(fields)
+    assert [v.iteration for v in rec.iteration_rows()] == [5, 5]
+    rec.close()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_file_and_memory_round_trip(tmp_path, method):
+    path = tmp_path / "run.sptrace"
+    trace = make_trace(method, path=path, flush_every=3, num_requests=4, batch_size=3)
+    loaded = Trace.load(path)
+    assert loaded.steps.equals(trace.steps) and loaded.requests.equals(trace.requests)
+    assert loaded.run_info == trace.run_info and not loaded.truncated
+    loaded.save(tmp_path / "copy.sptrace")
+    again = Trace.load(tmp_path / "copy.sptrace")
+    assert again.steps.equals(trace.steps) and again.requests.equals(trace.requests)
+    assert again.token_text([2, 3]) == ["def", "return"]
+    assert set(trace.request_ids) == {0, 1, 2, 3}
+    df = trace.to_pandas()
+    for rid in trace.request_ids:
+        assert trace.iterations(rid) == sorted(df[df.request_id == rid].iteration)
+    rebuilt = Trace.from_tables(trace.steps, trace.requests, trace.run_info, trace.tokenizer_json)
+    assert rebuilt.iteration(0, 0).token_texts == trace.iteration(0, 0).token_texts
+
+
+def test_token_text_without_tokenizer_is_the_id():
+    trace = Trace.from_tables(make_trace("ngram", num_requests=1).steps, None, {})
+    assert trace.token_text([5, 17]) == ["5", "17"]
+
+
+def test_summary_matches_formulas_on_the_dataframe():
+    trace = make_trace("eagle", num_requests=5, batch_size=2, temperature=0.7)
+    s = trace.summary()
+    df = trace.to_pandas()
+    assert s["mean_accept_length"] == pytest.approx(df.accept_length.mean())
+    assert s["tokens"] == int((df.accept_length + 1).sum())
+    assert s["accept_length_histogram"] == [int((df.accept_length == a).sum())
+                                            for a in range(df.accept_length.max() + 1)]
+    tree_depth = df.depth.map(max)
+    for d, rate in enumerate(s["accept_rate_by_depth"], start=1):
+        reach = df[tree_depth >= d]
+        assert rate == pytest.approx((reach.accept_length >= d).mean())
+    per_iteration = df.groupby("iteration").first()
+    assert s["tokens_per_s"] == pytest.approx(s["tokens"] / per_iteration.iteration_us.sum() * 1e6, rel=1e-5)
+    assert s["phase_us"]["verify_us"] == pytest.approx(per_iteration.verify_us.mean(), rel=1e-5)
+    assert "trie_get_us" not in s["phase_us"]
+    assert isinstance(df, pd.DataFrame)
