@@ -114,7 +114,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_file(cls, path: str | Path) -> ModelConfig:
+    def from_json(cls, path: str | Path) -> ModelConfig:
         """Read a config.json file."""
         try:
             hf = json.loads(Path(path).read_text())

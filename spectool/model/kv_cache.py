@@ -29,9 +29,6 @@ class KVCache:
     def for_model(cls, cfg: ModelConfig, max_batch: int, max_seq_len: int, dtype: torch.dtype,
                   device: str | torch.device, num_layers: int | None = None) -> KVCache:
         """A cache shaped for ``cfg`` (``num_layers`` overrides, e.g. 1 for a draft layer)."""
-        if max_seq_len > cfg.max_position_embeddings:
-            raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's max_position_embeddings="
-                             f"{cfg.max_position_embeddings}")
         if cfg.sliding_window is not None and max_seq_len > cfg.sliding_window:
             raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's sliding_window="
                              f"{cfg.sliding_window}; sliding-window attention is not implemented")

@@ -95,7 +95,7 @@ def load(path_or_hub_id: str | Path, device: str | torch.device = "cpu",
     root = resolve_checkpoint(path_or_hub_id)
     if not (root / "config.json").is_file():
         raise ValueError(f"{root} has no config.json")
-    cfg = ModelConfig.from_file(root / "config.json")
+    cfg = ModelConfig.from_json(root / "config.json")
     weights = SafetensorsDir(root)
     state = gather(model_layout(cfg), weights.get, dtype, device)
 
