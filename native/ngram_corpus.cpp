@@ -1,0 +1,356 @@
+// NgramCorpus: the put worker, per-request match state, and draft tree building.
+//
+// A draft tree is built from match "passes". The longest suffix of the tail (at most
+// max_trie_depth-1 tokens) whose trie node has children gives the first pass; while the
+// tree has fewer than N nodes, each shorter suffix with children adds a pass, then each
+// external corpus (in the order they were added) does the same with its own matches. A
+// pass walks its source from the matched node and grafts the paths into the tree; a
+// path already in the tree (same tokens from the root) is reused, not added again, so
+// shorter matches fill in what the longer ones lacked.
+#include <algorithm>
+#include <limits>
+#include <queue>
+
+#include "ngram_corpus.h"
+
+namespace spectool {
+
+namespace {
+
+// The draft tree of one request, written straight into the output row.
+struct Tree {
+  int32_t* tokens;
+  int32_t* parents;
+  float* scores;
+  int n;          // budget: N nodes including the root
+  int size = 1;
+  bool merging = false;  // false during the first pass: every path is new then
+
+  bool full() const { return size >= n; }
+  int find(int parent, int32_t token) const {
+    if (!merging) return -1;
+    for (int i = 1; i < size; ++i)
+      if (parents[i] == parent && tokens[i] == token) return i;
+    return -1;
+  }
+  int add(int32_t token, int parent, double score) {
+    tokens[size] = token;
+    parents[size] = parent;
+    scores[size] = static_cast<float>(score);
+    return size++;
+  }
+};
+
+// Breadth-first: the first `breadth` children of every node, in the source's order;
+// score = 1 / (rank among the siblings taken + 1).
+template <class Source>
+void bfs_pass(const Source& src, int32_t start, int breadth, Tree& tree, std::vector<Child>& kids,
+              std::vector<std::pair<int32_t, int>>& queue) {
+  queue.clear();
+  queue.emplace_back(start, 0);
+  for (size_t head = 0; head < queue.size() && !tree.full(); ++head) {
+    auto [id, at] = queue[head];
+    src.children(id, kids, static_cast<size_t>(breadth));
+    for (size_t r = 0; r < kids.size(); ++r) {
+      int idx = tree.find(at, kids[r].token);
+      if (idx < 0) {
+        if (tree.full()) return;
+        idx = tree.add(kids[r].token, at, 1.0 / static_cast<double>(r + 1));
+      }
+      queue.emplace_back(kids[r].id, idx);
+    }
+  }
+}
+
+struct Candidate {
+  double prob;
+  uint64_t seq;  // ties go to the earlier push
+  int32_t id, token;
+  int parent;
+  bool operator<(const Candidate& o) const { return prob != o.prob ? prob < o.prob : seq > o.seq; }
+};
+
+// Best-first by path probability, the product of count shares among siblings.
+template <class Source>
+void prob_pass(const Source& src, int32_t start, Tree& tree, std::vector<Child>& kids) {
+  std::priority_queue<Candidate> heap;
+  uint64_t seq = 0;
+  // At most N-1 nodes are popped in one pass (each adds a node or reuses one), so a
+  // child ranked below N-1 among its siblings can never be reached: push only the top.
+  const size_t keep = static_cast<size_t>(tree.n - 1);
+  auto expand = [&](int32_t id, int at, double prob) {
+    src.children(id, kids, std::numeric_limits<size_t>::max());
+    int64_t sum = 0;
+    for (const Child& c : kids) sum += c.count;
+    if (sum <= 0) return;
+    std::vector<size_t> order(kids.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    size_t top = std::min(keep, order.size());
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(top), order.end(),
+                      [&](size_t a, size_t b) { return kids[a].count != kids[b].count ? kids[a].count > kids[b].count : a < b; });
+    for (size_t i = 0; i < top; ++i) {
+      const Child& c = kids[order[i]];
+      heap.push(Candidate{prob * static_cast<double>(c.count) / static_cast<double>(sum), seq++, c.id, c.token, at});
+    }
+  };
+  expand(start, 0, 1.0);
+  while (!heap.empty() && !tree.full()) {
+    Candidate c = heap.top();
+    heap.pop();
+    int idx = tree.find(c.parent, c.token);
+    if (idx < 0) idx = tree.add(c.token, c.parent, c.prob);
+    expand(c.id, idx, c.prob);
+  }
+}
+
+}  // namespace
+
+NgramCorpus::NgramCorpus(const CorpusConfig& config)
+    : config_(config), trie_(config.max_trie_depth, config.capacity), worker_([this] { worker_loop(); }) {}
+
+NgramCorpus::~NgramCorpus() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stop_ = true;
+  }
+  queue_cv_.notify_all();
+  worker_.join();
+}
+
+void NgramCorpus::put(TokenBatch windows, std::vector<int64_t> req_ids, std::vector<int64_t> total_lens) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    queue_.push_back(PutJob{std::move(windows), std::move(req_ids), std::move(total_lens)});
+  }
+  queue_cv_.notify_one();
+}
+
+void NgramCorpus::synchronize() {
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  idle_cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
+}
+
+void NgramCorpus::worker_loop() {
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  while (true) {
+    queue_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_ and nothing left to do
+    PutJob job = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    apply_put(job);
+    lock.lock();
+    busy_ = false;
+    if (queue_.empty()) idle_cv_.notify_all();
+  }
+}
+
+void NgramCorpus::apply_put(const PutJob& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int64_t i = 0; i < job.windows.size(); ++i) {
+    int64_t len = job.windows.len(i);
+    int64_t first_new = 0;
+    if (!job.req_ids.empty()) {
+      int64_t& done = put_state_[job.req_ids[i]];
+      int64_t total = job.total_lens[i];
+      int64_t start = total - len;  // request position of the window's first token
+      first_new = total <= done ? len : std::max(done, start) - start;
+      done = std::max(done, total);
+    }
+    if (first_new < len) trie_.insert(job.windows.data(i), len, first_new);
+    ++puts_;
+  }
+}
+
+int NgramCorpus::breadth_for(int match_len) const {
+  // Linear from max breadth at match length 1 to min breadth at max_trie_depth-1.
+  int span = config_.max_trie_depth - 2;
+  if (span <= 0) return config_.max_bfs_breadth;
+  int m = std::clamp(match_len, 1, config_.max_trie_depth - 1);
+  return config_.max_bfs_breadth - (config_.max_bfs_breadth - config_.min_bfs_breadth) * (m - 1) / span;
+}
+
+const std::vector<int32_t>& NgramCorpus::trie_chain(const int32_t* tail, int64_t len, int64_t req_id,
+                                                    int64_t total_len, bool cached) {
+  const int depth = config_.max_trie_depth;
+  const int k_max = static_cast<int>(std::min<int64_t>(len, depth - 1));
+  MatchState& st = cached ? match_state_[req_id] : scratch_state_;
+  if (st.chain.size() != static_cast<size_t>(depth)) st.chain.assign(depth, -1);
+  st.chain[0] = Trie::kRoot;
+
+  // Advance the cached chain by the appended tokens when nothing it relies on changed:
+  // same trie structure, the request only grew, and the tail agrees with what we saw.
+  int64_t added = total_len - st.total_len;
+  bool ok = cached && st.known > 0 && st.version == trie_.version() && added >= 0 && added <= len &&
+            std::min<int64_t>(depth - 1, st.known + added) >= k_max;
+  for (int64_t i = 0; ok && i < std::min<int64_t>(len - added, st.known); ++i)
+    ok = tail[len - added - 1 - i] == st.last[st.known - 1 - i];
+  if (ok) {
+    for (int64_t j = len - added; j < len; ++j) {
+      for (int k = depth - 1; k >= 1; --k) st.chain[k] = trie_.child(st.chain[k - 1], tail[j]);
+      st.last.push_back(tail[j]);
+    }
+    st.known = static_cast<int>(std::min<int64_t>(depth - 1, st.known + added));
+  } else {
+    for (int k = 1; k < depth; ++k) {
+      int32_t node = k <= k_max ? Trie::kRoot : -1;
+      for (int64_t j = len - k; node >= 0 && j < len; ++j) node = trie_.child(node, tail[j]);
+      st.chain[k] = node;
+    }
+    st.last.assign(tail + len - k_max, tail + len);
+    st.known = k_max;
+  }
+  if (st.last.size() > static_cast<size_t>(st.known))
+    st.last.erase(st.last.begin(), st.last.end() - st.known);
+  st.total_len = total_len;
+  st.version = trie_.version();
+  return st.chain;
+}
+
+void NgramCorpus::build_tree(const int32_t* tail, int64_t len, const std::vector<int32_t>& chain, int64_t row,
+                             const DraftBuffers& out) {
+  const int n = config_.num_draft_tokens;
+  const bool bfs = config_.match == Match::kBfs;
+  Tree tree{out.tokens + row * n, out.parents + row * n, out.scores + row * n, n};
+  tree.tokens[0] = tail[len - 1];
+  tree.parents[0] = -1;
+  tree.scores[0] = 1.0f;
+  int match_len = 0, breadth = 0;
+  std::vector<Child> kids;
+  std::vector<std::pair<int32_t, int>> queue;
+
+  auto run_pass = [&](const auto& src, int32_t start, int m) {
+    int b = breadth_for(m);
+    if (bfs)
+      bfs_pass(src, start, b, tree, kids, queue);
+    else
+      prob_pass(src, start, tree, kids);
+    if (match_len == 0) {
+      match_len = m;
+      breadth = b;
+    }
+    tree.merging = true;
+  };
+
+  const int k_max = static_cast<int>(std::min<int64_t>(len, config_.max_trie_depth - 1));
+  for (int m = k_max; m >= 1 && !tree.full(); --m)
+    if (chain[m] >= 0 && trie_.has_children(chain[m])) run_pass(trie_, chain[m], m);
+
+  for (const auto& [name, sam] : external_) {
+    if (tree.full()) break;
+    // Longest suffix of the tail's last k_max tokens that occurs in the corpus.
+    int32_t state = 0;
+    int l = 0;
+    for (int64_t j = len - k_max; j < len; ++j) {
+      while (state != 0 && sam->next(state, tail[j]) < 0) {
+        state = sam->link(state);
+        l = sam->len(state);
+      }
+      int32_t nxt = sam->next(state, tail[j]);
+      if (nxt >= 0) {
+        state = nxt;
+        ++l;
+      }
+    }
+    // One pass per suffix length; lengths in one state share their continuations, so a
+    // repeat with the same state and breadth would add nothing and is skipped.
+    int32_t last_state = -1;
+    int last_breadth = -1;
+    for (int m = l; m >= 1 && !tree.full(); --m) {
+      while (sam->len(sam->link(state)) >= m) state = sam->link(state);
+      if (!sam->has_children(state)) continue;
+      int b = bfs ? breadth_for(m) : 0;
+      if (state == last_state && b == last_breadth) continue;
+      run_pass(*sam, state, m);
+      last_state = state;
+      last_breadth = b;
+    }
+  }
+
+  if (!bfs) {  // prob: report the widest fan-out in the tree
+    std::vector<int> fanout(static_cast<size_t>(tree.size), 0);
+    for (int i = 1; i < tree.size; ++i) breadth = std::max(breadth, ++fanout[tree.parents[i]]);
+  }
+  out.match_len[row] = match_len;
+  out.breadth[row] = breadth;
+
+  bool* valid = out.valid + row * n;
+  bool* mask = out.mask + row * n * n;
+  std::fill(mask, mask + n * n, false);
+  for (int i = 0; i < n; ++i) {
+    valid[i] = i < tree.size;
+    if (!valid[i]) {  // padding hangs off the root
+      tree.tokens[i] = 0;
+      tree.parents[i] = 0;
+      tree.scores[i] = 0.0f;
+    }
+    if (i > 0) std::copy(mask + tree.parents[i] * n, mask + tree.parents[i] * n + i, mask + i * n);
+    mask[i * n + i] = true;
+  }
+}
+
+void NgramCorpus::get(const TokenBatch& tails, const std::vector<int64_t>& req_ids,
+                      const std::vector<int64_t>& total_lens, const DraftBuffers& out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool cached = !req_ids.empty() && !total_lens.empty();
+  for (int64_t i = 0; i < tails.size(); ++i) {
+    const int32_t* tail = tails.data(i);
+    int64_t len = tails.len(i);
+    const auto& chain = trie_chain(tail, len, cached ? req_ids[i] : 0, cached ? total_lens[i] : 0, cached);
+    build_tree(tail, len, chain, i, out);
+    ++gets_;
+  }
+}
+
+void NgramCorpus::erase_match_state(const std::vector<int64_t>& req_ids) {
+  synchronize();  // puts queued before the erase still see the old state
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int64_t id : req_ids) {
+    put_state_.erase(id);
+    match_state_.erase(id);
+  }
+}
+
+void NgramCorpus::reset() {
+  synchronize();
+  std::lock_guard<std::mutex> lock(mu_);
+  trie_.clear();
+  put_state_.clear();
+  match_state_.clear();
+  scratch_state_ = MatchState{};
+  puts_ = gets_ = 0;
+}
+
+bool NgramCorpus::add_external_corpus(const std::string& id, std::unique_ptr<SuffixAutomaton> sam) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& e : external_)
+    if (e.first == id) return false;
+  external_.emplace_back(id, std::move(sam));
+  return true;
+}
+
+bool NgramCorpus::remove_external_corpus(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = std::find_if(external_.begin(), external_.end(), [&](const auto& e) { return e.first == id; });
+  if (it == external_.end()) return false;
+  external_.erase(it);
+  return true;
+}
+
+std::vector<std::pair<std::string, int64_t>> NgramCorpus::list_external_corpora() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& e : external_) out.emplace_back(e.first, e.second->tokens());
+  return out;
+}
+
+CorpusStats NgramCorpus::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t ext_tokens = 0;
+  for (const auto& e : external_) ext_tokens += e.second->tokens();
+  return CorpusStats{trie_.size(), config_.capacity, trie_.evictions(), puts_, gets_,
+                     static_cast<int64_t>(external_.size()), ext_tokens, trie_.bytes_per_node()};
+}
+
+}  // namespace spectool

@@ -1,0 +1,226 @@
+// The n-gram corpus: a trie over token ids shared by all requests, optional external
+// corpora (suffix automata), and the draft trees built from them.
+//
+// Semantics (mirrored by tests/ngram_reference.py, which is the oracle):
+// - put: for every new end position j of a window, the count of every n-gram
+//   w[j-n+1..j] (n <= max_trie_depth) goes up by one. It is done as one walk from the
+//   root per start position; every node a walk passes is "touched" (stamped with the
+//   walk's id), and a prefix node that is missing (evicted, or never put) is recreated
+//   with count 1.
+// - recency: siblings are ordered by the id of the last walk that touched them.
+// - eviction: when a new node would exceed capacity, the least recently used node is
+//   evicted, ordered by (walk id, -depth); that node is always a leaf (a walk touches
+//   every ancestor of a node it touches, and deeper nodes count as older).
+// - get: see NgramCorpus::get.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "flat_map.h"
+
+namespace spectool {
+
+enum class Match { kBfs, kProb };
+
+struct CorpusConfig {
+  int max_trie_depth = 18;
+  int min_bfs_breadth = 1;
+  int max_bfs_breadth = 10;
+  int num_draft_tokens = 12;
+  Match match = Match::kBfs;
+  int64_t capacity = 10'000'000;
+};
+
+// One child of a trie node or automaton state, as the tree builder sees it.
+struct Child {
+  int32_t id;
+  int32_t token;
+  int64_t count;
+};
+
+class Trie {
+ public:
+  Trie(int max_depth, int64_t capacity);
+
+  // Counts the n-grams of w[0..len) that end at positions >= first_new.
+  void insert(const int32_t* w, int64_t len, int64_t first_new);
+  int32_t child(int32_t node, int32_t token) const {
+    return node < 0 ? -1 : index_.find(FlatMap::key(node, token));
+  }
+  bool has_children(int32_t node) const { return nodes_[node].first_child >= 0; }
+  // The first `limit` children in recency order (most recently touched first).
+  void children(int32_t node, std::vector<Child>& out, size_t limit) const;
+  void clear();
+
+  int64_t size() const { return size_; }
+  int64_t evictions() const { return evictions_; }
+  // Changes whenever a node is created or evicted (match caches key on it).
+  uint64_t version() const { return version_; }
+  double bytes_per_node() const;
+
+  static constexpr int32_t kRoot = 0;
+
+ private:
+  struct Node {
+    int32_t token;
+    int32_t parent;
+    int32_t first_child, next_sibling, prev_sibling;
+    int32_t lru_prev, lru_next;  // LRU list: front = most recently used
+    int32_t depth;
+    int64_t count;
+    uint64_t walk;  // id of the last walk that touched the node
+  };
+
+  int32_t create(int32_t parent, int32_t token, int32_t cursor);
+  void evict_lru_leaf();
+  void touch(int32_t id, int32_t cursor);
+  void lru_unlink(int32_t id);
+  void lru_insert_after(int32_t cursor, int32_t id);  // cursor -1 = at the front
+  void sibling_unlink(int32_t id);
+  void sibling_push_front(int32_t id);
+
+  int max_depth_;
+  int64_t capacity_;
+  std::vector<Node> nodes_;
+  std::vector<int32_t> free_;
+  FlatMap index_;
+  int32_t lru_head_ = -1, lru_tail_ = -1;
+  int64_t size_ = 0;  // nodes, root excluded
+  int64_t evictions_ = 0;
+  uint64_t walk_ = 0;
+  uint64_t version_ = 0;
+};
+
+// Suffix automaton over the token chunks of one external corpus (chunks are joined by a
+// separator that no tail can match, so no match spans two chunks).
+class SuffixAutomaton {
+ public:
+  explicit SuffixAutomaton(const std::vector<std::vector<int32_t>>& chunks);
+
+  int32_t next(int32_t state, int32_t token) const;  // -1 if no transition
+  int32_t link(int32_t state) const { return states_[state].link; }
+  int32_t len(int32_t state) const { return states_[state].len; }
+  bool has_children(int32_t state) const {
+    return states_[state].draft_end > states_[state].draft_begin;
+  }
+  // The first `limit` children by occurrence count, descending, then token ascending.
+  void children(int32_t state, std::vector<Child>& out, size_t limit) const;
+  int64_t tokens() const { return tokens_; }
+
+ private:
+  struct State {
+    int32_t len = 0, link = -1;
+    int64_t occ = 0;
+    int64_t edge_begin = 0, edge_end = 0;    // edges_ sorted by token (lookup)
+    int64_t draft_begin = 0, draft_end = 0;  // draft_order_ (drafting)
+  };
+  struct Edge {
+    int32_t token, target;
+  };
+  std::vector<State> states_;
+  std::vector<Edge> edges_;
+  std::vector<int64_t> draft_order_;  // indices into edges_
+  int64_t tokens_ = 0;
+};
+
+// Output of one batch_get, in caller-owned buffers (bs rows each).
+struct DraftBuffers {
+  int32_t* tokens;    // [bs, N]
+  int32_t* parents;   // [bs, N]
+  bool* mask;         // [bs, N, N]
+  bool* valid;        // [bs, N]
+  float* scores;      // [bs, N]
+  int32_t* match_len; // [bs]
+  int32_t* breadth;   // [bs]
+};
+
+// Token windows of one batch, flattened: window i is tokens[offsets[i] .. offsets[i+1]).
+struct TokenBatch {
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> offsets{0};
+  int64_t size() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  const int32_t* data(int64_t i) const { return tokens.data() + offsets[i]; }
+  int64_t len(int64_t i) const { return offsets[i + 1] - offsets[i]; }
+};
+
+struct CorpusStats {
+  int64_t nodes, capacity, evictions, puts, gets, external_corpora, external_tokens;
+  double bytes_per_node;
+};
+
+class NgramCorpus {
+ public:
+  explicit NgramCorpus(const CorpusConfig& config);  // config must be valid (checked by the caller)
+  ~NgramCorpus();
+  NgramCorpus(const NgramCorpus&) = delete;
+  NgramCorpus& operator=(const NgramCorpus&) = delete;
+
+  // Queues the windows for the worker thread. With request ids, total_lens[i] is the
+  // request's length including window i (its last tokens), and only tokens past what
+  // was put before for that request are counted.
+  void put(TokenBatch windows, std::vector<int64_t> req_ids, std::vector<int64_t> total_lens);
+  void synchronize();
+
+  // Builds one draft tree per tail. req_ids/total_lens may be empty (no match cache).
+  void get(const TokenBatch& tails, const std::vector<int64_t>& req_ids,
+           const std::vector<int64_t>& total_lens, const DraftBuffers& out);
+
+  void erase_match_state(const std::vector<int64_t>& req_ids);
+  void reset();
+
+  // Returns false if the id is taken.
+  bool add_external_corpus(const std::string& id, std::unique_ptr<SuffixAutomaton> sam);
+  bool remove_external_corpus(const std::string& id);
+  std::vector<std::pair<std::string, int64_t>> list_external_corpora();
+
+  CorpusStats stats();
+  const CorpusConfig& config() const { return config_; }
+
+ private:
+  struct PutJob {
+    TokenBatch windows;
+    std::vector<int64_t> req_ids, total_lens;
+  };
+  // Cached suffix nodes of a request's tail: chain[k] = trie node of its last k tokens.
+  struct MatchState {
+    int64_t total_len = 0;
+    uint64_t version = 0;
+    std::vector<int32_t> last;   // the last `known` tokens
+    std::vector<int32_t> chain;  // size max_trie_depth, chain[0] = root
+    int known = 0;
+  };
+
+  void worker_loop();
+  void apply_put(const PutJob& job);
+  const std::vector<int32_t>& trie_chain(const int32_t* tail, int64_t len, int64_t req_id,
+                                         int64_t total_len, bool cached);
+  void build_tree(const int32_t* tail, int64_t len, const std::vector<int32_t>& chain, int64_t row,
+                  const DraftBuffers& out);
+  int breadth_for(int match_len) const;
+
+  CorpusConfig config_;
+  Trie trie_;
+  std::vector<std::pair<std::string, std::unique_ptr<SuffixAutomaton>>> external_;
+  std::unordered_map<int64_t, int64_t> put_state_;  // request -> tokens already put
+  std::unordered_map<int64_t, MatchState> match_state_;
+  MatchState scratch_state_;
+  int64_t puts_ = 0, gets_ = 0;
+
+  std::mutex mu_;  // guards everything above
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_, idle_cv_;
+  std::deque<PutJob> queue_;
+  bool busy_ = false, stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace spectool
