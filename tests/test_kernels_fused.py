@@ -1,0 +1,147 @@
+"""Fused Triton kernels against their torch references, on the CPU via TRITON_INTERPRET=1.
+
+Same arrangement as test_kernels_attention.py: unless this process started with
+TRITON_INTERPRET=1 the file re-runs itself in a child pytest that does. float32 and
+float16 must match closely; the interpreter truncates float32 -> bfloat16 where the GPU
+rounds to nearest, so bfloat16 is allowed one bfloat16 step here (exact on the GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+triton = pytest.importorskip("triton")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and type(triton.language.standard.cdiv).__name__ == (
+    "InterpretedFunction")
+in_interpreter = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child")
+
+
+@pytest.mark.skipif(INTERPRETED, reason="already in the interpreter")
+def test_kernels_in_an_interpreter_subprocess():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-2000:]
+    assert " passed, 1 skipped in" in child.stdout, child.stdout[-2000:]  # only the launcher skips
+
+
+from spectool.kernels import fused  # noqa: E402  (after the importorskip)
+
+DTYPES = [(torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)]
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual.float(), expected.float(), atol=tol, rtol=tol)
+
+
+@in_interpreter
+def test_kernels_really_run_in_the_interpreter():
+    assert type(fused._add_rms_norm_kernel).__name__ == "InterpretedFunction"
+
+
+@in_interpreter
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("hidden", [64, 200])
+def test_add_rms_norm(dtype, tol, hidden):
+    gen = torch.Generator().manual_seed(hidden)
+    x = torch.randn(2, 3, hidden, generator=gen).to(dtype)
+    res = torch.randn(2, 3, hidden, generator=gen).to(dtype)
+    w = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype)
+    normed, summed = fused.add_rms_norm_triton(x, res, w, 1e-5)
+    ref_normed, ref_summed = fused.add_rms_norm_reference(x, res, w, 1e-5)
+    close(normed, ref_normed, tol)
+    close(summed, ref_summed, tol)
+    # Independent oracle: torch's own RMSNorm on the float32 sum.
+    s = x.float() + res.float()
+    close(normed.float(), F.rms_norm(s, (hidden,), w.float(), 1e-5), 4 * tol)
+    plain, same = fused.add_rms_norm_triton(x, None, w, 1e-5)
+    close(plain, fused.add_rms_norm_reference(x, None, w, 1e-5)[0], tol)
+    assert same is x or torch.equal(same, x)
+
+
+def rope_inputs(B, T, Hq, Hkv, D, dtype, gen):
+    # q, k, v as views into one fused qkv projection output, like the model produces.
+    qkv = torch.randn(B, T, (Hq + 2 * Hkv) * D, generator=gen).to(dtype)
+    q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+    angles = torch.rand(B, T, D // 2, generator=gen) * 6.3
+    return (q.view(B, T, Hq, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D),
+            angles.cos().to(dtype), angles.sin().to(dtype))
+
+
+@in_interpreter
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_rope(dtype, tol):
+    gen = torch.Generator().manual_seed(5)
+    q, k, _, cos, sin = rope_inputs(2, 3, 8, 2, 32, dtype, gen)
+    q_rot, k_rot = fused.rope_triton(q, k, cos, sin)
+    ref_q, ref_k = fused.rope_reference(q, k, cos, sin)
+    close(q_rot, ref_q, tol)
+    close(k_rot, ref_k, tol)
+    # Independent oracle: a rotation of each (x_i, x_{i+D/2}) pair keeps its length.
+    pair_norm = q.float()[..., :16] ** 2 + q.float()[..., 16:] ** 2
+    close(q_rot.float()[..., :16] ** 2 + q_rot.float()[..., 16:] ** 2, pair_norm, 30 * tol)
+
+
+@in_interpreter
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_rope_write_kv(dtype, tol):
+    gen = torch.Generator().manual_seed(6)
+    B, T, Hq, Hkv, D, max_seq = 3, 4, 4, 2, 16, 12
+    q, k, v, cos, sin = rope_inputs(B, T, Hq, Hkv, D, dtype, gen)
+    slots, starts = torch.tensor([2, 0, 3]), torch.tensor([0, 5, 10])  # row 2 runs past the end
+    caches = [torch.randn(4, Hkv, max_seq, D, generator=gen).to(dtype) for _ in range(2)]
+    kc, vc = caches[0].clone(), caches[1].clone()
+    ref_kc, ref_vc = caches[0].clone(), caches[1].clone()
+    q_rot = fused.rope_write_kv_triton(q, k, v, cos, sin, kc, vc, slots, starts)
+    ref_q = fused.rope_write_kv_reference(q, k, v, cos, sin, ref_kc, ref_vc, slots, starts)
+    close(q_rot, ref_q, tol)
+    close(kc, ref_kc, tol)
+    assert torch.equal(vc, ref_vc)
+    # Everything outside the written indices is untouched (slot 1 entirely).
+    assert torch.equal(kc[1], caches[0][1]) and torch.equal(kc[2, :, T:], caches[0][2, :, T:])
+
+
+@in_interpreter
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_silu_mul(dtype, tol):
+    gen = torch.Generator().manual_seed(7)
+    gate_up = torch.randn(2, 3, 2 * 1500, generator=gen).to(dtype)
+    out = fused.silu_mul_triton(gate_up)
+    close(out, fused.silu_mul_reference(gate_up), tol)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    close(out.float(), gate * torch.sigmoid(gate) * up, 4 * tol)
+
+
+@in_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_argmax_first_index_on_ties(dtype):
+    gen = torch.Generator().manual_seed(8)
+    logits = torch.randn(4, 5000, generator=gen).to(dtype)
+    logits[1, 3000] = logits[1, 4500] = 50  # tie across chunks
+    logits[2, 10] = logits[2, 11] = 50  # tie within a chunk
+    logits[3, -1] = 50  # last index, in a partial chunk
+    got = fused.argmax_triton(logits, block=1024)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, fused.argmax_reference(logits))
+    assert got[1:].tolist() == [3000, 10, 4999]
+
+
+@in_interpreter
+def test_bad_input_raises_value_error():
+    with pytest.raises(ValueError):
+        fused.add_rms_norm_triton(torch.randn(2, 8), None, torch.ones(7), 1e-5)
+    with pytest.raises(ValueError):
+        fused.silu_mul_triton(torch.randn(2, 7))
+    q, k, v, cos, sin = rope_inputs(1, 2, 4, 2, 8, torch.float32, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError):
+        fused.rope_triton(q, k, cos[:, :1], sin[:, :1])
+    with pytest.raises(ValueError):
+        fused.rope_write_kv_triton(q, k, v, cos, sin, torch.zeros(2, 3, 8, 8), torch.zeros(2, 3, 8, 8),
+                                   torch.tensor([0]), torch.tensor([0]))
