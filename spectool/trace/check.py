@@ -43,7 +43,9 @@ _OPTIONAL_NODE_FIELDS = ("depth", "scores", "valid", "target_argmax_prob")
 
 @dataclass(frozen=True, order=True)
 class Fault:
-    """The first inconsistency found; ``row`` orders faults in trace order."""
+    """The first inconsistency found; (row, stage) orders faults: trace order, then the
+    order of the checks (0 shapes, 1 tree, 2 mask, 3 indices, 4 decision, 5 continuity,
+    6 outputs, 7 replay)."""
 
     row: int
     stage: int
@@ -137,38 +139,38 @@ class _Checker:
         path = row["accept_path"]
         for i, s in enumerate(status):
             if s not in (NOT_VISITED, ACCEPTED, REJECTED):
-                return self.fault(k, 3, f"status {s} is not 0/1/2", i)
+                return self.fault(k, 4, f"status {s} is not 0/1/2", i)
         if not path or path[0] != 0:
-            return self.fault(k, 3, f"accepted path {path} does not start at the root")
+            return self.fault(k, 4, f"accepted path {path} does not start at the root")
         if row["accept_length"] != len(path) - 1:
-            return self.fault(k, 3, f"accept_length is {row['accept_length']} but the accepted path "
+            return self.fault(k, 4, f"accept_length is {row['accept_length']} but the accepted path "
                                     f"has {len(path) - 1} drafted nodes")
         for prev, node in zip(path, path[1:]):
             if not 0 <= node < n or parents[node] != prev:
-                return self.fault(k, 3, f"accepted path {path} is not a root path: node {node} "
+                return self.fault(k, 4, f"accepted path {path} is not a root path: node {node} "
                                         f"is not a child of node {prev}", node if 0 <= node < n else None)
             if not valid[node]:
-                return self.fault(k, 3, "a padding node (valid=False) is on the accepted path", node)
+                return self.fault(k, 4, "a padding node (valid=False) is on the accepted path", node)
             if status[node] != ACCEPTED:
-                return self.fault(k, 3, f"node is on the accepted path but its status is {status[node]}",
+                return self.fault(k, 4, f"node is on the accepted path but its status is {status[node]}",
                                   node)
         on_path = set(path)
         for i in range(1, n):
             if status[i] == ACCEPTED and i not in on_path:
-                return self.fault(k, 3, "status says accepted but the node is not on the accepted path", i)
+                return self.fault(k, 4, "status says accepted but the node is not on the accepted path", i)
         if row["temperature"] not in (None, 0.0):
             return
         for prev, node in zip(path, path[1:]):
             if tokens[node] != argmax[prev]:
-                return self.fault(k, 3, f"accepted token {tokens[node]} but the target argmax at its parent "
+                return self.fault(k, 4, f"accepted token {tokens[node]} but the target argmax at its parent "
                                         f"{prev} is {argmax[prev]}", node)
         last = path[-1]
         for c in range(1, n):
             if parents[c] == last and valid[c] and tokens[c] == argmax[last]:
-                return self.fault(k, 3, f"token {tokens[c]} equals the target argmax at node {last} "
+                return self.fault(k, 4, f"token {tokens[c]} equals the target argmax at node {last} "
                                         "but the path stopped before it", c)
         if row["bonus_token"] != argmax[last]:
-            return self.fault(k, 3, f"bonus token {row['bonus_token']} is not the target argmax "
+            return self.fault(k, 4, f"bonus token {row['bonus_token']} is not the target argmax "
                                     f"{argmax[last]} at the last accepted node {last}", last)
 
     # -- masks and indices, one array pass per tree size ----------------------------
@@ -210,7 +212,7 @@ class _Checker:
             bad = np.argwhere(recorded != kernel)
             if len(bad):
                 r, i = (int(v) for v in bad[0])
-                self.fault(rows[r], 2, f"{name} is {recorded[r, i]}, the index kernel gives {kernel[r, i]} "
+                self.fault(rows[r], 3, f"{name} is {recorded[r, i]}, the index kernel gives {kernel[r, i]} "
                                        "from the recorded mask", i)
 
     # -- per request: continuity and outputs ---------------------------------------
@@ -230,10 +232,10 @@ class _Checker:
             if rid in state:
                 seq_len, root = state[rid]
                 if row["seq_len"] != seq_len:
-                    return self.fault(k, 4, f"seq_len is {row['seq_len']}, the request's history "
+                    return self.fault(k, 5, f"seq_len is {row['seq_len']}, the request's history "
                                             f"gives {seq_len}")
                 if root is not None and row["tokens"][0] != root:
-                    return self.fault(k, 4, f"root token {row['tokens'][0]} is not the previous bonus "
+                    return self.fault(k, 5, f"root token {row['tokens'][0]} is not the previous bonus "
                                             f"(or prefill) token {root}", 0)
             path = row["accept_path"]
             new = [row["tokens"][i] for i in path[1:]] + [row["bonus_token"]]
@@ -249,15 +251,15 @@ class _Checker:
             take = out[pos:pos + len(new)]
             j = next((j for j, (a, b) in enumerate(zip(take, new)) if a != b), None)
             if j is not None:
-                return self.fault(k, 5, f"output token {pos + j + 1} is {take[j]} but this iteration "
+                return self.fault(k, 6, f"output token {pos + j + 1} is {take[j]} but this iteration "
                                         f"gained {new[j]}")
             if len(take) < len(new) and (idx != len(gained) - 1 or not take):
-                return self.fault(k, 5, f"the output ends after {pos + len(take) + 1} tokens, inside or "
+                return self.fault(k, 6, f"the output ends after {pos + len(take) + 1} tokens, inside or "
                                         "before this iteration, but it is not the request's last")
             pos += len(take)
         if pos < len(out):
             row = gained[-1][0] if gained else len(self.rows)
-            self.fault(row, 5, f"output has {len(out) + 1} tokens but the prefill token and the "
+            self.fault(row, 6, f"output has {len(out) + 1} tokens but the prefill token and the "
                                f"iterations account for {pos + 1}", request=rid)
 
 
@@ -289,7 +291,7 @@ def replay(trace: Trace, model_dir: str, device: str | None = None) -> Fault | N
             j = next((j for j, (a, b) in enumerate(zip(got, out)) if a != b), min(len(got), len(out)))
             want = got[j] if j < len(got) else "end of output"
             have = out[j] if j < len(out) else "end of output"
-            return Fault(0, 6, -1, req["request_id"], None,
+            return Fault(0, 7, -1, req["request_id"], None,
                          f"replayed greedy output differs at output token {j}: recorded {have}, "
                          f"the target gives {want}")
     return None

@@ -1,0 +1,128 @@
+"""The .sptrace file: crash-safe (SIGKILL, truncation), versioned, and refused cleanly when bad."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from trace_factory import make_trace
+
+from spectool.trace import check
+from spectool.trace.format import DISK_FIELDS, TraceFormatError, disk_schema
+from spectool.trace.reader import Trace
+from spectool.trace.schema import FORMAT_VERSION
+
+TESTS = Path(__file__).parent
+
+_RECORD_FOREVER = """
+import sys
+sys.path.insert(0, {tests!r})
+from trace_factory import record_synthetic, run_info_for, tiny_tokenizer_json
+from spectool.trace.recorder import Recorder
+rec = Recorder({path!r}, run_info_for("eagle", 8, 0.0), tiny_tokenizer_json(), flush_every=3)
+record_synthetic(rec, "eagle", num_requests=100000, batch_size=4, max_new_tokens=20)
+"""
+
+
+def test_sigkill_mid_run_leaves_a_loadable_consistent_file(tmp_path):
+    path = tmp_path / "killed.sptrace"
+    proc = subprocess.Popen([sys.executable, "-c", _RECORD_FOREVER.format(tests=str(TESTS), path=str(path))])
+    try:
+        deadline = time.monotonic() + 60
+        while (not path.exists() or path.stat().st_size < 200_000) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the recording process died on its own"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    trace = Trace.load(path)
+    assert trace.steps.num_rows > 50 and trace.requests.num_rows > 0
+    assert check.check_trace(trace) is None
+    assert check.main([str(path)]) == 0
+
+
+def test_truncated_file_reads_back_a_prefix_of_complete_batches(tmp_path):
+    path = tmp_path / "run.sptrace"
+    full = make_trace("ngram", path=path, flush_every=4, num_requests=3)
+    data = path.read_bytes()
+    seen = 0
+    for cut in range(len(data) // 2, len(data), max(1, len(data) // 40)):
+        (tmp_path / "cut.sptrace").write_bytes(data[:cut])
+        part = Trace.load(tmp_path / "cut.sptrace")
+        rows = part.steps.num_rows
+        assert rows >= seen  # more bytes never read back less
+        assert part.steps.equals(full.steps.slice(0, rows))
+        seen = rows
+    assert 0 < seen <= full.steps.num_rows
+
+
+def _write_with_metadata(path: Path, fields, metadata: dict[bytes, bytes]) -> None:
+    schema = pa.schema(fields, metadata=metadata)
+    with pa.ipc.new_stream(str(path), schema) as w:
+        w.write_batch(pa.RecordBatch.from_pylist([], schema=schema))
+
+
+def _good_metadata() -> dict[bytes, bytes]:
+    return dict(disk_schema({"method": "ngram"}, None).metadata)
+
+
+@pytest.mark.parametrize("version", [FORMAT_VERSION - 1, FORMAT_VERSION + 1])
+def test_other_format_versions_are_refused_naming_both(tmp_path, version):
+    meta = _good_metadata() | {b"spectool.format_version": str(version).encode()}
+    _write_with_metadata(tmp_path / "v.sptrace", DISK_FIELDS, meta)
+    with pytest.raises(TraceFormatError) as err:
+        Trace.load(tmp_path / "v.sptrace")
+    assert f"version {version}" in str(err.value) and f"version {FORMAT_VERSION}" in str(err.value)
+
+
+def _bad_files(tmp_path: Path) -> dict[str, Path]:
+    good = tmp_path / "good.sptrace"
+    make_trace("eagle", path=good, num_requests=1)
+    files = {"random bytes": os.urandom(4096), "truncated header": good.read_bytes()[:40], "empty": b"",
+             "json": json.dumps({"not": "a trace"}).encode()}
+    out = {name: tmp_path / f"{i}.sptrace" for i, name in enumerate(files)}
+    for name, data in files.items():
+        out[name].write_bytes(data)
+    out["wrong version"] = tmp_path / "v.sptrace"
+    _write_with_metadata(out["wrong version"], DISK_FIELDS,
+                         _good_metadata() | {b"spectool.format_version": b"999"})
+    out["missing column"] = tmp_path / "m.sptrace"
+    without_parents = [f for f in DISK_FIELDS if f.name != "parents"]
+    _write_with_metadata(out["missing column"], without_parents, _good_metadata())
+    out["no magic"] = tmp_path / "plain.sptrace"
+    _write_with_metadata(out["no magic"], DISK_FIELDS, {})
+    out["missing file"] = tmp_path / "nowhere.sptrace"
+    return out
+
+
+@pytest.mark.parametrize("command", ["check", "summary", "perfetto"])
+def test_unreadable_input_exits_2_with_one_line(tmp_path, capsys, command):
+    from spectool.trace import perfetto, summary
+
+    main = {"check": check.main, "summary": summary.main, "perfetto": perfetto.main}[command]
+    for name, path in _bad_files(tmp_path).items():
+        assert main([str(path)]) == 2, name
+        out = capsys.readouterr()
+        lines = out.err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in out.err and out.out == "", (name, out)
+        if name == "missing column":
+            assert "parents" in lines[0]
+        if name == "wrong version":
+            assert "999" in lines[0] and str(FORMAT_VERSION) in lines[0]
+
+
+def test_empty_run_is_a_valid_trace(tmp_path):
+    from spectool.trace.recorder import Recorder
+
+    Recorder(tmp_path / "empty.sptrace", {"method": "ngram"}).close()
+    trace = Trace.load(tmp_path / "empty.sptrace")
+    assert trace.steps.num_rows == 0 and trace.run_info["method"] == "ngram"
+    assert "start_time" in trace.run_info and "versions" in trace.run_info
+    assert check.main([str(tmp_path / "empty.sptrace")]) == 0
