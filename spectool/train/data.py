@@ -155,7 +155,8 @@ def split_tail(tokens: torch.Tensor, fraction: float, min_tokens: int) -> tuple[
     return tokens[:-n_eval], tokens[-n_eval:]
 
 
-def random_windows(tokens: torch.Tensor, batch_size: int, length: int, generator: torch.Generator) -> torch.Tensor:
+def random_windows(tokens: torch.Tensor, batch_size: int, length: int,
+                   generator: torch.Generator) -> torch.Tensor:
     """[batch_size, length] int64 windows at random offsets of a token stream."""
     if len(tokens) < length + 1:
         raise ValueError(f"corpus has {len(tokens)} tokens, fewer than one window of {length + 1}")
@@ -240,7 +241,8 @@ def editing_prompts(docs: Sequence[tuple[str, str]], n: int, chunk_chars: int = 
         edited = light_edit(chunk, rng)
         head = edited[:_cut_at_line(edited, head_chars) or head_chars]
         prompt = (f"# Original {name}:\n{chunk}\n"
-                  f"# The same code after a small edit (rename, one comment added, one line removed):\n{head}")
+                  f"# The same code after a small edit (a rename, a comment added, a line removed):\n"
+                  f"{head}")
         out.append({"kind": "editing", "source": name, "prompt": prompt, "reference": edited[len(head):]})
     return out
 

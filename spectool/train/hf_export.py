@@ -1,4 +1,4 @@
-"""Save a trained Transformer as a Hugging Face Llama checkpoint (what `spectool.load` and `transformers` read)."""
+"""Save a trained Transformer as a Hugging Face Llama checkpoint (read by spectool and transformers)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from spectool.model.weights import model_layout, split
 
 
 def hf_config(cfg: ModelConfig) -> dict:
-    """The config.json of a ``LlamaForCausalLM`` with ``cfg``'s shape (both transformers 4.x and 5.x read it)."""
+    """The config.json of a ``LlamaForCausalLM`` of ``cfg``'s shape (transformers 4.x and 5.x read it)."""
     if cfg.architecture != "LlamaForCausalLM" or cfg.qkv_bias or cfg.qk_norm:
         raise ValueError("only plain Llama targets are exported (no qkv bias, no q/k norm)")
     eos = cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1 else (cfg.eos_token_ids or None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -70,7 +70,8 @@ class TargetRecipe:
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of "
+                             f"num_heads {self.num_heads}")
         if self.seq_len > self.max_position_embeddings:
             raise ValueError(f"seq_len {self.seq_len} exceeds max_position_embeddings "
                              f"{self.max_position_embeddings}")
@@ -86,7 +87,7 @@ class TargetRecipe:
 
 
 def init_weights(model: torch.nn.Module, num_layers: int, std: float = 0.02) -> None:
-    """GPT-2 style init: normal(0, std) matrices, output projections scaled by 1/sqrt(2 * layers), unit norms."""
+    """GPT-2 style init: normal(0, std) matrices, output projections also / sqrt(2 * layers), unit norms."""
     for name, p in model.named_parameters():
         if p.dim() < 2:
             torch.nn.init.ones_(p) if name.endswith("norm.weight") else torch.nn.init.zeros_(p)
@@ -197,10 +198,12 @@ def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe |
         return loss.detach(), batch.numel() - batch.shape[0]
 
     def save_fn(step: int) -> None:
-        atomic_save({"kind": "target", "step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                     "generator": gen.get_state(), "recipe": asdict(recipe)}, out / CHECKPOINT_NAME)
+        atomic_save({"kind": "target", "step": step, "model": model.state_dict(),
+                     "optimizer": opt.state_dict(), "generator": gen.get_state(), "recipe": asdict(recipe)},
+                    out / CHECKPOINT_NAME)
 
-    run = train_loop(step_fn, save_fn, start=start, steps=recipe.steps, checkpoint_every=recipe.checkpoint_every,
+    run = train_loop(step_fn, save_fn, start=start, steps=recipe.steps,
+                     checkpoint_every=recipe.checkpoint_every,
                      batch_size=recipe.batch_size, out_dir=out, desc="target", progress=progress,
                      max_seconds=max_seconds)
     weight_bytes = save_target(model, out)
@@ -221,7 +224,3 @@ def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe |
           f"({run['tokens_per_s']:,.0f} tok/s); saved to {out}")
     return result
 
-
-def recipe_fields() -> list[str]:
-    """Names of the TargetRecipe fields (the CLI exposes each as an option)."""
-    return [f.name for f in fields(TargetRecipe)]

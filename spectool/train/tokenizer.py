@@ -19,7 +19,8 @@ def train_tokenizer(docs: Sequence[str], vocab_size: int) -> Tokenizer:
     """
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + 2:
-        raise ValueError(f"vocab_size must be at least {len(alphabet) + 2} (256 bytes + end-of-text + one merge), "
+        raise ValueError(f"vocab_size must be at least {len(alphabet) + 2} "
+                         "(256 bytes + end-of-text + one merge), "
                          f"got {vocab_size}")
     if not any(d.strip() for d in docs):
         raise ValueError("cannot train a tokenizer on an empty corpus")

@@ -1,0 +1,314 @@
+"""Train EAGLE (one layer) or multi-layer EAGLE (K layers) draft layers against a frozen target.
+
+Alignment is the engine's (docs/INTERNALS.md), with h = target hidden before the final norm:
+- EAGLE, step 1: at index i the layer reads (emb(x[i+1]), h[i]) at position i+1 and predicts the
+  target's prediction at i+1. Step s > 1 reads (emb(x[i+s]), its own step s-1 feature at i), at
+  position i+s. Training unrolls ``unroll`` such steps (gradients flow through the features) and
+  also regresses each step's feature onto h at the index it stands for, so long chains stay on track.
+- Multi-layer EAGLE, layer k: at index i reads (emb(x[i+k+1]), h[i]) at position i+k+1 and
+  predicts the target's prediction at i+k+1.
+
+Labels are the target's own next-token distributions (self-distillation): acceptance, not corpus
+likelihood, is what the loss optimises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from spectool.model.draft_layer import KINDS, DraftModel, save_draft
+from spectool.model.kv_cache import KVCache
+from spectool.model.loader import Target, load
+from spectool.train import data
+from spectool.train.loop import (
+    CHECKPOINT_NAME,
+    atomic_save,
+    autocast,
+    load_checkpoint,
+    lr_at,
+    make_optimizer,
+    resolve_device,
+    seed_everything,
+    train_loop,
+)
+from spectool.train.target import init_weights
+
+
+@dataclass
+class DraftRecipe:
+    """What to train (method, layers) and how (optimisation settings)."""
+
+    method: str = "eagle"
+    layers: int = 1
+    steps: int = 600
+    batch_size: int = 32
+    seq_len: int = 512
+    lr: float = 2e-3
+    warmup: int = 30
+    weight_decay: float = 0.0
+    checkpoint_every: int = 200
+    eval_windows: int = 32
+    seed: int = 0
+    intermediate_size: int | None = None  # the draft block's MLP width; None = the target's
+    unroll: int = 3            # EAGLE: draft steps unrolled in training
+    feature_weight: float = 1.0  # EAGLE: weight of the feature regression loss
+    eval_steps: int = 5        # EAGLE: chain steps evaluated
+    gen_prompts: int = 16      # greedy continuations of held-out prompts for the acceptance estimate
+    gen_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        if self.method not in KINDS:
+            raise ValueError(f"method must be one of {', '.join(KINDS)}, got {self.method!r}")
+        if self.layers < 1:
+            raise ValueError(f"--layers must be >= 1, got {self.layers}")
+        if self.method == "eagle" and self.layers != 1:
+            raise ValueError(f"EAGLE reuses one draft layer for every step; --layers must be 1, "
+                             f"got {self.layers}")
+        for name in ("steps", "batch_size", "checkpoint_every", "eval_windows", "unroll", "eval_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.gen_tokens < max(self.depth, self.eval_steps) + 1:
+            raise ValueError(f"gen_tokens must exceed the evaluated draft depth, got {self.gen_tokens}")
+        if self.seq_len < self.depth + 2:
+            raise ValueError(f"seq_len must be >= {self.depth + 2} for {self.depth} draft steps, "
+                             f"got {self.seq_len}")
+
+    @property
+    def depth(self) -> int:
+        """How many tokens ahead training reaches (layers, or unrolled EAGLE steps)."""
+        return self.layers if self.method == "multi_layer_eagle" else self.unroll
+
+
+def load_target(path: str | Path, device: torch.device) -> Target:
+    """The frozen target (float32 weights), or a ValueError saying why ``path`` is not one."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ValueError(f"--target {p} is not a directory")
+    if not (p / "config.json").is_file() or not list(p.glob("*.safetensors")):
+        raise ValueError(f"--target {p} is not a model directory (config.json and *.safetensors needed)")
+    try:
+        target = load(p, device=device, dtype=torch.float32)
+    except (ValueError, OSError, RuntimeError) as e:
+        raise ValueError(f"--target {p} could not be loaded as a model: {e}") from e
+    if target.tokenizer is None:
+        raise ValueError(f"--target {p} has no tokenizer.json (needed to tokenize the corpus)")
+    return target
+
+
+@dataclass
+class TargetView:
+    """What the frozen target says about a batch: hidden states, next-token probabilities, argmax."""
+
+    emb: torch.Tensor     # [B, T, H] token embeddings
+    hidden: torch.Tensor  # [B, T, H] before the final norm
+    probs: torch.Tensor   # [B, T, V] float32
+    argmax: torch.Tensor  # [B, T]
+
+
+@torch.no_grad()
+def target_view(target: Target, tokens: torch.Tensor) -> TargetView:
+    model = target.model
+    positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    hidden = model(tokens, positions)
+    probs = model.logits(hidden).softmax(-1)
+    return TargetView(model.embed_tokens(tokens), hidden, probs, probs.argmax(-1))
+
+
+def draft_chain(draft: DraftModel, target: Target, view: TargetView, depth: int):
+    """Run the draft over a batch for ``depth`` steps; yields (step s, feature, logits) per step.
+
+    Step s (0-based) covers indices i = 0 .. T-s-2 and predicts the target's prediction at i+s+1
+    (compare with ``view.argmax[:, s+1:]``).
+    """
+    T = view.hidden.shape[1]
+    feature = None
+    for s in range(depth):
+        n = T - s - 1
+        positions = torch.arange(s + 1, T, device=view.hidden.device).expand(view.hidden.shape[0], n)
+        if draft.kind == "multi_layer_eagle":
+            layer, hidden = draft.layers[s], view.hidden[:, :n]
+        else:
+            layer, hidden = draft.layers[0], view.hidden[:, :n] if feature is None else feature[:, :n]
+        feature, normed = layer(view.emb[:, s + 1:], hidden, positions)
+        yield s, feature, target.model.lm_head(normed).float()
+
+
+def draft_loss(draft: DraftModel, target: Target, view: TargetView, recipe: DraftRecipe) -> torch.Tensor:
+    """Mean over steps of soft cross-entropy to the target (+ EAGLE feature regression)."""
+    total = 0.0
+    for s, feature, logits in draft_chain(draft, target, view, recipe.depth):
+        ce = -(view.probs[:, s + 1:] * logits.log_softmax(-1)).sum(-1).mean()
+        total = total + ce
+        if draft.kind == "eagle" and recipe.feature_weight > 0:
+            # The step-s feature at i stands in for h[i+s+1]; compare scale-free (per-token RMS of h).
+            h = view.hidden[:, s + 1:].float()
+            scale = h.pow(2).mean(-1, keepdim=True).sqrt().clamp(min=1e-6)
+            total = total + recipe.feature_weight * F.smooth_l1_loss(feature.float() / scale, h / scale)
+    return total / recipe.depth
+
+
+@torch.no_grad()
+def greedy_continuations(target: Target, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """[B, P + new_tokens]: each prompt row followed by the target's greedy continuation."""
+    model, (B, P) = target.model, prompts.shape
+    dev = prompts.device
+    cache = KVCache.for_model(target.config, B, P + new_tokens, next(model.parameters()).dtype, dev)
+    slots = torch.arange(B, device=dev)
+    out = [prompts]
+    tokens, start = prompts, 0
+    for _ in range(new_tokens):
+        T = tokens.shape[1]
+        positions = (start + torch.arange(T, device=dev)).expand(B, T)
+        starts = torch.full((B,), start, device=dev)
+        hidden = model(tokens, positions, cache=cache, slots=slots, starts=starts, kv_len=start + T)
+        tokens = model.logits(hidden[:, -1:]).argmax(-1)
+        out.append(tokens)
+        start += T
+    return torch.cat(out, dim=1)
+
+
+@torch.no_grad()
+def evaluate_draft(draft: DraftModel, target: Target, eval_tokens: torch.Tensor, recipe: DraftRecipe,
+                   device: torch.device) -> dict:
+    """Held-out agreement of each draft layer/step with the target, and a greedy accept-length estimate.
+
+    ``agreement[s]``: top-1 of draft step s equals the target's top-1, on held-out text.
+    ``greedy_accept_length``: on the target's own greedy continuations of held-out prompts, the
+    mean count of leading chain steps that match (what greedy top-1 chain drafting accepts).
+    """
+    depth = recipe.layers if draft.kind == "multi_layer_eagle" else recipe.eval_steps
+    hits, counts = [0.0] * depth, [0] * depth
+    for w in data.eval_windows(eval_tokens, recipe.seq_len, recipe.eval_windows):
+        with autocast(device):
+            view = target_view(target, w.to(device))
+            for s, _, logits in draft_chain(draft, target, view, depth):
+                hits[s] += float((logits.argmax(-1) == view.argmax[:, s + 1:]).sum())
+                counts[s] += logits.shape[0] * logits.shape[1]
+
+    P = min(recipe.seq_len // 2, 128)
+    windows = list(data.eval_windows(eval_tokens, P, recipe.gen_prompts))
+    prompts = torch.cat(windows).to(device)
+    with autocast(device):
+        seqs = greedy_continuations(target, prompts, recipe.gen_tokens)
+        view = target_view(target, seqs)
+        T = seqs.shape[1]
+        # Indices i >= P-1 have the root x[i+1] and all later tokens produced by the target itself.
+        idx = torch.arange(P - 1, T - depth - 1, device=device)
+        run = torch.ones(seqs.shape[0], len(idx), dtype=torch.bool, device=device)
+        accepted = torch.zeros(seqs.shape[0], len(idx), device=device)
+        for s, _, logits in draft_chain(draft, target, view, depth):
+            run &= logits[:, idx].argmax(-1) == view.argmax[:, idx + s + 1]
+            accepted += run
+    return {"agreement": [h / max(1, c) for h, c in zip(hits, counts)],
+            "greedy_accept_length": float(accepted.mean()),
+            "greedy_eval": {"prompts": seqs.shape[0], "prompt_tokens": P, "new_tokens": recipe.gen_tokens}}
+
+
+def _corpus_tokens(corpus: str | Path, target: Target, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    eos = target.eos_token_ids[0] if target.eos_token_ids else 0
+    tok = target.tokenizer
+    train = data.encode_documents(tok, data.read_corpus(corpus), eos)
+    if str(corpus) == "stdlib":
+        return train, data.encode_documents(tok, [t for _, t in data.heldout_named_documents()], eos)
+    return data.split_tail(train, 0.05, seq_len + 1)
+
+
+def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
+                recipe: DraftRecipe | None = None, device: str | None = "auto", resume: bool = False,
+                progress: bool = True, max_seconds: float | None = None,
+                save_dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Train draft layers for the target in ``target_dir`` on ``corpus``; write them to ``out_dir``.
+
+    ``out_dir`` receives the draft checkpoint (config.json + model.safetensors, what
+    ``load_draft`` reads), ``eval.json`` (per-layer agreement) and ``train_state.pt`` (for
+    ``resume``; an existing one is never overwritten without ``resume``).
+    """
+    recipe = recipe or DraftRecipe()
+    dev = resolve_device(device)
+    out = Path(out_dir)
+    if not resume and (out / CHECKPOINT_NAME).exists():
+        raise ValueError(f"{out} already holds a training checkpoint; pass --resume to continue it "
+                         "or choose another --out")
+    target = load_target(target_dir, dev)
+    state = load_checkpoint(out) if resume else None
+    if state is not None:
+        if state.get("kind") != "draft":
+            raise ValueError(f"{out / CHECKPOINT_NAME} is not a draft checkpoint")
+        for name in ("method", "layers", "intermediate_size"):
+            if state["recipe"][name] != getattr(recipe, name):
+                raise ValueError(f"cannot resume: the checkpoint has {name}={state['recipe'][name]!r}, "
+                                 f"this run {getattr(recipe, name)!r}")
+        if state["target_hash"] != target.model_hash:
+            raise ValueError(f"cannot resume: {out} was trained against a different target")
+    seed_everything(recipe.seed)
+    out.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.perf_counter()
+    train_tokens, eval_tokens = _corpus_tokens(corpus, target, recipe.seq_len)
+    print(f"corpus: {len(train_tokens):,} training tokens, {len(eval_tokens):,} held-out tokens")
+
+    cfg = target.config
+    if recipe.intermediate_size:
+        cfg = dataclasses.replace(cfg, intermediate_size=recipe.intermediate_size)
+    draft = DraftModel(cfg, recipe.layers, recipe.method, rope=target.model.rope)
+    init_weights(draft, 1)
+    draft.to(dev).train()
+    opt = make_optimizer(draft.parameters(), recipe.lr, recipe.weight_decay, fused=dev.type == "cuda")
+    gen = torch.Generator().manual_seed(recipe.seed)
+    start = 0
+    if state is not None:
+        draft.load_state_dict(state["draft"])
+        opt.load_state_dict(state["optimizer"])
+        gen.set_state(state["generator"])
+        start = state["step"]
+        print(f"resuming from step {start}")
+
+    def step_fn(step: int):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, recipe.steps, recipe.lr, recipe.warmup)
+        batch = data.random_windows(train_tokens, recipe.batch_size, recipe.seq_len, gen)
+        batch = batch.to(dev, non_blocking=True)
+        with autocast(dev):
+            loss = draft_loss(draft, target, target_view(target, batch), recipe)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach(), batch.numel()
+
+    def save_fn(step: int) -> None:
+        atomic_save({"kind": "draft", "step": step, "draft": draft.state_dict(),
+                     "optimizer": opt.state_dict(), "generator": gen.get_state(), "recipe": asdict(recipe),
+                     "target_hash": target.model_hash}, out / CHECKPOINT_NAME)
+
+    run = train_loop(step_fn, save_fn, start=start, steps=recipe.steps,
+                     checkpoint_every=recipe.checkpoint_every,
+                     batch_size=recipe.batch_size, out_dir=out, desc=recipe.method, progress=progress,
+                     max_seconds=max_seconds)
+    draft.eval()
+    result = evaluate_draft(draft, target, eval_tokens, recipe, dev)
+    export = DraftModel(cfg, recipe.layers, recipe.method)
+    export.load_state_dict(draft.state_dict())
+    save_draft(export.to(save_dtype), out)
+    result |= {
+        "method": recipe.method, "layers": recipe.layers,
+        "heldout_source": "held-out stdlib modules" if str(corpus) == "stdlib" else "last 5% of the corpus",
+        "params": sum(p.numel() for p in draft.parameters()),
+        "weight_bytes": sum(p.numel() * p.element_size() for p in export.parameters()),
+        "train_tokens": len(train_tokens), "device": str(dev), "resumed_from": start, **run,
+        "recipe": asdict(recipe), "seconds": time.perf_counter() - t0,
+    }
+    (out / "eval.json").write_text(json.dumps(result, indent=2))
+    agree = ", ".join(f"{a:.3f}" for a in result["agreement"])
+    print(f"{recipe.method}: per-step top-1 agreement [{agree}], greedy chain accept length "
+          f"{result['greedy_accept_length']:.2f}; saved to {out}")
+    return result
