@@ -28,6 +28,9 @@ TokenText = Callable[[Sequence[int]], list[str]]
 COLORS = {"accepted": "#2ca02c", "rejected": "#d62728", "not visited": "#b8b8b8", "bonus": "#1f77b4"}
 STATUS_NAMES = {NOT_VISITED: "not visited", ACCEPTED: "accepted", REJECTED: "rejected"}
 HIGHLIGHT = "#ff7f0e"
+# plotly.js defaults, no template: plotly deep-copies its default template into every
+# figure, which makes a FigureWidget ~20x slower to build and every restyle slower.
+TEMPLATE = "none"
 # Mask cell codes and their colours: hidden, visible, cached prefix, visible in the selected row.
 MASK_HIDDEN, MASK_VISIBLE, MASK_PREFIX, MASK_SELECTED = 0, 1, 2, 3
 MASK_COLORS = ["#ffffff", "#9ecae1", "#d9d9d9", HIGHLIGHT]
@@ -65,16 +68,18 @@ def node_hover(view: Any, token_text: TokenText | None = None) -> list[str]:
     return out
 
 
-def _edges(parents: np.ndarray, x: np.ndarray, y: np.ndarray, nodes: Sequence[int]) -> tuple[list, list]:
-    """Line segments parent -> node for the given nodes, None-separated for one scatter trace."""
-    ex: list = []
-    ey: list = []
-    for i in nodes:
-        p = parents[i]
-        if p >= 0 and not np.isnan(x[i]):
-            ex += [x[p], x[i], None]
-            ey += [y[p], y[i], None]
-    return ex, ey
+def _edges(parents: np.ndarray, x: np.ndarray, y: np.ndarray, nodes: Sequence[int]
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Line segments parent -> node for the given (drawn) nodes, NaN-separated for one scatter trace."""
+    nodes = np.asarray(nodes, dtype=np.int64)
+    nodes = nodes[parents[nodes] >= 0]
+    out = []
+    for coord in (x, y):
+        seg = np.full((len(nodes), 3), np.nan)
+        seg[:, 0] = coord[parents[nodes]]
+        seg[:, 1] = coord[nodes]
+        out.append(seg.ravel())
+    return out[0], out[1]
 
 
 def tree_traces(view: Any, highlight: int | None = None, token_text: TokenText | None = None,
@@ -91,8 +96,10 @@ def tree_traces(view: Any, highlight: int | None = None, token_text: TokenText |
     valid = np.asarray(view.valid, dtype=bool)
     x, y = layout if layout is not None else layout_tree(parents, view.scores, valid)
     shown = np.nonzero(~np.isnan(x))[0]
-    hover = node_hover(view, token_text)
-    labels = [t if len(t) <= 8 else t[:7] + "…" for t in view.token_texts]
+    # Numpy arrays throughout: plotly validates and sends them as typed buffers, far
+    # faster than nested lists (this is what keeps a widget step under 100 ms).
+    hover = np.array(node_hover(view, token_text), dtype=str)
+    labels = np.array([t if len(t) <= 8 else t[:7] + "…" for t in view.token_texts], dtype=str)
 
     traces: list[dict] = []
     ex, ey = _edges(parents, x, y, shown)
@@ -106,13 +113,14 @@ def tree_traces(view: Any, highlight: int | None = None, token_text: TokenText |
         idx = shown[status[shown] == code]
         name = STATUS_NAMES[code]
         traces.append(dict(
-            type="scatter", name=name, x=x[idx].tolist(), y=y[idx].tolist(), mode="markers+text",
-            customdata=idx.tolist(), hovertext=[hover[i] for i in idx], hoverinfo="text",
-            text=[labels[i] for i in idx], textposition="middle right",
+            type="scatter", name=name, x=x[idx], y=y[idx], mode="markers+text",
+            customdata=idx, hovertext=hover[idx], hoverinfo="text",
+            text=labels[idx], textposition="middle right",
             marker=dict(color=COLORS[name], size=14, line=dict(color="#333333", width=1))))
     traces.append(_bonus_trace(view, x, y, token_text))
-    traces.append(dict(type="scatter", name="selected", x=x[path].tolist(), y=y[path].tolist(),
-                       mode="markers", customdata=list(path), hoverinfo="skip", showlegend=False,
+    path = np.asarray(path, dtype=np.int64)
+    traces.append(dict(type="scatter", name="selected", x=x[path], y=y[path],
+                       mode="markers", customdata=path, hoverinfo="skip", showlegend=False,
                        marker=dict(color="rgba(0,0,0,0)", size=22, line=dict(color=HIGHLIGHT, width=3))))
     return traces
 
@@ -142,14 +150,16 @@ def tree_figure(view: Any, highlight: int | None = None, token_text: TokenText |
     """The draft tree of one iteration: tidy layout, nodes coloured by decision, hover details."""
     fig = go.Figure([go.Scatter(t) for t in tree_traces(view, highlight, token_text)])
     fig.update_layout(
-        title=title or _iteration_title(view), height=420, margin=dict(l=20, r=20, t=50, b=20),
-        plot_bgcolor="white", legend=dict(orientation="h", y=-0.02),
+        title=title or iteration_title(view), height=420, margin=dict(l=20, r=20, t=50, b=20),
+        plot_bgcolor="white", template=TEMPLATE, legend=dict(orientation="h", y=-0.02),
         xaxis=dict(visible=False), yaxis=dict(title="depth", zeroline=False, showgrid=False, dtick=1))
     return fig
 
 
-def _iteration_title(view: Any) -> str:
-    parts = [f"{view.method}", f"seq_len {int(view.seq_len)}", f"accept length {int(view.accept_length)}"]
+def iteration_title(view: Any) -> str:
+    """One line about an iteration: method, seq_len, accept length, n-gram match."""
+    parts = [f"iteration {int(view.iteration)}", f"request {int(view.request_id)}", f"{view.method}",
+             f"seq_len {int(view.seq_len)}", f"accept length {int(view.accept_length)}"]
     if int(getattr(view, "ngram_match_len", -1)) >= 0:
         parts.append(f"match {int(view.ngram_match_len)}, breadth {int(view.ngram_breadth)}")
     return " · ".join(parts)
@@ -181,13 +191,14 @@ def mask_traces(view: Any, selected: int | None = None, prefix: int = 0) -> list
     rows = [f"{i} {_quote(t)}" for i, t in enumerate(view.token_texts)]
     keys = [f"pos {int(view.seq_len) - p + j}" for j in range(p)] + rows
     seen = {MASK_HIDDEN: "hidden", MASK_VISIBLE: "sees", MASK_PREFIX: "sees", MASK_SELECTED: "sees"}
-    hover = [[f"{r} {seen[c]} {k}" for c, k in zip(zr, keys)] for r, zr in zip(rows, z.tolist())]
+    hover = np.array([[f"{r} {seen[c]} {k}" for c, k in zip(zr, keys)] for r, zr in zip(rows, z.tolist())],
+                     dtype=str)
     # Discrete colours: each code owns an equal band of the colour axis.
     bands = len(MASK_COLORS)
     scale = []
     for code, color in enumerate(MASK_COLORS):
         scale += [[code / bands, color], [(code + 1) / bands, color]]
-    return [dict(type="heatmap", name="mask", z=z.tolist(), zmin=-0.5, zmax=bands - 0.5,
+    return [dict(type="heatmap", name="mask", z=z, zmin=-0.5, zmax=bands - 0.5,
                  colorscale=scale, showscale=False, xgap=1, ygap=1,
                  hovertext=hover, hoverinfo="text")]
 
@@ -200,16 +211,25 @@ def mask_figure(view: Any, selected: int | None = None, prefix: int = 0, title: 
     columns (always visible, at most seq_len) before the tree columns.
     """
     traces = mask_traces(view, selected, prefix)
-    n = len(view.tokens)
-    p = len(traces[0]["z"][0]) - n
     fig = go.Figure([go.Heatmap(t) for t in traces])
-    ticks = [f"{i} {t}" for i, t in enumerate(view.token_texts)]
-    fig.update_layout(
-        title=title or f"tree mask ({n} nodes{f', {p} prefix columns' if p else ''})",
-        height=max(300, 14 * n + 120), margin=dict(l=20, r=20, t=90, b=20), plot_bgcolor="white",
-        yaxis=dict(autorange="reversed", tickvals=list(range(n)), ticktext=ticks, title="query node"),
-        xaxis=dict(tickvals=list(range(p, p + n)), ticktext=ticks, tickangle=-60, side="top"))
+    fig.update_layout(margin=dict(l=20, r=20, t=90, b=20), plot_bgcolor="white", template=TEMPLATE,
+                      yaxis=dict(autorange="reversed", title="query node"),
+                      xaxis=dict(tickangle=-60, side="top"))
+    fig.update_layout(mask_layout(view, traces[0]["z"].shape[1] - len(view.tokens)))
+    if title:
+        fig.update_layout(title_text=title)
     return fig
+
+
+def mask_layout(view: Any, prefix: int = 0) -> dict:
+    """The parts of the mask figure's layout that change per iteration: title, height, tick labels."""
+    n = len(view.tokens)
+    ticks = [f"{i} {t}" for i, t in enumerate(view.token_texts)]
+    extra = f", {prefix} prefix columns" if prefix else ""
+    title = f"tree mask · iteration {int(view.iteration)} · request {int(view.request_id)} · {n} nodes{extra}"
+    return {"title_text": title, "height": max(300, 14 * n + 120),
+            "yaxis_tickvals": list(range(n)), "yaxis_ticktext": ticks,
+            "xaxis_tickvals": list(range(prefix, prefix + n)), "xaxis_ticktext": ticks}
 
 
 def request_columns(steps: pa.Table, request: int) -> dict[str, Any]:
@@ -302,7 +322,7 @@ def acceptance_figure_from_columns(cols: dict[str, Any], request: int, current: 
     acc = cols["accept_length"]
     mean = f"mean accept length {acc.mean():.2f} over {len(acc)} iterations" if len(acc) else "no iterations"
     fig.update_layout(title=f"request {request} · {method} · {mean}", height=520, showlegend=False,
-                      margin=dict(l=40, r=20, t=70, b=40), plot_bgcolor="white")
+                      margin=dict(l=40, r=20, t=70, b=40), plot_bgcolor="white", template=TEMPLATE)
     fig.update_yaxes(title_text="accepted", row=1, col=1)
     fig.update_yaxes(tickformat=".0%", range=[0, 1], row=2, col=1)
     fig.update_xaxes(title_text="iteration", row=1, col=1)
