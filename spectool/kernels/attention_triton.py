@@ -39,7 +39,8 @@ def _attn_split_kernel(
     sm_b, sm_q, sm_k,
     T, NUM_KV_HEADS, sm_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -78,7 +79,7 @@ def _attn_split_kernel(
         n_ok = offs_n < hi
         k = tl.load(k_base + offs_n[None, :] * sk_n + offs_d[:, None] * sk_d,
                     mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-        s = tl.dot(q, k) * sm_scale_log2  # [BLOCK_M, BLOCK_N], in log2 units
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * sm_scale_log2  # [BLOCK_M, BLOCK_N], log2 units
 
         # Visibility: the prefix always; new token k by the tree mask (or causally).
         new_k = offs_n - start
@@ -101,7 +102,7 @@ def _attn_split_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + offs_n[:, None] * sv_n + offs_d[None, :] * sv_d,
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     # Partial result normalised within the split, plus its log2-sum-exp for the merge.
@@ -212,6 +213,7 @@ def cached_attention_triton(
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides,
         T, Hkv, sm_scale_log2,
         GROUP=group, HEAD_DIM=D, NUM_SPLITS=num_splits, HAS_MASK=tree_mask is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 models stay exact
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4, num_stages=2,
     )
     _attn_merge_kernel[(B * Hq * T,)](

@@ -5,6 +5,9 @@ here without touching model code. Shapes follow the model: activations are
 [B, T, ...]; q/k/v are [B, T, heads, head_dim]; one layer's cache is
 [max_batch, kv_heads, max_seq_len, head_dim]. Nothing here syncs with the host
 unless the caller passes a host ``kv_len``, so every op is CUDA-graph safe.
+
+On CUDA tensors each op dispatches to its fused Triton kernel (kernels/fused.py,
+kernels/attention_triton.py; imported on first use so CPU runs never load Triton).
 """
 
 from __future__ import annotations
@@ -12,15 +15,28 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# Tree verify holds at most this many new tokens per row; longer (prefill) uses the torch path.
+TRITON_ATTENTION_MAX_T = 64
+
+
+def _triton(x: torch.Tensor) -> bool:
+    return x.is_cuda and x.stride(-1) == 1
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension, scaled by ``weight``."""
+    if _triton(x):
+        from spectool.kernels.fused import add_rms_norm_triton
+        return add_rms_norm_triton(x, None, weight, eps)[0]
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``s = x + residual``; returns ``(rms_norm(s), s)`` (the fusion point of the residual add)."""
+    if _triton(x) and residual.stride(-1) == 1:
+        from spectool.kernels.fused import add_rms_norm_triton
+        return add_rms_norm_triton(x, residual, weight, eps)
     s = x + residual
     return rms_norm(s, weight, eps), s
 
@@ -28,6 +44,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
          sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [B,T,Hq,D] and k [B,T,Hkv,D] by cos/sin [B,T,D/2] (half-split layout, as Llama)."""
+    if _triton(q) and k.stride(-1) == 1:
+        from spectool.kernels.fused import rope_triton
+        return rope_triton(q, k, cos, sin)
     cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
@@ -39,6 +58,9 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU activation: ``silu(gate) * up`` where gate_up = [gate | up] on the last dimension."""
+    if _triton(gate_up):
+        from spectool.kernels.fused import silu_mul_triton
+        return silu_mul_triton(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -51,6 +73,18 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     # Advanced indices around a slice put their dims first: the target view is [B, T, Hkv, D].
     k_cache[slots[:, None], :, index] = k
     v_cache[slots[:, None], :, index] = v
+
+
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                  starts: torch.Tensor) -> torch.Tensor:
+    """``rope`` then ``write_kv`` of the rotated k and v; returns the rotated q (one launch on CUDA)."""
+    if _triton(q) and k.stride(-1) == 1 and v.stride(-1) == 1:
+        from spectool.kernels.fused import rope_write_kv_triton
+        return rope_write_kv_triton(q, k, v, cos, sin, k_cache, v_cache, slots, starts)
+    q, k = rope(q, k, cos, sin)
+    write_kv(k_cache, v_cache, k, v, slots, starts)
+    return q
 
 
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -73,6 +107,9 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         [B, T, Hq, D] in q's dtype.
     """
     B, T, Hq, D = q.shape
+    if q.is_cuda and T <= TRITON_ATTENTION_MAX_T:  # reads starts on device, only the live blocks
+        from spectool.kernels.attention_triton import cached_attention_triton
+        return cached_attention_triton(q, k_cache, v_cache, slots, starts, tree_mask)
     L = k_cache.shape[2] if kv_len is None else kv_len
     k = k_cache[slots, :, :L]  # [B, Hkv, L, D]
     v = v_cache[slots, :, :L]
