@@ -109,31 +109,42 @@ class Progress:
 
 def train_loop(step_fn, save_fn, *, start: int, steps: int, checkpoint_every: int, batch_size: int,
                out_dir: str | Path, desc: str, progress: bool = True, max_seconds: float | None = None,
-               log_every: int = 10) -> dict:
-    """Run ``step_fn(step) -> (loss tensor, tokens)`` from ``start`` to ``steps``, checkpointing.
+               log_every: int = 10, calibrate_steps: int = 10) -> dict:
+    """Run ``step_fn(step, total) -> (loss tensor, tokens)`` from ``start`` to ``total``, checkpointing.
 
-    ``save_fn(step)`` writes the checkpoint after every ``checkpoint_every`` steps and at the end.
-    The loss is read back from the device only every ``log_every`` steps (a read is a sync).
-    ``max_seconds`` stops early (a time budget); CUDA OOM and Ctrl-C end the run with a message,
-    leaving the last checkpoint as it was.
+    ``total`` is ``steps``, or fewer under a time budget: with ``max_seconds``, the speed of the
+    first ``calibrate_steps`` steps fixes how many fit, so the learning-rate schedule (which
+    reads ``total``) still ends properly; a hard stop at ``max_seconds`` backs this up.
+    ``save_fn(step)`` writes the checkpoint every ``checkpoint_every`` steps and at the end.
+    The loss is read back only every ``log_every`` steps (a read is a device sync).
+    CUDA OOM and Ctrl-C end the run with a message, leaving the last checkpoint as it was.
 
-    Returns ``{"steps", "tokens_per_s", "loss_history": [[step, loss], ...], "stopped_early"}``.
+    Returns ``{"steps", "planned_steps", "tokens_per_s", "loss_history", "stopped_early"}``.
     """
     bar = Progress(steps, start, desc, progress)
     history: list[list[float]] = []
-    step, loss_value, stopped_early = start, float("nan"), False
+    step, total, loss_value, stopped_early = start, steps, float("nan"), False
+    t_first = None
     try:
-        while step < steps:
+        while step < total:
             if max_seconds is not None and time.perf_counter() - bar.t0 > max_seconds:
                 stopped_early = True
                 break
-            loss, tokens = step_fn(step)
+            loss, tokens = step_fn(step, total)
             step += 1
-            if step % log_every == 0 or step == steps:
+            if step == start + 1:
+                t_first = time.perf_counter()  # the first step pays for warm-up; time from here
+            if max_seconds is not None and step == start + 1 + calibrate_steps:
+                float(loss)  # sync so the clock sees the finished work
+                per_step = (time.perf_counter() - t_first) / calibrate_steps
+                left = max_seconds - (time.perf_counter() - bar.t0)
+                total = min(steps, step + max(0, int(left / per_step)))
+                bar.bar.total = total
+            if step % log_every == 0 or step == total:
                 loss_value = float(loss)
                 history.append([step, loss_value])
             bar.update(tokens, loss=loss_value)
-            if step % checkpoint_every == 0 or step == steps:
+            if step % checkpoint_every == 0 or step == total:
                 save_fn(step)
     except torch.cuda.OutOfMemoryError:
         raise oom_exit(batch_size, out_dir) from None
@@ -144,6 +155,6 @@ def train_loop(step_fn, save_fn, *, start: int, steps: int, checkpoint_every: in
         bar.close()
     if stopped_early:
         save_fn(step)
-        print(f"{desc}: time budget of {max_seconds:.0f}s reached at step {step} of {steps}")
-    return {"steps": step, "tokens_per_s": bar.tokens_per_second(), "loss_history": history,
-            "stopped_early": stopped_early}
+        print(f"{desc}: time budget of {max_seconds:.0f}s reached at step {step} of {total}")
+    return {"steps": step, "planned_steps": steps, "tokens_per_s": bar.tokens_per_second(),
+            "loss_history": history, "stopped_early": stopped_early}

@@ -185,9 +185,9 @@ def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe |
         start = state["step"]
         print(f"resuming from step {start}")
 
-    def step_fn(step: int):
+    def step_fn(step: int, total: int):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, recipe.steps, recipe.lr, recipe.warmup)
+            group["lr"] = lr_at(step, total, recipe.lr, recipe.warmup)
         batch = data.random_windows(train_tokens, recipe.batch_size, recipe.seq_len + 1, gen)
         with autocast(dev):
             loss = lm_loss(model, batch.to(dev, non_blocking=True))

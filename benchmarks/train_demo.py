@@ -1,0 +1,158 @@
+"""Train the bundled demo model: target + EAGLE layer + K=4 multi-layer EAGLE, prompts and metrics.
+
+    python benchmarks/train_demo.py --out /tmp/demo            # the real recipe, one GPU, <= 6 minutes
+    python benchmarks/train_demo.py --out /tmp/demo --tiny     # the same pipeline on CPU in seconds
+
+Writes OUT/target/ (Hugging Face Llama: config.json, model.safetensors, tokenizer.json),
+OUT/eagle/, OUT/multi_layer_eagle/ (draft checkpoints), OUT/prompts.jsonl (held-out completion
+and editing prompts) and OUT/metrics.json (held-out loss, per-layer agreement, sizes, timings).
+Weights are stored bf16 and total at most 16 MB. Every phase runs under a time budget: its step
+count is fitted to the budget after the first steps (printed, and recorded in metrics.json).
+With --steps-* given explicitly and --budget-s 0, a run is repeatable step for step.
+If $OUT is set, metrics.json is also copied there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from spectool.train import data
+from spectool.train.draft import DraftRecipe, train_draft
+from spectool.train.loop import CHECKPOINT_NAME
+from spectool.train.target import TargetRecipe, train_target
+
+MAX_WEIGHT_BYTES = 16_000_000
+
+# Share of the time budget per phase (the rest covers start-up, tokenizing, evaluation, prompts).
+SHARES = {"target": 0.44, "eagle": 0.19, "multi_layer_eagle": 0.23}
+
+
+def recipes(tiny: bool, seed: int) -> tuple[TargetRecipe, DraftRecipe, DraftRecipe]:
+    """The demo's target and draft recipes (``tiny``: a CPU smoke-test of the same pipeline)."""
+    if tiny:
+        target = TargetRecipe(vocab_size=320, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                              intermediate_size=128, steps=30, batch_size=8, seq_len=64, lr=3e-3, warmup=5,
+                              checkpoint_every=10, eval_windows=4, seed=seed)
+        small = {"steps": 10, "batch_size": 4, "seq_len": 64, "checkpoint_every": 5, "eval_windows": 2,
+                 "gen_prompts": 2, "gen_tokens": 16, "intermediate_size": 96, "seed": seed}
+        return (target, DraftRecipe(method="eagle", layers=1, **small),
+                DraftRecipe(method="multi_layer_eagle", layers=4, **small))
+    # vocab 4096, hidden 256, 5 layers, GQA 4 query / 2 kv heads of 64: 4.5M parameters (9 MB bf16).
+    target = TargetRecipe(vocab_size=4096, hidden_size=256, num_layers=5, num_heads=4, num_kv_heads=2,
+                          intermediate_size=640, max_position_embeddings=2048, steps=4000, batch_size=96,
+                          seq_len=512, lr=3e-3, warmup=100, weight_decay=0.1, checkpoint_every=500,
+                          eval_windows=128, seed=seed, tokenizer_docs=2)
+    # Draft blocks use a narrower MLP (384) so 5 layers fit in the remaining 7 MB.
+    common = {"batch_size": 64, "seq_len": 512, "lr": 2e-3, "warmup": 50, "checkpoint_every": 500,
+              "eval_windows": 64, "gen_prompts": 32, "gen_tokens": 160, "intermediate_size": 384,
+              "seed": seed}
+    return (target, DraftRecipe(method="eagle", layers=1, steps=3000, unroll=3, **common),
+            DraftRecipe(method="multi_layer_eagle", layers=4, steps=3000, **common))
+
+
+def tiny_corpus(path: Path, files: int = 12) -> Path:
+    """A small slice of the stdlib training split, for the --tiny smoke run."""
+    docs = [p.read_text(encoding="utf-8", errors="replace") for p in data.stdlib_files()[:files]]
+    path.write_text("\n\n".join(docs))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, type=Path, help="output directory (replaced if it exists)")
+    p.add_argument("--tiny", action="store_true",
+                   help="tiny shapes and corpus: the pipeline on CPU in seconds")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget-s", type=float, default=330.0,
+                   help="wall-clock budget for all training (0 = run the full step counts)")
+    p.add_argument("--steps-target", type=int, default=None)
+    p.add_argument("--steps-draft", type=int, default=None)
+    p.add_argument("--completion-prompts", type=int, default=32)
+    p.add_argument("--editing-prompts", type=int, default=16)
+    a = p.parse_args(argv)
+
+    t0 = time.perf_counter()
+    torch.manual_seed(a.seed)
+    out: Path = a.out
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    target_r, eagle_r, mle_r = recipes(a.tiny, a.seed)
+    if a.steps_target:
+        target_r.steps = a.steps_target
+    if a.steps_draft:
+        eagle_r.steps = mle_r.steps = a.steps_draft
+    corpus = tiny_corpus(out / "tiny_corpus.txt") if a.tiny else "stdlib"
+    budget = a.budget_s if a.budget_s > 0 and not a.tiny else None
+    progress = sys.stderr.isatty()
+
+    def phase_budget(name: str) -> float | None:
+        return None if budget is None else SHARES[name] * budget
+
+    print(f"[{time.perf_counter() - t0:6.1f}s] training the target", flush=True)
+    target = train_target(corpus, out / "target", target_r, device=a.device, progress=progress,
+                          max_seconds=phase_budget("target"))
+    drafts = {}
+    for recipe in (eagle_r, mle_r):
+        print(f"[{time.perf_counter() - t0:6.1f}s] training {recipe.method}", flush=True)
+        drafts[recipe.method] = train_draft(out / "target", corpus, out / recipe.method, recipe,
+                                            device=a.device, progress=progress,
+                                            max_seconds=phase_budget(recipe.method))
+
+    named = data.heldout_named_documents()
+    prompts = (data.completion_prompts(named, a.completion_prompts, seed=a.seed)
+               + data.editing_prompts(named, a.editing_prompts, seed=a.seed))
+    data.write_prompts_jsonl(out / "prompts.jsonl", prompts)
+
+    # The bundle holds weights, tokenizer and eval.json; training state stays out of it.
+    for sub in ("target", "eagle", "multi_layer_eagle"):
+        (out / sub / CHECKPOINT_NAME).unlink(missing_ok=True)
+    (out / "tiny_corpus.txt").unlink(missing_ok=True)
+    weight_bytes = sum(f.stat().st_size for f in out.rglob("*.safetensors"))
+
+    metrics = {
+        "target": {k: target[k] for k in ("heldout_loss", "heldout_source", "params", "steps",
+                                          "planned_steps", "tokens_per_s", "train_tokens", "seconds")},
+        **{m: {k: r[k] for k in ("agreement", "greedy_accept_length", "greedy_eval", "params", "steps",
+                                 "planned_steps", "tokens_per_s", "seconds")} for m, r in drafts.items()},
+        "held_out_modules": list(data.HELD_OUT_MODULES),
+        "prompts": {"completion": a.completion_prompts, "editing": a.editing_prompts},
+        "weight_bytes": weight_bytes,
+        "device": target["device"],
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "seed": a.seed,
+        "tiny": a.tiny,
+        "seconds": time.perf_counter() - t0,
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        shutil.copy(out / "metrics.json", Path(os.environ["OUT"]) / "train_demo_metrics.json")
+
+    print(f"\n{'part':<20}{'steps':>8}{'tok/s':>12}  result")
+    print(f"{'target':<20}{target['steps']:>8}{target['tokens_per_s']:>12,.0f}  "
+          f"held-out loss {target['heldout_loss']:.3f}")
+    for m, r in drafts.items():
+        agree = " ".join(f"{x:.2f}" for x in r["agreement"])
+        print(f"{m:<20}{r['steps']:>8}{r['tokens_per_s']:>12,.0f}  agreement [{agree}], "
+              f"greedy chain accept {r['greedy_accept_length']:.2f}")
+    print(f"weights {weight_bytes / 1e6:.2f} MB (limit {MAX_WEIGHT_BYTES / 1e6:.0f} MB); "
+          f"total {metrics['seconds']:.0f}s; written to {out}")
+    if weight_bytes > MAX_WEIGHT_BYTES:
+        print("ERROR: the demo weights exceed the 16 MB limit", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
