@@ -48,8 +48,8 @@ def _fields(batch: int, n: int, device: str, gen: torch.Generator) -> dict:
         "retrieve_next_sibling": ids(batch, n), "target_argmax": ids(batch, n),
         "target_argmax_prob": torch.rand(batch, n), "target_topk_tokens": ids(batch, n, 5),
         "target_topk_probs": torch.rand(batch, n, 5), "step_topk_tokens": ids(batch, 5, 4),
-        "step_topk_probs": torch.rand(batch, 5, 4), "status": torch.randint(0, 3, (batch, n), dtype=torch.int8),
-        "bonus_token": ids(batch),
+        "step_topk_probs": torch.rand(batch, 5, 4), "bonus_token": ids(batch),
+        "status": torch.randint(0, 3, (batch, n), dtype=torch.int8),
         "accept_path": torch.cat([torch.zeros(batch, 1, dtype=torch.long), torch.full((batch, 4), -1)], 1),
     }
     return {k: v.to(device) for k, v in f.items()}
