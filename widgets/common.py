@@ -61,7 +61,7 @@ def restyle(fig: go.FigureWidget, traces: list[dict]) -> None:
 
 def figure_copy(fig: go.FigureWidget) -> go.Figure:
     """A plain plotly Figure with the widget's current data and layout."""
-    return go.Figure(fig.to_dict())
+    return go.Figure(fig)
 
 
 def message_box() -> widgets.HTML:
