@@ -1,0 +1,240 @@
+"""Plain (draft-free) greedy decode speed against the memory-bandwidth floor.
+
+    python benchmarks/decode.py            # 1B and 8B shapes, batch 1 and 8, 512 + 256 tokens
+    python benchmarks/decode.py --quick    # ~1 minute: fewer tokens, transformers 16 tokens
+    python benchmarks/decode.py --shapes tiny --device cpu --quick   # smoke test without a GPU
+
+Random bf16 weights built from a config (no download). For each shape and batch:
+tokens/s of spectool eager, spectool with CUDA graphs (GraphRunner over one decode
+step: forward + final norm + lm_head + argmax), transformers ``generate`` (default and
+static cache; "n/a" if transformers is missing), the floor = copy bandwidth / bytes of
+weights read per step (batch x that for tokens/s), and peak GPU memory. Prints a table;
+writes JSON to $OUT/decode.json when $OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+
+import torch
+
+from spectool.graphs import GraphRunner
+from spectool.kernels.fused import argmax_reference, argmax_triton
+from spectool.model.config import ModelConfig
+from spectool.model.kv_cache import KVCache
+from spectool.model.llama import Transformer
+
+SHAPES = {
+    "1B": dict(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192,
+               vocab_size=128256, tie_word_embeddings=True),
+    "8B": dict(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, intermediate_size=14336,
+               vocab_size=128256, tie_word_embeddings=False),
+    "tiny": dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256,
+                 vocab_size=1000, tie_word_embeddings=True),
+}
+
+
+def model_config(shape: str, max_pos: int) -> ModelConfig:
+    s = SHAPES[shape]
+    return ModelConfig(head_dim=s["hidden_size"] // s["num_heads"], rope_theta=500000.0, rms_norm_eps=1e-5,
+                       max_position_embeddings=max_pos, **s)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write counted), best of a few."""
+    if device.type != "cuda":
+        nbytes = 64 << 20
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(5):
+        sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best
+
+
+def weight_bytes_per_step(model: Transformer) -> int:
+    """Bytes of weights a decode step reads: every parameter once, but not the embedding table
+    unless it doubles as the lm_head (a step reads only B rows of it)."""
+    seen, total = set(), 0
+    for name, p in model.named_parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        if name == "embed_tokens.weight" and not model.config.tie_word_embeddings:
+            continue
+        total += p.numel() * p.element_size()
+    return total
+
+
+def spectool_decode(model: Transformer, cache: KVCache, prompt: torch.Tensor, new_tokens: int,
+                    graphs: bool) -> tuple[float, torch.Tensor]:
+    """Prefill, then ``new_tokens`` greedy steps; returns (decode seconds, generated tokens)."""
+    B, L = prompt.shape
+    device = prompt.device
+    slots = torch.arange(B, device=device)
+    argmax = argmax_triton if device.type == "cuda" else argmax_reference
+
+    def step(tokens, positions, slots, starts):
+        hidden = model(tokens, positions, cache=cache, slots=slots, starts=starts)
+        return argmax(model.logits(hidden)[:, -1])
+
+    runner = GraphRunner(step, buckets=(1, 2, 4, 8), enabled=graphs)
+    with torch.inference_mode():
+        positions = torch.arange(L, device=device).expand(B, L)
+        zeros = torch.zeros(B, dtype=torch.long, device=device)
+        hidden = model(prompt, positions, cache=cache, slots=slots, starts=zeros, kv_len=L)
+        token = argmax(model.logits(hidden[:, -1:])[:, -1])
+        starts = torch.full((B,), L, dtype=torch.long, device=device)
+        # Capture (or warm up) outside the timed loop, on a copy of the first step's inputs.
+        runner.capture(B, tokens=token[:, None], positions=starts[:, None], slots=slots, starts=starts)
+        out = [token]
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(new_tokens - 1):
+            token = runner(B, tokens=token[:, None], positions=starts[:, None], slots=slots, starts=starts)
+            token = token.clone()  # the graph's output buffer is overwritten by the next replay
+            starts += 1
+            out.append(token)
+        sync(device)
+        elapsed = time.perf_counter() - t0
+    if graphs and device.type == "cuda":
+        assert runner.stats["eager"] == 0, runner.stats
+    return elapsed / max(1, new_tokens - 1) * new_tokens, torch.stack(out, 1)
+
+
+def transformers_decode(shape: str, batch: int, prompt_len: int, new_tokens: int, device: torch.device,
+                        static: bool) -> float | None:
+    """tokens/s of transformers greedy generate on a same-shaped random model, or None if unavailable."""
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        return None
+    s = SHAPES[shape]
+    cfg = LlamaConfig(hidden_size=s["hidden_size"], num_hidden_layers=s["num_layers"],
+                      num_attention_heads=s["num_heads"], num_key_value_heads=s["num_kv_heads"],
+                      intermediate_size=s["intermediate_size"], vocab_size=s["vocab_size"],
+                      tie_word_embeddings=s["tie_word_embeddings"], rope_theta=500000.0,
+                      max_position_embeddings=prompt_len + new_tokens + 16)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    prompt = torch.randint(0, s["vocab_size"], (batch, prompt_len), device=device)
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    if static:
+        kwargs["cache_implementation"] = "static"
+    try:
+        with torch.inference_mode():
+            model.generate(prompt, **{**kwargs, "max_new_tokens": 2, "min_new_tokens": 2})  # warm-up
+            sync(device)
+            t0 = time.perf_counter()
+            model.generate(prompt, **kwargs)
+            sync(device)
+            return batch * new_tokens / (time.perf_counter() - t0)
+    except Exception as e:  # a transformers version without a feature: report, don't abort the run
+        print(f"transformers ({'static' if static else 'default'} cache) failed: {e!r}")
+        return None
+    finally:
+        del model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, hf_tokens: int,
+              device: torch.device, bandwidth: float, with_hf: bool) -> list[dict]:
+    torch.manual_seed(0)
+    cfg = model_config(shape, prompt_len + new_tokens + 64)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with torch.device(device):
+        model = Transformer(cfg).to(dtype).eval()
+    wbytes = weight_bytes_per_step(model)
+    rows = []
+    for batch in batches:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        cache = KVCache.for_model(cfg, batch, prompt_len + new_tokens + 64, dtype, device)
+        prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), device=device)
+        eager_s, eager_tokens = spectool_decode(model, cache, prompt, new_tokens, graphs=False)
+        graph_s, graph_tokens = spectool_decode(model, cache, prompt, new_tokens,
+                                                graphs=device.type == "cuda")
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+        del cache
+        row = {
+            "shape": shape, "batch": batch, "prompt": prompt_len, "new_tokens": new_tokens,
+            "weight_gb": wbytes / 1e9, "copy_tb_s": bandwidth / 1e12,
+            "floor_tok_s": batch * bandwidth / wbytes,
+            "spectool_eager_tok_s": batch * new_tokens / eager_s,
+            "spectool_graphs_tok_s": batch * new_tokens / graph_s,
+            "eager_graph_same_tokens": bool(torch.equal(eager_tokens, graph_tokens)),
+            "peak_gpu_gb": peak,
+        }
+        row["graphs_pct_floor"] = 100 * row["spectool_graphs_tok_s"] / row["floor_tok_s"]
+        rows.append(row)
+    del model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    for row in rows:  # transformers after spectool's weights are freed
+        for static in (False, True):
+            key = "hf_static_tok_s" if static else "hf_default_tok_s"
+            row[key] = (transformers_decode(shape, row["batch"], prompt_len, hf_tokens, device, static)
+                        if with_hf else None)
+    return rows
+
+
+def fmt(v, spec: str = ".0f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="1B,8B")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--quick", action="store_true", help="64 new tokens, transformers 16")
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers generate")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    new_tokens = 64 if args.quick else args.new_tokens
+    hf_tokens = 16 if args.quick else args.new_tokens
+    bandwidth = copy_bandwidth(device)
+    rows = []
+    for shape in args.shapes.split(","):
+        batches = [int(b) for b in args.batches.split(",")]
+        rows += run_shape(shape, batches, args.prompt, new_tokens, hf_tokens, device, bandwidth,
+                          with_hf=not args.no_hf)
+
+    head = (f"{'shape':>5} {'B':>2} {'floor':>7} {'eager':>7} {'graphs':>7} {'%floor':>6} {'hf':>6} "
+            f"{'hf-stat':>7} {'same':>5} {'peakGB':>6}")
+    print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}; "
+          f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; tokens/s, batch 1 and 8 count all rows")
+    print(head)
+    for r in rows:
+        print(f"{r['shape']:>5} {r['batch']:>2} {r['floor_tok_s']:7.0f} {r['spectool_eager_tok_s']:7.0f} "
+              f"{r['spectool_graphs_tok_s']:7.0f} {r['graphs_pct_floor']:6.1f} "
+              f"{fmt(r['hf_default_tok_s']):>6} {fmt(r['hf_static_tok_s']):>7} "
+              f"{str(r['eager_graph_same_tokens']):>5} {fmt(r['peak_gpu_gb'], '.1f'):>6}")
+    if os.environ.get("OUT"):
+        meta = {"torch": torch.__version__, "device": str(device), "quick": args.quick,
+                "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}
+        with open(os.path.join(os.environ["OUT"], "decode.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
