@@ -22,6 +22,7 @@ struct Tree {
   int32_t* tokens;
   int32_t* parents;
   float* scores;
+  int* fanout;    // children per tree node
   int n;          // budget: N nodes including the root
   int size = 1;
   bool merging = false;  // false during the first pass: every path is new then
@@ -37,12 +38,15 @@ struct Tree {
     tokens[size] = token;
     parents[size] = parent;
     scores[size] = static_cast<float>(score);
+    fanout[size] = 0;
+    ++fanout[parent];
     return size++;
   }
 };
 
 // Breadth-first: the first `breadth` children of every node, in the source's order;
-// score = 1 / (rank among the siblings taken + 1).
+// score = 1 / (rank among the siblings taken + 1). A tree node that already has
+// `breadth` children (from earlier passes) takes no new ones, only reuses.
 template <class Source>
 void bfs_pass(const Source& src, int32_t start, int breadth, Tree& tree, std::vector<Child>& kids,
               std::vector<std::pair<int32_t, int>>& queue) {
@@ -55,6 +59,7 @@ void bfs_pass(const Source& src, int32_t start, int breadth, Tree& tree, std::ve
       int idx = tree.find(at, kids[r].token);
       if (idx < 0) {
         if (tree.full()) return;
+        if (tree.fanout[at] >= breadth) continue;
         idx = tree.add(kids[r].token, at, 1.0 / static_cast<double>(r + 1));
       }
       queue.emplace_back(kids[r].id, idx);
@@ -212,18 +217,18 @@ void NgramCorpus::build_tree(const int32_t* tail, int64_t len, const std::vector
                              const DraftBuffers& out) {
   const int n = config_.num_draft_tokens;
   const bool bfs = config_.match == Match::kBfs;
-  Tree tree{out.tokens + row * n, out.parents + row * n, out.scores + row * n, n};
+  fanout_.assign(static_cast<size_t>(n), 0);
+  Tree tree{out.tokens + row * n, out.parents + row * n, out.scores + row * n, fanout_.data(), n};
   tree.tokens[0] = tail[len - 1];
   tree.parents[0] = -1;
   tree.scores[0] = 1.0f;
   int match_len = 0, breadth = 0;
-  std::vector<Child> kids;
-  std::vector<std::pair<int32_t, int>> queue;
+  std::vector<Child>& kids = kids_;
 
   auto run_pass = [&](const auto& src, int32_t start, int m) {
     int b = breadth_for(m);
     if (bfs)
-      bfs_pass(src, start, b, tree, kids, queue);
+      bfs_pass(src, start, b, tree, kids, bfs_queue_);
     else
       prob_pass(src, start, tree, kids);
     if (match_len == 0) {
@@ -269,8 +274,7 @@ void NgramCorpus::build_tree(const int32_t* tail, int64_t len, const std::vector
   }
 
   if (!bfs) {  // prob: report the widest fan-out in the tree
-    std::vector<int> fanout(static_cast<size_t>(tree.size), 0);
-    for (int i = 1; i < tree.size; ++i) breadth = std::max(breadth, ++fanout[tree.parents[i]]);
+    breadth = *std::max_element(fanout_.begin(), fanout_.begin() + tree.size);
   }
   out.match_len[row] = match_len;
   out.breadth[row] = breadth;

@@ -213,6 +213,9 @@ class NgramCorpus {
   std::unordered_map<int64_t, int64_t> put_state_;  // request -> tokens already put
   std::unordered_map<int64_t, MatchState> match_state_;
   MatchState scratch_state_;
+  std::vector<Child> kids_;  // scratch of build_tree (under mu_)
+  std::vector<std::pair<int32_t, int>> bfs_queue_;
+  std::vector<int> fanout_;
   int64_t puts_ = 0, gets_ = 0;
 
   std::mutex mu_;  // guards everything above
