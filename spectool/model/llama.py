@@ -57,15 +57,15 @@ class Attention(nn.Module):
         q = self.q_norm(q.view(B, T, self.num_heads, self.head_dim))
         k = self.k_norm(k.view(B, T, self.num_kv_heads, self.head_dim))
         v = v.view(B, T, self.num_kv_heads, self.head_dim)
-        q, k = ops.rope(q, k, cos, sin)
         if kv is None:
+            q, k = ops.rope(q, k, cos, sin)
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                 attn_mask=None if tree_mask is None else tree_mask[:, None],
                 is_causal=tree_mask is None, enable_gqa=self.num_heads != self.num_kv_heads,
             ).transpose(1, 2)
         else:
-            ops.write_kv(kv[0], kv[1], k, v, slots, starts)
+            q = ops.rope_write_kv(q, k, v, cos, sin, kv[0], kv[1], slots, starts)  # one launch on CUDA
             out = ops.cached_attention(q, kv[0], kv[1], slots, starts, tree_mask, kv_len)
         return self.o_proj(out.reshape(B, T, -1))
 
