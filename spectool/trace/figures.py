@@ -21,6 +21,7 @@ from plotly.subplots import make_subplots
 
 from spectool.trace.layout import ancestors, layout_tree
 from spectool.trace.schema import ACCEPTED, NOT_VISITED, REJECTED
+from spectool.trace.stats import summarize
 
 TokenText = Callable[[Sequence[int]], list[str]]
 
@@ -235,38 +236,18 @@ def mask_layout(view: Any, prefix: int = 0) -> dict:
 def request_columns(steps: pa.Table, request: int) -> dict[str, Any]:
     """Per-iteration columns of one request, computed column-wise (no per-row Python).
 
-    Returns numpy arrays iteration, seq_len, accept_length and max_depth (deepest
-    drafted node), ordered by iteration, and the request's draft method.
+    Returns numpy arrays iteration, seq_len and accept_length ordered by iteration,
+    the request's draft method, and its `summarize` statistics (the same formulas
+    as `spectool summary`).
     """
-    rows = steps.filter(pc.equal(steps["request_id"], request))
-    rows = rows.sort_by("iteration")
-    depth = rows["depth"].combine_chunks() if rows.num_rows else pa.array([], pa.list_(pa.int32()))
-    flat = np.asarray(depth.flatten().to_numpy(zero_copy_only=False), dtype=np.int64)
-    offsets = np.asarray(depth.offsets.to_numpy(), dtype=np.int64) - int(depth.offsets[0].as_py() or 0)
-    lengths = np.diff(offsets)
-    max_depth = np.zeros(len(lengths), dtype=np.int64)
-    nonempty = lengths > 0
-    if nonempty.any():
-        max_depth[nonempty] = np.maximum.reduceat(flat, offsets[:-1][nonempty])
+    rows = steps.filter(pc.equal(steps["request_id"], request)).sort_by("iteration")
     return {
         "iteration": rows["iteration"].to_numpy(),
         "seq_len": rows["seq_len"].to_numpy(),
         "accept_length": rows["accept_length"].to_numpy().astype(np.int64),
-        "max_depth": max_depth,
         "method": rows["method"][0].as_py() if rows.num_rows else "none",
+        "summary": summarize(rows),
     }
-
-
-def acceptance_by_depth(accept_length: np.ndarray, max_depth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per depth d >= 1: share of iterations that accepted depth d among those that
-    accepted depth d-1 and drafted at depth d. Returns (rate, count of such iterations)."""
-    top = int(max_depth.max()) if len(max_depth) else 0
-    d = np.arange(1, top + 1)[:, None]
-    reached = (accept_length[None, :] >= d - 1) & (max_depth[None, :] >= d)
-    count = reached.sum(axis=1)
-    accepted = (reached & (accept_length[None, :] >= d)).sum(axis=1)
-    rate = np.divide(accepted, count, out=np.zeros(len(count)), where=count > 0)
-    return rate, count
 
 
 def acceptance_traces(cols: dict[str, Any], current: int | None = None) -> list[dict]:
@@ -274,24 +255,23 @@ def acceptance_traces(cols: dict[str, Any], current: int | None = None) -> list[
     iteration's marker, acceptance by depth (by layer for multi_layer_eagle), histogram."""
     acc = cols["accept_length"]
     it = cols["iteration"]
-    method = cols["method"]
-    rate, count = acceptance_by_depth(acc, cols["max_depth"])
-    unit = "layer" if method == "multi_layer_eagle" else "depth"
+    rate = cols["summary"]["accept_rate_by_depth"]
+    hist = cols["summary"]["accept_length_histogram"]
+    unit = "layer" if cols["method"] == "multi_layer_eagle" else "depth"
     # Multi-layer EAGLE: layer k drafts the token at depth k+1.
-    labels = [f"{unit} {d - 1 if unit == 'layer' else d}" for d in range(1, len(rate) + 1)]
-    cur_x = [int(it[current])] if current is not None and 0 <= current < len(it) else []
-    cur_y = [int(acc[current])] if cur_x else []
-    hist = np.bincount(acc, minlength=1) if len(acc) else np.zeros(1, dtype=np.int64)
+    labels = [f"layer {d - 1}" if unit == "layer" else f"depth {d}" for d in range(1, len(rate) + 1)]
+    cur = current is not None and 0 <= current < len(it)
     return [
-        dict(type="scatter", name="accept length", x=it.tolist(), y=acc.tolist(), mode="lines+markers",
+        dict(type="scatter", name="accept length", x=it, y=acc, mode="lines+markers",
              line=dict(color=COLORS["accepted"], width=1), marker=dict(size=4), xaxis="x", yaxis="y",
              hovertemplate="iteration %{x}: accept length %{y}<extra></extra>"),
-        dict(type="scatter", name="current", x=cur_x, y=cur_y, mode="markers", xaxis="x", yaxis="y",
+        dict(type="scatter", name="current", x=it[current:current + 1] if cur else [],
+             y=acc[current:current + 1] if cur else [], mode="markers", xaxis="x", yaxis="y",
              marker=dict(color=HIGHLIGHT, size=12, symbol="diamond"), hoverinfo="skip"),
-        dict(type="bar", name=f"acceptance by {unit}", x=labels, y=rate.tolist(), customdata=count.tolist(),
+        dict(type="bar", name=f"acceptance by {unit}", x=labels, y=rate,
              marker=dict(color=COLORS["accepted"]), xaxis="x2", yaxis="y2",
-             hovertemplate="%{x}: %{y:.1%} of %{customdata} tries<extra></extra>"),
-        dict(type="bar", name="accept length histogram", x=list(range(len(hist))), y=hist.tolist(),
+             hovertemplate="%{x}: %{y:.1%} of the trees reaching it<extra></extra>"),
+        dict(type="bar", name="accept length histogram", x=list(range(len(hist))), y=hist,
              marker=dict(color=COLORS["bonus"]), xaxis="x3", yaxis="y3",
              hovertemplate="accept length %{x}: %{y} iterations<extra></extra>"),
     ]
@@ -314,7 +294,7 @@ def acceptance_figure_from_columns(cols: dict[str, Any], request: int, current: 
     fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]], vertical_spacing=0.18,
                         subplot_titles=("accept length per iteration",
                                         "acceptance by layer" if method == "multi_layer_eagle"
-                                        else "acceptance by depth (given the parent was accepted)",
+                                        else "acceptance by depth (of trees reaching it)",
                                         "accept length histogram"))
     for t in acceptance_traces(cols, current):
         kind = go.Bar if t["type"] == "bar" else go.Scatter
