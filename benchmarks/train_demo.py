@@ -58,6 +58,36 @@ def recipes(tiny: bool, seed: int) -> tuple[TargetRecipe, DraftRecipe, DraftReci
             DraftRecipe(method="multi_layer_eagle", layers=4, steps=3000, **common))
 
 
+def train_all(out: Path, corpus: str | Path, target_r: TargetRecipe, draft_rs: tuple[DraftRecipe, ...],
+              device: str, budget: float | None, t0: float) -> tuple[dict, dict[str, dict]]:
+    """Train the target into OUT/target, then each draft recipe into OUT/<method>; returns their evals."""
+    progress = sys.stderr.isatty()
+
+    def phase_budget(name: str) -> float | None:
+        return None if budget is None else SHARES[name] * budget
+
+    print(f"[{time.perf_counter() - t0:6.1f}s] training the target", flush=True)
+    target = train_target(corpus, out / "target", target_r, device=device, progress=progress,
+                          max_seconds=phase_budget("target"))
+    drafts = {}
+    for recipe in draft_rs:
+        print(f"[{time.perf_counter() - t0:6.1f}s] training {recipe.method}", flush=True)
+        drafts[recipe.method] = train_draft(out / "target", corpus, out / recipe.method, recipe,
+                                            device=device, progress=progress,
+                                            max_seconds=phase_budget(recipe.method))
+    return target, drafts
+
+
+def print_table(target: dict, drafts: dict[str, dict]) -> None:
+    print(f"\n{'part':<20}{'params':>12}{'steps':>8}{'tok/s':>12}  result")
+    print(f"{'target':<20}{target['params']:>12,}{target['steps']:>8}{target['tokens_per_s']:>12,.0f}  "
+          f"held-out loss {target['heldout_loss']:.3f}")
+    for m, r in drafts.items():
+        agree = " ".join(f"{x:.2f}" for x in r["agreement"])
+        print(f"{m:<20}{r['params']:>12,}{r['steps']:>8}{r['tokens_per_s']:>12,.0f}  agreement [{agree}], "
+              f"greedy chain accept {r['greedy_accept_length']:.2f}")
+
+
 def tiny_corpus(path: Path, files: int = 12) -> Path:
     """A small slice of the stdlib training split, for the --tiny smoke run."""
     docs = [p.read_text(encoding="utf-8", errors="replace") for p in data.stdlib_files()[:files]]
@@ -67,7 +97,8 @@ def tiny_corpus(path: Path, files: int = 12) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, type=Path, help="output directory (replaced if it exists)")
+    p.add_argument("--out", required=True, type=Path, help="output directory (new or empty)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it is not empty")
     p.add_argument("--tiny", action="store_true",
                    help="tiny shapes and corpus: the pipeline on CPU in seconds")
     p.add_argument("--device", default="auto")
@@ -83,9 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     torch.manual_seed(a.seed)
     out: Path = a.out
-    if out.exists():
+    if out.exists() and any(out.iterdir()):
+        if not a.overwrite:
+            print(f"{out} is not empty; pass --overwrite to replace it", file=sys.stderr)
+            return 2
         shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     target_r, eagle_r, mle_r = recipes(a.tiny, a.seed)
     if a.steps_target:
         target_r.steps = a.steps_target
@@ -93,20 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         eagle_r.steps = mle_r.steps = a.steps_draft
     corpus = tiny_corpus(out / "tiny_corpus.txt") if a.tiny else "stdlib"
     budget = a.budget_s if a.budget_s > 0 and not a.tiny else None
-    progress = sys.stderr.isatty()
 
-    def phase_budget(name: str) -> float | None:
-        return None if budget is None else SHARES[name] * budget
-
-    print(f"[{time.perf_counter() - t0:6.1f}s] training the target", flush=True)
-    target = train_target(corpus, out / "target", target_r, device=a.device, progress=progress,
-                          max_seconds=phase_budget("target"))
-    drafts = {}
-    for recipe in (eagle_r, mle_r):
-        print(f"[{time.perf_counter() - t0:6.1f}s] training {recipe.method}", flush=True)
-        drafts[recipe.method] = train_draft(out / "target", corpus, out / recipe.method, recipe,
-                                            device=a.device, progress=progress,
-                                            max_seconds=phase_budget(recipe.method))
+    target, drafts = train_all(out, corpus, target_r, (eagle_r, mle_r), a.device, budget, t0)
 
     named = data.heldout_named_documents()
     prompts = (data.completion_prompts(named, a.completion_prompts, seed=a.seed)
@@ -139,13 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         shutil.copy(out / "metrics.json", Path(os.environ["OUT"]) / "train_demo_metrics.json")
 
-    print(f"\n{'part':<20}{'steps':>8}{'tok/s':>12}  result")
-    print(f"{'target':<20}{target['steps']:>8}{target['tokens_per_s']:>12,.0f}  "
-          f"held-out loss {target['heldout_loss']:.3f}")
-    for m, r in drafts.items():
-        agree = " ".join(f"{x:.2f}" for x in r["agreement"])
-        print(f"{m:<20}{r['steps']:>8}{r['tokens_per_s']:>12,.0f}  agreement [{agree}], "
-              f"greedy chain accept {r['greedy_accept_length']:.2f}")
+    print_table(target, drafts)
     print(f"weights {weight_bytes / 1e6:.2f} MB (limit {MAX_WEIGHT_BYTES / 1e6:.0f} MB); "
           f"total {metrics['seconds']:.0f}s; written to {out}")
     if weight_bytes > MAX_WEIGHT_BYTES:
