@@ -197,8 +197,9 @@ def evaluate_draft(draft: DraftModel, target: Target, eval_tokens: torch.Tensor,
     P = min(recipe.seq_len // 2, 128)
     windows = list(data.eval_windows(eval_tokens, P, recipe.gen_prompts))
     prompts = torch.cat(windows).to(device)
+    # Generation runs in the weights' dtype: the cached attention path expects q and cache to agree.
+    seqs = greedy_continuations(target, prompts, recipe.gen_tokens)
     with autocast(device):
-        seqs = greedy_continuations(target, prompts, recipe.gen_tokens)
         view = target_view(target, seqs)
         T = seqs.shape[1]
         # Indices i >= P-1 have the root x[i+1] and all later tokens produced by the target itself.
