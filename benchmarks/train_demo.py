@@ -47,11 +47,12 @@ def recipes(tiny: bool, seed: int) -> tuple[TargetRecipe, DraftRecipe, DraftReci
                 DraftRecipe(method="multi_layer_eagle", layers=4, **small))
     # vocab 4096, hidden 256, 5 layers, GQA 4 query / 2 kv heads of 64: 4.5M parameters (9 MB bf16).
     target = TargetRecipe(vocab_size=4096, hidden_size=256, num_layers=5, num_heads=4, num_kv_heads=2,
-                          intermediate_size=640, max_position_embeddings=2048, steps=4000, batch_size=96,
-                          seq_len=512, lr=3e-3, warmup=100, weight_decay=0.1, checkpoint_every=500,
+                          intermediate_size=640, max_position_embeddings=2048, steps=4000, batch_size=48,
+                          seq_len=1024, lr=3e-3, warmup=100, weight_decay=0.1, checkpoint_every=500,
                           eval_windows=128, seed=seed, tokenizer_docs=2)
     # Draft blocks use a narrower MLP (384) so 5 layers fit in the remaining 7 MB.
-    common = {"batch_size": 64, "seq_len": 512, "lr": 2e-3, "warmup": 50, "checkpoint_every": 500,
+    # Sequences of 1024 cover the longest prompt (editing: ~520 tokens) plus 256 new tokens.
+    common = {"batch_size": 32, "seq_len": 1024, "lr": 2e-3, "warmup": 50, "checkpoint_every": 500,
               "eval_windows": 64, "gen_prompts": 32, "gen_tokens": 160, "intermediate_size": 384,
               "seed": seed}
     return (target, DraftRecipe(method="eagle", layers=1, steps=3000, unroll=3, **common),
