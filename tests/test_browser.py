@@ -51,10 +51,15 @@ def _free_port() -> int:
 
 
 def _quiet_lab_settings(settings_dir: Path) -> None:
-    """No news or update checks (no network here) and no toast covering the page."""
-    path = settings_dir / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    """No news or update checks (no network here), no toast and no kernel dialog covering the page."""
+    settings = {
+        "apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+        "notebook-extension/tracker": {"autoStartDefaultKernel": True},
+    }
+    for name, values in settings.items():
+        path = settings_dir / "@jupyterlab" / f"{name}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
 
 
 @pytest.fixture
@@ -70,8 +75,8 @@ def jupyter_lab(tmp_path, demo_model_dir):
            "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
     log = open(tmp_path / "lab.log", "w")  # noqa: SIM115  (closed below, after the server stops)
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-         f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={token}",
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
+         "--ip=127.0.0.1", f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={token}",
          "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
     url = f"http://127.0.0.1:{port}"
@@ -96,6 +101,17 @@ def jupyter_lab(tmp_path, demo_model_dir):
         log.close()
 
 
+def _wait_for_idle_kernel(url: str, token: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{url}/api/sessions?token={token}", timeout=5) as reply:
+            sessions = json.load(reply)
+        if sessions and all(s["kernel"]["execution_state"] == "idle" for s in sessions):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"the notebook's kernel did not start within {timeout_s} s")
+
+
 # What the tree draws: every marker's position and fill and every text label, as one string.
 _TREE_SIGNATURE_JS = """[...document.querySelector('.spectool-tree')
         .querySelectorAll('.scatterlayer .point, .scatterlayer .textpoint')]
@@ -117,8 +133,10 @@ def test_notebook_02_renders_and_slider_moves_tree(jupyter_lab):
         try:
             page.goto(f"{url}/lab/tree/{NOTEBOOK.name}?token={token}")
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            # The kernel must be up before Run All, or the run is queued behind its start.
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+            # Run All before the kernel is up is dropped, and the page shows 'idle' before it
+            # connects: ask the server instead.
+            _wait_for_idle_kernel(url, token)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=30_000)
 
             page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
             page.locator(".lm-Menu-item:visible", has_text="Run All Cells").first.click()
