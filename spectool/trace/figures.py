@@ -214,8 +214,8 @@ def mask_figure(view: Any, selected: int | None = None, prefix: int = 0, title: 
     traces = mask_traces(view, selected, prefix)
     fig = go.Figure([go.Heatmap(t) for t in traces])
     fig.update_layout(margin=dict(l=20, r=20, t=90, b=20), plot_bgcolor="white", template=TEMPLATE,
-                      yaxis=dict(autorange="reversed", title="query node"),
-                      xaxis=dict(tickangle=-60, side="top"))
+                      yaxis=dict(autorange="reversed", title="query node", automargin=True),
+                      xaxis=dict(tickangle=-60, automargin=True, title="key node"))
     fig.update_layout(mask_layout(view, traces[0]["z"].shape[1] - len(view.tokens)))
     if title:
         fig.update_layout(title_text=title)
@@ -305,5 +305,5 @@ def acceptance_figure_from_columns(cols: dict[str, Any], request: int, current: 
                       margin=dict(l=40, r=20, t=70, b=40), plot_bgcolor="white", template=TEMPLATE)
     fig.update_yaxes(title_text="accepted", row=1, col=1)
     fig.update_yaxes(tickformat=".0%", range=[0, 1], row=2, col=1)
-    fig.update_xaxes(title_text="iteration", row=1, col=1)
+    fig.update_xaxes(title_text="iteration", tickformat="d", row=1, col=1)
     return fig
