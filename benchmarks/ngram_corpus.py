@@ -1,0 +1,150 @@
+"""Per-request cost of NgramCorpus.batch_get + batch_put, against the Python reference.
+
+Trains a byte-level BPE (vocab 4096) on Python standard-library source, puts >= 1M of its
+tokens into the corpus, then decodes `bs` requests through held-out modules one token
+per iteration: batch_get of the last 18 tokens (N=12, depth 18), then batch_put of the
+18-token window with request ids (so only the new token is counted). Puts run on the
+worker thread; `synchronize()` after each put keeps them inside the timing. Pinned to
+one core. The pure-Python reference (tests/ngram_reference.py) runs the same loop on a
+smaller trie (it needs ~0.5 KB per node), in the same run, for the ratio.
+
+    python benchmarks/ngram_corpus.py [--tokens 1000000] [--iters 200]
+
+Prints a table and writes ngram_corpus.json to $OUT if set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from ngram_reference import ReferenceCorpus  # noqa: E402
+
+from spectool.native import NgramCorpus  # noqa: E402
+
+DEPTH, N, WINDOW = 18, 12, 18
+
+
+def stdlib_texts(max_bytes: int) -> list[str]:
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    texts, total = [], 0
+    for path in sorted(lib.rglob("*.py")):
+        if "test" in path.parts or "site-packages" in path.parts:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        texts.append(text)
+        total += len(text)
+        if total >= max_bytes:
+            break
+    return texts
+
+
+def train_tokenizer(texts: list[str]) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=4096, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def decode_loop(corpus, streams: list[np.ndarray], start: int, iters: int,
+                sync: bool) -> tuple[float, float, float]:
+    """Wall seconds in get, in put (+synchronize), and process CPU seconds (all threads) of the loop."""
+    bs = len(streams)
+    ids = list(range(bs))
+    t_get = t_put = 0.0
+    cpu0 = time.process_time()
+    for it in range(iters):
+        total = start + it
+        tails = np.stack([s[total - WINDOW:total] for s in streams])
+        lens = [total] * bs
+        t0 = time.perf_counter()
+        corpus.batch_get(ids, tails, lens)
+        t1 = time.perf_counter()
+        windows = np.stack([s[total + 1 - WINDOW:total + 1] for s in streams])  # + the "accepted" token
+        corpus.batch_put(windows, ids, [total + 1] * bs)
+        if sync:
+            corpus.synchronize()
+        t2 = time.perf_counter()
+        t_get += t1 - t0
+        t_put += t2 - t1
+    return t_get, t_put, time.process_time() - cpu0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=1_000_000, help="tokens put before timing")
+    ap.add_argument("--ref-tokens", type=int, default=50_000, help="tokens put into the Python reference")
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--match", default="bfs", choices=["bfs", "prob"])
+    args = ap.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+
+    t0 = time.perf_counter()
+    texts = stdlib_texts(max_bytes=int(args.tokens * 4.5) + 2_000_000)
+    tok = train_tokenizer(texts)
+    ids = np.concatenate([np.asarray(e.ids, np.int32) for e in tok.encode_batch(texts)])
+    assert len(ids) >= args.tokens + 200_000, f"only {len(ids)} tokens of stdlib source"
+    train, held = ids[:args.tokens], ids[args.tokens:]
+    print(f"tokenizer + {len(ids)} tokens in {time.perf_counter() - t0:.1f}s")
+
+    corpus = NgramCorpus(max_trie_depth=DEPTH, num_draft_tokens=N, match=args.match)
+    t0 = time.perf_counter()
+    chunk = 4096
+    corpus.batch_put([train[i:i + chunk] for i in range(0, len(train), chunk)])
+    corpus.synchronize()
+    build_s = time.perf_counter() - t0
+    stats = corpus.stats()
+    print(f"put {len(train)} tokens in {build_s:.1f}s: {stats['nodes']} nodes, "
+          f"{stats['bytes_per_node']:.0f} bytes/node")
+
+    ref = ReferenceCorpus(max_trie_depth=DEPTH, num_draft_tokens=N, match=args.match)
+    ref.batch_put([train[i:i + chunk] for i in range(0, args.ref_tokens, chunk)])
+
+    rows = []
+    for bs in (1, 8, 64):
+        # each request decodes through its own stretch of held-out source
+        streams = [held[r * 2500:(r + 1) * 2500] for r in range(bs)]
+        corpus.erase_match_state(list(range(bs)))
+        g, p, cpu = decode_loop(corpus, streams, WINDOW + 1, args.iters, sync=True)
+        n = args.iters * bs
+        ref_iters = max(3, args.iters // bs // 4)
+        rg, rp, rcpu = decode_loop(ref, streams, WINDOW + 1, ref_iters, sync=False)
+        rn = ref_iters * bs
+        rows.append(dict(bs=bs, get_us=g / n * 1e6, put_us=p / n * 1e6, total_us=(g + p) / n * 1e6,
+                         cpu_us=cpu / n * 1e6, ref_total_us=(rg + rp) / rn * 1e6, ref_cpu_us=rcpu / rn * 1e6,
+                         speedup=((rg + rp) / rn) / ((g + p) / n), cpu_speedup=(rcpu / rn) / (cpu / n)))
+
+    print(f"\nNgramCorpus ({args.match}, N={N}, depth {DEPTH}, {len(train)} tokens put), "
+          "µs per request, one core")
+    print("(wall: get, put+synchronize, both; cpu: process CPU time of get+put, all threads)")
+    print(f"{'bs':>4} {'get':>8} {'put+sync':>9} {'get+put':>8} {'cpu':>8} {'ref wall':>9} {'ref cpu':>8} "
+          f"{'speedup':>8} {'cpu spd':>8}")
+    for r in rows:
+        print(f"{r['bs']:>4} {r['get_us']:>8.2f} {r['put_us']:>9.2f} {r['total_us']:>8.2f} "
+              f"{r['cpu_us']:>8.2f} {r['ref_total_us']:>9.1f} {r['ref_cpu_us']:>8.1f} "
+              f"{r['speedup']:>7.1f}x {r['cpu_speedup']:>7.1f}x")
+    result = dict(match=args.match, tokens=len(train), nodes=stats["nodes"],
+                  bytes_per_node=stats["bytes_per_node"], build_s=build_s, rows=rows)
+    if os.environ.get("OUT"):
+        out = Path(os.environ["OUT"]) / "ngram_corpus.json"
+        out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
