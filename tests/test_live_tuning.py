@@ -62,10 +62,12 @@ def prompts(demo_model_dir):
 
 
 def test_live_decode_shows_what_generate_returns(target, prompts):
-    engine = st.Engine(target, draft=st.NgramConfig(num_draft_tokens=6), max_batch_size=2, max_seq_len=512)
-    expected = engine.generate(prompts, max_new_tokens=MAX_NEW, record=False)
+    # Two fresh engines: an N-gram engine's trie keeps what earlier calls decoded.
+    def engine():
+        return st.Engine(target, draft=st.NgramConfig(num_draft_tokens=6), max_batch_size=2, max_seq_len=512)
 
-    live = LiveDecode(engine, prompts, max_new_tokens=MAX_NEW)
+    expected = engine().generate(prompts, max_new_tokens=MAX_NEW, record=True)
+    live = LiveDecode(engine(), prompts, max_new_tokens=MAX_NEW)
     stats = live.run()
 
     assert live.token_ids == expected.token_ids
@@ -73,7 +75,8 @@ def test_live_decode_shows_what_generate_returns(target, prompts):
     assert live.error is None and not live.running
     # One coloured span per accepted draft token shown: all the engine accepted, less what
     # max_new_tokens cut from each request's last iteration.
-    per_request = expected.stats.per_request
+    steps = expected.trace.to_pandas().sort_values("iteration")
+    per_request = {r: list(g["accept_length"]) for r, g in steps.groupby("request_id")}
     assert {r: [it[r] for it in live.accept_lengths if r in it] for r in per_request} == per_request
     coloured = live.text.value.count("title='accepted draft")
     accepted = sum(map(sum, per_request.values()))
