@@ -156,6 +156,9 @@ class Engine:
             stop_token_ids: tokens that finish a request (default: the model's eos ids).
             ignore_eos: never stop at a stop token (benchmarks).
             progress: show a progress bar of generated tokens.
+
+        With ``record=True`` each event's ``records`` holds that iteration's rows as
+        ``IterationView`` objects.
         """
         self._validate_sampling(max_new_tokens, temperature, top_k, top_p)
         requests = [self._make_request(i, p, max_new_tokens) for i, p in enumerate(prompts)]
@@ -199,7 +202,8 @@ class Engine:
                 if not running:
                     continue
                 running.sort(key=lambda r: r.slot)
-                event = self._iteration(iteration, running, sampling, generator, stats, recorder, timer, stops)
+                event = self._iteration(iteration, running, sampling, generator, stats, recorder, timer, stops,
+                                        _state is None)
                 done = [r for r in running if r.finish_reason is not None]
                 if done:
                     self._release(done, free_slots, recorder)
@@ -330,7 +334,9 @@ class Engine:
                                generator)
 
     def _iteration(self, iteration: int, running: list[_Request], sampling: dict, generator,
-                   stats: RunStats, recorder, timer: PhaseTimer, stops: set[int]) -> StepEvent:
+                   stats: RunStats, recorder, timer: PhaseTimer, stops: set[int],
+                   live_records: bool) -> StepEvent:
+        began = time.perf_counter()
         batch = self._batch(running)
         timer.reset()
         why: dict = {}
@@ -372,11 +378,14 @@ class Engine:
                 event.finished.append(req.request_id)
         if self.drafter is not None:
             self.drafter.on_verify(batch, tree, res, hidden, accepted, timer)
-        phase_us = timer.micros()
-        stats.add_iteration(batch.request_ids, accept_length, depth_max, phase_us)
+        timings = {f"{k}_us": v for k, v in timer.micros().items()}
+        timings["iteration_us"] = (time.perf_counter() - began) * 1e6
+        stats.add_iteration(iteration, batch.request_ids, accept_length, depth_max, timings)
         if recorder is not None:
-            fields.update({f"{k}_us": v for k, v in phase_us.items()})
-            event.records = recorder.record_batch(fields)
+            fields.update(timings)
+            recorder.record_batch(fields)
+            if live_records:
+                event.records = recorder.iteration_rows()
         return event
 
     def _append_output(self, req: _Request, new: list[int], stops: set[int]) -> list[int]:
@@ -414,7 +423,10 @@ class Engine:
                        sampling: dict, why: dict) -> dict:
         from spectool.verify import target_probs
 
-        probs = target_probs(logits, **sampling)
+        if sampling["temperature"] > 0:
+            probs = target_probs(logits, **sampling)
+        else:
+            probs = torch.softmax(logits, dim=-1)
         k = min(self.record_topk, probs.shape[-1])
         top_p, top_i = probs.topk(k, dim=-1)
         fields = {

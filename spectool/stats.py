@@ -1,88 +1,80 @@
-"""Live statistics of a decoding run: what ``result.stats`` and stream events report."""
+"""Live statistics of a decoding run: what ``result.stats`` and stream events report.
+
+The formulas live in ``spectool.trace.stats.summarize``; the engine feeds it the
+same columns the recorder writes, so live stats equal ``Trace.summary()``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from spectool.timing import PHASES
+from spectool.trace.stats import summarize
 
 
 @dataclass
 class RunStats:
-    """Accumulates per-iteration outcomes of one generate/stream call.
-
-    Acceptance by depth d = iterations whose accepted path reached depth d, over
-    iterations whose draft tree had a node at depth d. For multi-layer EAGLE depth d
-    is drafted by layer d-1, so this is also acceptance by layer.
-    """
+    """Per-record outcomes of one generate/stream call (a record = one request in one iteration)."""
 
     method: str = "none"
-    accept_lengths: list[int] = field(default_factory=list)
-    tree_depths: list[int] = field(default_factory=list)
-    per_request: dict[int, list[int]] = field(default_factory=dict)
-    phase_us: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    forwards: int = 0
+    columns: dict[str, list] = field(default_factory=lambda: {
+        "iteration": [], "request_id": [], "accept_length": [], "depth": [], "iteration_us": [],
+        "draft_us": [], "index_us": [], "verify_us": [], "commit_us": [], "trie_get_us": [],
+        "trie_put_us": []})
     prefill_tokens: int = 0
     generated_tokens: int = 0
     elapsed_s: float = 0.0
-    graph_replays: int = 0
-    eager_fallbacks: int = 0
 
-    def add_iteration(self, request_ids: list[int], accept_lengths: list[int], tree_depths: list[int],
-                      phase_us: dict[str, float]) -> None:
-        self.forwards += 1
-        self.accept_lengths.extend(accept_lengths)
-        self.tree_depths.extend(tree_depths)
-        for rid, a in zip(request_ids, accept_lengths):
-            self.per_request.setdefault(rid, []).append(a)
-        for k, v in phase_us.items():
-            self.phase_us[k] = self.phase_us.get(k, 0.0) + v
+    def add_iteration(self, iteration: int, request_ids: list[int], accept_lengths: list[int],
+                      tree_depths: list[int], phase_us: dict[str, float]) -> None:
+        cols = self.columns
+        for rid, a, d in zip(request_ids, accept_lengths, tree_depths):
+            cols["iteration"].append(iteration)
+            cols["request_id"].append(rid)
+            cols["accept_length"].append(a)
+            cols["depth"].append([d])  # the deepest node is all summarize reads of a tree
+            for name in ("iteration_us", "draft_us", "index_us", "verify_us", "commit_us", "trie_get_us",
+                         "trie_put_us"):
+                cols[name].append(phase_us[name])
+
+    def summary(self) -> dict:
+        """``spectool.trace.stats.summarize`` over the records so far."""
+        return summarize(self.columns)
 
     @property
     def iterations(self) -> int:
-        """Request-iterations (one per request per engine iteration)."""
-        return len(self.accept_lengths)
+        return len(set(self.columns["iteration"]))
 
     @property
     def mean_accept_length(self) -> float:
-        return float(np.mean(self.accept_lengths)) if self.accept_lengths else 0.0
+        acc = self.columns["accept_length"]
+        return sum(acc) / len(acc) if acc else 0.0
 
     @property
     def tokens_per_s(self) -> float:
+        """Tokens gained per second of decode iterations (prefill excluded), as in the trace summary."""
+        return self.summary()["tokens_per_s"] or 0.0
+
+    @property
+    def end_to_end_tokens_per_s(self) -> float:
+        """Generated tokens (first tokens included) per second of the whole call, prefill included."""
         return self.generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
-    def accept_length_histogram(self) -> dict[int, int]:
-        values, counts = np.unique(np.asarray(self.accept_lengths, dtype=np.int64), return_counts=True)
-        return {int(v): int(c) for v, c in zip(values, counts)}
-
-    def acceptance_by_depth(self) -> dict[int, float]:
-        acc = np.asarray(self.accept_lengths, dtype=np.int64)
-        depth = np.asarray(self.tree_depths, dtype=np.int64)
-        out = {}
-        for d in range(1, int(depth.max(initial=0)) + 1):
-            drafted = depth >= d
-            out[d] = float((acc[drafted] >= d).mean()) if drafted.any() else 0.0
-        return out
+    def acceptance_by_depth(self) -> list[float]:
+        """Fraction of records reaching depth d among those whose tree has depth d (index d-1)."""
+        return self.summary()["accept_rate_by_depth"]
 
     def to_dict(self) -> dict:
+        per_request: dict[int, list[int]] = {}
+        for rid, a in zip(self.columns["request_id"], self.columns["accept_length"]):
+            per_request.setdefault(rid, []).append(a)
         return {
             "method": self.method,
-            "iterations": self.iterations,
-            "forwards": self.forwards,
-            "mean_accept_length": self.mean_accept_length,
-            "accept_length_histogram": self.accept_length_histogram(),
-            "acceptance_by_depth": self.acceptance_by_depth(),
-            "generated_tokens": self.generated_tokens,
+            **self.summary(),
             "prefill_tokens": self.prefill_tokens,
+            "generated_tokens": self.generated_tokens,
             "elapsed_s": self.elapsed_s,
-            "tokens_per_s": self.tokens_per_s,
-            "phase_us": dict(self.phase_us),
-            "per_request_mean_accept_length": {
-                rid: float(np.mean(v)) for rid, v in self.per_request.items()},
-            "graph_replays": self.graph_replays,
-            "eager_fallbacks": self.eager_fallbacks,
+            "end_to_end_tokens_per_s": self.end_to_end_tokens_per_s,
+            "per_request_mean_accept_length": {rid: sum(v) / len(v) for rid, v in per_request.items()},
         }
 
     def __repr__(self) -> str:

@@ -29,20 +29,20 @@ class EagleDrafter:
         self.config = config
         self.engine = engine
         self.device = engine.device
-        self.draft = load_draft(config.path, engine.target)
-        if self.draft.kind != "eagle" and self.draft.num_layers < 1:
+        self.checkpoint = load_draft(config.path, engine.target)
+        if self.checkpoint.kind != "eagle" and self.checkpoint.num_layers < 1:
             raise ValueError(f"{config.path} holds no draft layer")
         vocab = engine.config.vocab_size
         if config.topk > vocab:
             raise ValueError(f"topk={config.topk} is larger than the vocabulary ({vocab})")
-        self.layer = self.draft.layers[0]
+        self.layer = self.checkpoint.layers[0]
         self.num_draft_tokens = config.num_draft_tokens
 
     def allocate(self) -> None:
         e = self.engine
         # The draft cache holds the committed prefix plus the fed frontier nodes of one draft.
         room = self.config.num_steps * self.config.topk
-        self.cache = self.draft.make_cache(0, e.num_slots, e.cache_len + room)
+        self.cache = self.checkpoint.make_cache(0, e.num_slots, e.cache_len + room)
         hidden = e.config.hidden_size
         dtype = e.target.dtype
         self.feature = torch.zeros(e.num_slots, hidden, dtype=dtype, device=self.device)

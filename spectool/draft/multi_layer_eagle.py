@@ -27,16 +27,16 @@ class MultiLayerEagleDrafter:
         self.config = config
         self.engine = engine
         self.device = engine.device
-        self.draft = load_draft(config.path, engine.target)
-        if config.num_steps > self.draft.num_layers:
+        self.checkpoint = load_draft(config.path, engine.target)
+        if config.num_steps > self.checkpoint.num_layers:
             raise ValueError(f"num_steps={config.num_steps} but {config.path} holds "
-                             f"{self.draft.num_layers} draft layer(s)")
+                             f"{self.checkpoint.num_layers} draft layer(s)")
         self.steps = config.num_steps
         self.num_draft_tokens = config.num_steps + 1
 
     def allocate(self) -> None:
         e = self.engine
-        self.caches = [self.draft.make_cache(k, e.num_slots, e.cache_len) for k in range(self.steps)]
+        self.caches = [self.checkpoint.make_cache(k, e.num_slots, e.cache_len) for k in range(self.steps)]
         # Target hidden states of every committed index: layer k re-reads the last k of them.
         self.hidden = torch.zeros(e.num_slots, e.cache_len, e.config.hidden_size, dtype=e.target.dtype,
                                   device=self.device)
@@ -70,7 +70,7 @@ class MultiLayerEagleDrafter:
             index = (start_t[:, None] + torch.arange(t, device=dev)).clamp(max=self.hidden.shape[1] - 1)
             hidden = self.hidden[slots[:, None], index]
             emb = model.embed_tokens(tokens)
-            _, normed = self.draft.layers[k](emb, hidden, positions, self.caches[k], slots, start_t, None,
+            _, normed = self.checkpoint.layers[k](emb, hidden, positions, self.caches[k], slots, start_t, None,
                                              max(starts) + t)
             last = torch.tensor(lengths, device=dev) - 1
             rows = torch.arange(len(histories), device=dev)
