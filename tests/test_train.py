@@ -218,3 +218,12 @@ def test_out_of_memory_names_a_smaller_batch(trained, corpus, tmp_path, monkeypa
         train_draft(target_dir, corpus, out, recipe, device="cpu", progress=False)
     state = torch.load(out / CHECKPOINT_NAME, weights_only=False)
     assert state["step"] == 2  # the checkpoint written before the failure is intact
+
+
+def test_an_op_without_backward_is_caught():
+    from spectool.train.loop import check_gradients
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    model[1](model[0](torch.ones(1, 2)).detach()).sum().backward()  # as a kernel without autograd would
+    with pytest.raises(RuntimeError, match="0.weight"):
+        check_gradients(model)

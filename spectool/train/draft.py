@@ -31,6 +31,7 @@ from spectool.train.loop import (
     CHECKPOINT_NAME,
     atomic_save,
     autocast,
+    check_gradients,
     load_checkpoint,
     lr_at,
     make_optimizer,
@@ -281,6 +282,8 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
         with autocast(dev):
             loss = draft_loss(draft, target, target_view(target, batch), recipe)
         loss.backward()
+        if step == start:
+            check_gradients(draft)
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -58,6 +58,20 @@ def make_optimizer(params, lr: float, weight_decay: float, fused: bool) -> torch
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
 
 
+def check_gradients(module: torch.nn.Module) -> None:
+    """Raise if a trainable parameter got no gradient: some op on the way has no backward.
+
+    Custom (Triton) kernels return tensors without autograd history; used in training they would
+    silently cut the graph and train only what lies after them.
+    """
+    missing = [n for n, p in module.named_parameters() if p.requires_grad and p.grad is None]
+    if missing:
+        raise RuntimeError(
+            f"no gradient reached {len(missing)} parameter(s) ({', '.join(missing[:3])}, ...): an op of the "
+            "model has no backward on this device; spectool/kernels/ops.py must take its torch path when "
+            "gradients are needed")
+
+
 def atomic_save(obj, path: str | Path) -> None:
     """torch.save to a temporary file, then rename: an interruption never leaves a torn checkpoint."""
     path = Path(path)

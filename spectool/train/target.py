@@ -25,6 +25,7 @@ from spectool.train.loop import (
     CHECKPOINT_NAME,
     atomic_save,
     autocast,
+    check_gradients,
     load_checkpoint,
     lr_at,
     make_optimizer,
@@ -192,6 +193,8 @@ def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe |
         with autocast(dev):
             loss = lm_loss(model, batch.to(dev, non_blocking=True))
         loss.backward()
+        if step == start:
+            check_gradients(model)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
