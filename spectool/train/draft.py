@@ -232,7 +232,8 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
 
     ``out_dir`` receives the draft checkpoint (config.json + model.safetensors, what
     ``load_draft`` reads), ``eval.json`` (per-layer agreement) and ``train_state.pt`` (for
-    ``resume``; an existing one is never overwritten without ``resume``).
+    ``resume``; an existing one is never overwritten without ``resume``). ``max_seconds`` is a
+    time budget the step count is fitted to; ``save_dtype`` is the dtype of the saved weights.
     """
     recipe = recipe or DraftRecipe()
     dev = resolve_device(device)

@@ -138,7 +138,7 @@ def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe |
         device: "auto", "cpu", "cuda", ...; bf16 autocast is used on CUDA.
         resume: continue from ``out_dir/train_state.pt``. Without it, an existing checkpoint is
             never overwritten (ValueError).
-        max_seconds: stop training early after this long (the schedule is cut short).
+        max_seconds: a time budget: the step count is fitted to it after the first steps.
 
     Returns the evaluation dict also written to ``out_dir/eval.json``.
     """
