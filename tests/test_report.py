@@ -30,6 +30,23 @@ def page_data(html: str) -> dict:
     return json.loads(m.group(1))
 
 
+def page_mask(req: dict, k: int) -> np.ndarray:
+    """The mask the page shows: the recorded bits when embedded, else the ancestors of parents."""
+    a, b = req["offsets"][k], req["offsets"][k + 1]
+    n = b - a
+    if req["mask"][k]:
+        bits = np.unpackbits(np.frombuffer(base64.b64decode(req["mask"][k]), np.uint8), count=n * n)
+        return bits.reshape(n, n).astype(bool)
+    parents = req["parents"][a:b]
+    mask = np.zeros((n, n), bool)
+    for q in range(n):
+        c = q
+        while c >= 0:
+            mask[q, c] = True
+            c = parents[c]
+    return mask
+
+
 def test_report_is_standalone_and_holds_every_iteration(trace, tmp_path):
     out = write_report(trace, tmp_path / "r.html")
     page = out.read_text()
@@ -48,14 +65,35 @@ def test_report_is_standalone_and_holds_every_iteration(trace, tmp_path):
             assert req["parents"][a:b] == view.parents.tolist()
             assert req["status"][a:b] == view.status.tolist()
             assert req["accept_length"][k] == view.accept_length and req["bonus"][k] == view.bonus_token
-            n = b - a
-            bits = np.unpackbits(np.frombuffer(base64.b64decode(req["mask"][k]), np.uint8), count=n * n)
-            np.testing.assert_array_equal(bits.reshape(n, n).astype(bool), view.mask)
+            np.testing.assert_array_equal(page_mask(req, k), view.mask)
+            # Top-k of the accepted nodes, in path order.
+            path = [int(i) for i in view.accept_path if i >= 0]
+            assert req["path"][k] == path
+            start = sum(len(p) * kk for p, kk in zip(req["path"][:k], req["topk_k"][:k]))
+            K = req["topk_k"][k]
+            got = np.array(req["topk"][start:start + K * len(path)]).reshape(len(path), K)
+            np.testing.assert_array_equal(got, view.target_topk_tokens[path])
             x, _ = layout_tree(view.parents, view.scores, view.valid)
             np.testing.assert_array_equal(np.array(req["x2"][a:b]), np.where(np.isnan(x), -1, x * 2))
         assert req["acceptance"]["data"][0]["name"] == "accept length"
     ids = {int(t) for req in data["requests"] for t in req["tokens"]}
     assert all(data["texts"][str(i)] == trace.token_text([i])[0] for i in ids)
+
+
+def test_a_mask_that_differs_from_parents_is_embedded_as_recorded(trace, tmp_path):
+    steps = trace.steps
+    masks = steps["mask_packed"].to_pylist()
+    masks[0] = bytes([masks[0][0] ^ 0x01]) + masks[0][1:]  # flip one bit of row 0
+    steps = steps.set_column(steps.schema.get_field_index("mask_packed"), "mask_packed",
+                             pa.array(masks, pa.binary()))
+    bad = Trace.from_tables(steps, trace.requests, trace.run_info, trace.tokenizer_json)
+    data = page_data(write_report(bad, tmp_path / "r.html").read_text())
+    it, req = int(steps["iteration"][0].as_py()), int(steps["request_id"][0].as_py())
+    r = next(r for r in data["requests"] if r["id"] == req)
+    k = r["iteration"].index(it)
+    assert r["mask"][k] != ""
+    np.testing.assert_array_equal(page_mask(r, k), bad.iteration(it, req).mask)
+    assert sum(m != "" for r in data["requests"] for m in r["mask"]) == 1
 
 
 def test_token_text_cannot_break_out_of_the_script(trace, tmp_path):

@@ -15,6 +15,7 @@ from typing import Any
 import ipywidgets as widgets
 import numpy as np
 import plotly.graph_objects as go
+import pyarrow.compute as pc
 
 from spectool.trace.figures import (
     TEMPLATE,
@@ -34,7 +35,7 @@ from .common import figure_copy, message_box, message_html, open_trace, restyle,
 
 def first_request(trace: Any) -> int | None:
     """The first request that has draft iterations (None when none has)."""
-    with_steps = set(trace.steps.column("request_id").to_pylist())
+    with_steps = set(pc.unique(trace.steps.column("request_id")).to_pylist())
     return next((r for r in trace.request_ids if r in with_steps), None)
 
 

@@ -48,14 +48,34 @@ def _flat(rows: pa.Table, name: str, dtype: Any) -> tuple[np.ndarray, np.ndarray
     return values, offsets - offsets[0]
 
 
-def _rounded(values: np.ndarray, digits: int = 4) -> list:
-    """Floats rounded for the page (NaN -> None, which JSON can hold)."""
-    out = np.round(values.astype(np.float64), digits).tolist()
-    return [None if v != v else v for v in out]
+def _sig3(values: np.ndarray) -> list:
+    """Floats to 3 significant digits for the page (NaN -> None, which JSON can hold)."""
+    return [None if v != v else float(f"{v:.3g}") for v in values.astype(np.float64).tolist()]
+
+
+def _per_mille(values: np.ndarray) -> list:
+    """Probabilities as integer thousandths (shorter JSON than floats; the page shows 3 decimals)."""
+    return np.rint(np.nan_to_num(values.astype(np.float64)) * 1000).astype(np.int64).tolist()
+
+
+def _ancestor_mask(parents: np.ndarray) -> np.ndarray:
+    """mask[q, k] = k is q or an ancestor of q (parents come before children)."""
+    mask = np.eye(len(parents), dtype=bool)
+    for i in range(1, len(parents)):
+        if 0 <= parents[i] < i:
+            mask[i] |= mask[parents[i]]
+    return mask
 
 
 def request_data(trace: Any, request: int, texts: set[int]) -> dict:
-    """One request's iterations as compact columns for the page; adds every token id seen to `texts`."""
+    """One request's iterations as compact columns for the page; adds every token id seen to `texts`.
+
+    Per node: token, parent, depth, score, valid, status, layout x, target argmax and
+    its probability. The target's top-k is kept for accepted nodes only (their
+    top-k is what decided their children: "why was this rejected"), which keeps
+    large traces small. The recorded mask is kept only where it differs from the
+    ancestors of `parents` (the page derives it otherwise).
+    """
     rows = trace.steps.filter(pc.equal(trace.steps["request_id"], request)).sort_by("iteration")
     tokens, offsets = _flat(rows, "tokens", np.int64)
     parents, _ = _flat(rows, "parents", np.int64)
@@ -69,16 +89,28 @@ def request_data(trace: Any, request: int, texts: set[int]) -> dict:
     topk_p, _ = _flat(rows, "target_topk_probs", np.float64)
     path, path_offsets = _flat(rows, "accept_path", np.int64)
     bonus = np.asarray(rows["bonus_token"].fill_null(-1).to_numpy(), dtype=np.int64)
+    packed = rows["mask_packed"].to_pylist()
 
-    # Tidy layout per iteration (x in half units is all the page needs: y is -depth).
-    x2 = np.full(len(tokens), -1, dtype=np.int64)
+    x2 = np.full(len(tokens), -1, dtype=np.int64)  # tidy-layout x in half units (y is -depth)
+    masks: list[str] = []
+    path_k: list[list[int]] = []  # accepted path per iteration, padding dropped
+    keep_topk: list[np.ndarray] = []
     for k in range(rows.num_rows):
         a, b = offsets[k], offsets[k + 1]
-        if b > a:
+        n = b - a
+        if n:
             x, _ = layout_tree(parents[a:b], scores[a:b], valid[a:b])
             x2[a:b] = np.where(np.isnan(x), -1, np.nan_to_num(x * 2)).astype(np.int64)
-    masks = [base64.b64encode(m or b"").decode() for m in rows["mask_packed"].to_pylist()]
-    texts.update(tokens.tolist(), argmax.tolist(), topk.tolist(), bonus[bonus >= 0].tolist())
+        recorded = packed[k] or b""
+        derived = np.packbits(_ancestor_mask(parents[a:b]).ravel()).tobytes() if n else b""
+        masks.append("" if recorded == derived else base64.b64encode(recorded).decode())
+        nodes = [int(i) for i in path[path_offsets[k]:path_offsets[k + 1]] if 0 <= i < n]
+        path_k.append(nodes)
+        ta, tb = topk_offsets[k], topk_offsets[k + 1]
+        width = (tb - ta) // n if n else 0
+        keep_topk.extend(np.arange(ta + i * width, ta + (i + 1) * width) for i in nodes)
+    kept = np.concatenate(keep_topk) if keep_topk else np.zeros(0, np.int64)
+    texts.update(tokens.tolist(), argmax.tolist(), topk[kept].tolist(), bonus[bonus >= 0].tolist())
     cols = request_columns(trace.steps, request)
     acceptance = acceptance_figure_from_columns(cols, request)
     return {
@@ -96,17 +128,16 @@ def request_data(trace: Any, request: int, texts: set[int]) -> dict:
         "tokens": tokens.tolist(),
         "parents": parents.tolist(),
         "depth": depth.tolist(),
-        "scores": _rounded(scores),
+        "scores": _sig3(scores),
         "valid": valid.astype(np.int8).tolist(),
         "status": status.tolist(),
         "x2": x2.tolist(),
         "argmax": argmax.tolist(),
-        "argmax_p": _rounded(argmax_p, 3),
-        "topk_offsets": topk_offsets.tolist(),
-        "topk": topk.tolist(),
-        "topk_p": _rounded(topk_p, 3),
-        "path_offsets": path_offsets.tolist(),
-        "path": path.tolist(),
+        "argmax_pm": _per_mille(argmax_p),
+        "path": path_k,
+        "topk_k": (np.diff(topk_offsets) // np.maximum(np.diff(offsets), 1)).tolist(),
+        "topk": topk[kept].tolist(),  # per iteration: K per accepted node, in path order
+        "topk_pm": _per_mille(topk_p[kept]),
         "mask": masks,
         "acceptance": json.loads(acceptance.to_json()),
     }
@@ -229,27 +260,35 @@ const text = (id) => (D.texts[id] !== undefined ? D.texts[id] : '#' + id);
 const quote = (s) => JSON.stringify(s);
 const esc = (s) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
 
+let topkStart = [];  // per iteration of R: where its accepted nodes' top-k begin
+
 function slice(k) {
-  const a = R.offsets[k], b = R.offsets[k + 1], n = b - a;
-  const ta = R.topk_offsets[k], tb = R.topk_offsets[k + 1], K = n ? (tb - ta) / n : 0;
-  const bits = atob(R.mask[k]), mask = [];
+  const a = R.offsets[k], b = R.offsets[k + 1], n = b - a, sl = (arr) => arr.slice(a, b);
+  const parents = sl(R.parents), mask = [];
+  const bits = R.mask[k] ? atob(R.mask[k]) : null;  // recorded only where it differs from parents
   for (let q = 0; q < n; q++) {
-    const row = [];
-    for (let c = 0; c < n; c++) {
-      const i = q * n + c;
-      row.push(i >> 3 < bits.length ? (bits.charCodeAt(i >> 3) >> (7 - (i & 7))) & 1 : 0);
+    const row = new Array(n).fill(0);
+    if (bits) {
+      for (let c = 0; c < n; c++) {
+        const i = q * n + c;
+        row[c] = i >> 3 < bits.length ? (bits.charCodeAt(i >> 3) >> (7 - (i & 7))) & 1 : 0;
+      }
+    } else {
+      for (let c = q; c >= 0; c = parents[c]) row[c] = 1;
     }
     mask.push(row);
   }
-  const sl = (arr) => arr.slice(a, b);
+  const K = R.topk_k[k], topk = {};
+  R.path[k].forEach((node, j) => {
+    const s = topkStart[k] + j * K;
+    topk[node] = R.topk.slice(s, s + K).map((t, m) => [t, R.topk_pm[s + m] / 1000]);
+  });
   return {
-    n, K, mask, iteration: R.iteration[k], method: R.method[k], seq_len: R.seq_len[k],
+    n, mask, topk, parents, iteration: R.iteration[k], method: R.method[k], seq_len: R.seq_len[k],
     accept_length: R.accept_length[k], match_len: R.match_len[k], breadth: R.breadth[k], bonus: R.bonus[k],
-    tokens: sl(R.tokens), parents: sl(R.parents), depth: sl(R.depth), scores: sl(R.scores),
-    valid: sl(R.valid), status: sl(R.status), x: sl(R.x2).map((v) => (v < 0 ? null : v / 2)),
-    argmax: sl(R.argmax), argmax_p: sl(R.argmax_p),
-    topk: R.topk.slice(ta, tb), topk_p: R.topk_p.slice(ta, tb),
-    path: R.path.slice(R.path_offsets[k], R.path_offsets[k + 1]).filter((v) => v >= 0),
+    tokens: sl(R.tokens), depth: sl(R.depth), scores: sl(R.scores), valid: sl(R.valid), status: sl(R.status),
+    x: sl(R.x2).map((v) => (v < 0 ? null : v / 2)), argmax: sl(R.argmax),
+    argmax_p: sl(R.argmax_pm).map((v) => v / 1000), path: R.path[k],
   };
 }
 
@@ -258,14 +297,11 @@ function hover(v, i) {
     `node ${i} · ${esc(quote(text(v.tokens[i])))} (id ${v.tokens[i]})`,
     `depth ${v.depth[i]} · score ${v.scores[i] === null ? 'nan' : +v.scores[i].toPrecision(4)}`,
     STATUS[v.status[i]] || '?',
-    `target argmax ${esc(quote(text(v.argmax[i])))} p=${(v.argmax_p[i] || 0).toFixed(3)}`,
+    `target argmax ${esc(quote(text(v.argmax[i])))} p=${v.argmax_p[i].toFixed(3)}`,
   ];
-  if (v.K) {
-    const pairs = [];
-    for (let j = 0; j < v.K; j++) {
-      pairs.push(`${esc(quote(text(v.topk[i * v.K + j])))} ${(v.topk_p[i * v.K + j] || 0).toFixed(3)}`);
-    }
-    lines.push(`target top-${v.K}: ${pairs.join(', ')}`);
+  if (v.topk[i] && v.topk[i].length) {
+    const pairs = v.topk[i].map(([t, p]) => `${esc(quote(text(t)))} ${p.toFixed(3)}`);
+    lines.push(`target top-${pairs.length}: ${pairs.join(', ')}`);
   }
   return lines.join('<br>');
 }
@@ -358,6 +394,8 @@ function render() {
 function showRequest(i) {
   R = D.requests[i];
   pos = 0;
+  topkStart = [0];
+  R.path.forEach((p, k) => topkStart.push(topkStart[k] + p.length * R.topk_k[k]));
   $('step').max = R.iteration.length - 1;
   Plotly.react('acceptance', R.acceptance.data, R.acceptance.layout);
   render();
