@@ -51,8 +51,11 @@ class TraceViewer(widgets.VBox):
         self.acceptance = AcceptanceView(self.trace)
         self.acceptance.on_pick(self.go_to)
         self.tree.on_node_click(self.mask.select_row)
+        for view in (self.tree, self.mask):  # side by side, wrapping on narrow screens
+            view.layout = widgets.Layout(flex="1 1 0", min_width="420px")
         self.children = [self.message, widgets.HBox([self.picker, self.player]),
-                         widgets.HBox([self.tree, self.mask]), self.acceptance]
+                         widgets.HBox([self.tree, self.mask], layout=widgets.Layout(flex_flow="row wrap")),
+                         self.acceptance]
         self.slider.observe(lambda change: self.go_to(change["new"]), names="value")
         self.picker.observe(lambda change: self.show_request(change["new"]), names="value")
         start = request if request is not None else first_request(self.trace)
@@ -101,7 +104,7 @@ class TraceViewer(widgets.VBox):
     def to_figure(self) -> go.Figure:
         """Tree, mask and acceptance of the current step as one static plotly Figure."""
         parts = [self.tree.to_figure(), self.mask.to_figure(), self.acceptance.to_figure()]
-        titles = ("draft tree", "tree mask", "accept length", "acceptance by depth")
+        titles = ("draft tree", "tree mask", "accept length", parts[2].data[2].name)
         fig = make_subplots(rows=2, cols=2, subplot_titles=titles, vertical_spacing=0.12,
                             horizontal_spacing=0.08)
         for trace in parts[0].data:
@@ -111,7 +114,11 @@ class TraceViewer(widgets.VBox):
         for trace in parts[2].data[:2]:  # accept length per iteration and the current step
             fig.add_trace(trace, row=2, col=1)
         fig.add_trace(parts[2].data[2], row=2, col=2)  # acceptance by depth (or layer)
-        fig.update_yaxes(autorange="reversed", row=1, col=2)
+        mask = parts[1].layout
+        fig.update_yaxes(autorange="reversed", tickvals=mask.yaxis.tickvals, ticktext=mask.yaxis.ticktext,
+                         row=1, col=2)
+        fig.update_xaxes(tickvals=mask.xaxis.tickvals, ticktext=mask.xaxis.ticktext, tickangle=-60,
+                         row=1, col=2)
         fig.update_xaxes(visible=False, row=1, col=1)
         fig.update_layout(height=900, showlegend=False, plot_bgcolor="white", template=TEMPLATE,
                           title=parts[0].layout.title.text)
