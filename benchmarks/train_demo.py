@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="tiny shapes and corpus: the pipeline on CPU in seconds")
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--budget-s", type=float, default=330.0,
+    p.add_argument("--budget-s", type=float, default=300.0,
                    help="wall-clock budget for all training (0 = run the full step counts)")
     p.add_argument("--steps-target", type=int, default=None)
     p.add_argument("--steps-draft", type=int, default=None)

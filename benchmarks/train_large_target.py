@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="tiny shapes: the same flow on CPU in seconds")
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--budget-s", type=float, default=420.0, help="wall-clock budget for all training")
+    p.add_argument("--budget-s", type=float, default=390.0, help="wall-clock budget for all training")
     a = p.parse_args(argv)
 
     t0 = time.perf_counter()
