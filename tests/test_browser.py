@@ -71,7 +71,8 @@ def jupyter_lab(tmp_path, demo_model_dir):
     settings = tmp_path / "settings"
     _quiet_lab_settings(settings)
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "SPECTOOL_MODEL_DIR": str(demo_model_dir), "JUPYTERLAB_SETTINGS_DIR": str(settings),
+    env = {**os.environ, "SPECTOOL_MODEL_DIR": str(demo_model_dir), "SPECTOOL_MAX_NEW_TOKENS": "16",
+           "JUPYTERLAB_SETTINGS_DIR": str(settings),
            "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
     log = open(tmp_path / "lab.log", "w")  # noqa: SIM115  (closed below, after the server stops)
     server = subprocess.Popen(

@@ -41,6 +41,7 @@ def test_notebook_is_saved_without_outputs(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, demo_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECTOOL_MODEL_DIR", str(demo_model_dir))
+    monkeypatch.setenv("SPECTOOL_MAX_NEW_TOKENS", "12")
     copy = tmp_path / path.name
     shutil.copy(path, copy)
     nb = nbformat.read(copy, as_version=4)
