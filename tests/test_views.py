@@ -154,9 +154,11 @@ def test_request_finished_at_prefill(ngram_trace):
     viewer = TraceViewer(trace)
     viewer.picker.value = 7
     assert "request 7 finished at prefill" in viewer.message.value
+    assert viewer.tree.layout.visibility == "hidden" == viewer.player.layout.visibility
     assert "finished at prefill" in TreeView(trace, request=7).message.value
     viewer.picker.value = 0  # and the viewer recovers
     assert viewer.message.value == "" and viewer.tree.request == 0
+    assert viewer.tree.layout.visibility == "visible"
 
 
 def test_newer_format_version_and_bad_files(ngram_trace, tmp_path, monkeypatch):

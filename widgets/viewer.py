@@ -69,11 +69,12 @@ class TraceViewer(widgets.VBox):
         self.positions = self.trace.iterations(request)
         with self.hold_sync():
             self.acceptance.show(request)
+            shown = "visible" if self.positions else "hidden"  # nothing to step through or draw
+            for part in (self.player, self.tree, self.mask):
+                part.layout.visibility = shown
             if not self.positions:
                 self.message.value = message_html(no_iterations_message(self.trace, request))
-                self.player.layout.visibility = "hidden"
                 return
-            self.player.layout.visibility = "visible"
             self.message.value = message_html(tokenizer_note(self.trace), "note")
             last = len(self.positions) - 1
             self.play.max = self.slider.max = last
