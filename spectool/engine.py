@@ -139,6 +139,7 @@ class Engine:
             trace=state.get("trace"),
         )
 
+    @torch.no_grad()
     def stream(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 256,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                record: bool = True, stop_token_ids: Sequence[int] | None = None,

@@ -20,7 +20,8 @@ TRITON_ATTENTION_MAX_T = 64
 
 
 def _triton(x: torch.Tensor) -> bool:
-    return x.is_cuda and x.stride(-1) == 1
+    # The Triton kernels have no backward: training (grad enabled) takes the torch path.
+    return x.is_cuda and x.stride(-1) == 1 and not torch.is_grad_enabled()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -107,7 +108,7 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         [B, T, Hq, D] in q's dtype.
     """
     B, T, Hq, D = q.shape
-    if q.is_cuda and T <= TRITON_ATTENTION_MAX_T:  # reads starts on device, only the live blocks
+    if _triton(q) and T <= TRITON_ATTENTION_MAX_T:  # reads starts on device, only the live blocks
         from spectool.kernels.attention_triton import cached_attention_triton
         return cached_attention_triton(q, k_cache, v_cache, slots, starts, tree_mask)
     L = k_cache.shape[2] if kv_len is None else kv_len
