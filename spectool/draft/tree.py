@@ -161,7 +161,7 @@ def validate_tree(
         valid_after[:, -1] = False
         faults += [
             _fault((idx == 0) & ~valid, 3, lambda b, i: f"node 0: the root cannot be padding{suffix(b)}"),
-            _fault(~valid & valid_after, 3,
+            _fault((idx > 0) & ~valid & valid_after, 3,
                    lambda b, i: f"node {i}: padding node in the middle; valid nodes come after "
                                 f"it{suffix(b)}"),
             _fault((idx > 0) & ~valid & (parents != 0), 3,
@@ -353,7 +353,8 @@ def build_eagle_tree(
     # Flatten all candidates; parent = index in the flat list, -1 for the root.
     eff, parents, offset = [], [], 0
     for s in range(steps):
-        score = step_scores[s].float().nan_to_num(nan=-math.inf)
+        score = step_scores[s].float()
+        score = torch.where(score.isnan(), -math.inf, score)  # (nan_to_num would also clip +-inf)
         if s == 0:
             parent = torch.full_like(step_tokens[0], -1, dtype=torch.long)
         else:
