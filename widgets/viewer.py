@@ -51,8 +51,11 @@ class TraceViewer(widgets.VBox):
         self.acceptance = AcceptanceView(self.trace)
         self.acceptance.on_pick(self.go_to)
         self.tree.on_node_click(self.mask.select_row)
-        for view in (self.tree, self.mask):  # side by side, wrapping on narrow screens
-            view.layout = widgets.Layout(flex="1 1 0", min_width="420px")
+        # Side by side, wrapping on narrow screens. Fixed figure widths: a FigureWidget in
+        # a flex row does not shrink to its share, it overflows it.
+        for view, width in ((self.tree, 620), (self.mask, 560)):
+            view.fig.layout.width = width
+            view.layout = widgets.Layout(flex="0 0 auto")
         self.children = [self.message, widgets.HBox([self.picker, self.player]),
                          widgets.HBox([self.tree, self.mask], layout=widgets.Layout(flex_flow="row wrap")),
                          self.acceptance]
