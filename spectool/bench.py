@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
     import spectool as st
 
     try:
-        prompts = load_prompts(args.prompts, args.kind)
+        prompts = load_prompts(args.prompts, args.kind)[: args.num_prompts]
         spec = build_engine(args)
         plain = st.Engine(spec.target, draft=None, max_batch_size=args.batch_size, max_seq_len=args.max_seq_len)
     except ValueError as e:

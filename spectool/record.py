@@ -45,6 +45,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="target directory (Hugging Face format) or hub id")
     p.add_argument("--prompts", required=True, help="JSONL ({'prompt': ...}) or text, one prompt per line")
     p.add_argument("--kind", help="only JSONL prompts of this kind (completion, editing)")
+    p.add_argument("--num-prompts", type=int, help="use only the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -75,7 +76,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     try:
         engine = build_engine(args)
-        prompts = load_prompts(args.prompts, args.kind)
+        prompts = load_prompts(args.prompts, args.kind)[: args.num_prompts]
         result = engine.generate(prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, record=True,
                                  progress=True)
