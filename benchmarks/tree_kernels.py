@@ -1,0 +1,114 @@
+"""Tree-index kernel and verify timings.
+
+    python benchmarks/tree_kernels.py            # CUDA if available, else CPU (torch reference only)
+
+Prints a table and, when $OUT is set, writes $OUT/tree_kernels.json. Index kernel: µs per
+call of the Triton kernel and of the torch reference for bs x N; verify: µs per iteration
+outside the forward (greedy and sampling, V = 128256 logits per node; on CUDA also replayed
+from a CUDA graph, as the engine runs it). On CUDA the
+timings are medians of triton.testing.do_bench (CUDA events); on CPU, medians of
+time.perf_counter over repeated calls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from spectool.draft.tree import DraftTree, parents_to_mask
+from spectool.kernels.tree_indices import reconstruct_indices_torch, reconstruct_indices_triton
+from spectool.verify import verify_greedy, verify_sampling
+
+
+def bench_us(fn, device: torch.device) -> float:
+    """Median µs per call of ``fn``."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1000
+    fn()
+    times = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def graphed_us(fn) -> float:
+    """Median µs per replay of ``fn`` captured in a CUDA graph (as the engine runs it); NaN with
+    the reason printed if capture fails."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError as err:
+        print(f"  (CUDA graph capture failed: {err})")
+        return float("nan")
+    return bench_us(graph.replay, torch.device("cuda"))
+
+
+def random_parents(bs: int, n: int, g: torch.Generator) -> torch.Tensor:
+    parents = (torch.rand(bs, n, generator=g) * torch.arange(n)).long()
+    parents[:, 0] = -1
+    return parents
+
+
+def main() -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    g = torch.Generator().manual_seed(0)
+    results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+               "torch": torch.__version__, "index": [], "verify": []}
+
+    print(f"index kernel on {results['device']} (µs per call, median)")
+    print(f"{'bs':>5} {'N':>4} {'triton':>10} {'torch ref':>10} {'speedup':>8}")
+    for bs in (1, 64, 256):
+        for n in (8, 16, 64):
+            mask = parents_to_mask(random_parents(bs, n, g)).to(device)
+            seq_lens = torch.randint(0, 4096, (bs,), generator=g).to(device)
+            ref = bench_us(lambda m=mask, s=seq_lens: reconstruct_indices_torch(m, s), device)
+            tri = (bench_us(lambda m=mask, s=seq_lens: reconstruct_indices_triton(m, s), device)
+                   if device.type == "cuda" else float("nan"))
+            row = {"bs": bs, "N": n, "triton_us": tri, "torch_us": ref, "speedup": ref / tri}
+            results["index"].append(row)
+            print(f"{bs:>5} {n:>4} {tri:>10.1f} {ref:>10.1f} {row['speedup']:>7.1f}x")
+
+    vocab = 128256
+    print(f"\nverify outside the forward (µs per iteration, V={vocab})")
+    print(f"{'bs':>5} {'N':>4} {'greedy':>10} {'sampling':>10} {'greedy graphed':>15} {'sampling graphed':>17}")
+    for bs, n in ((1, 16), (64, 16)):
+        parents = random_parents(bs, n, g).to(device)
+        tokens = torch.randint(0, vocab, (bs, n), generator=g).to(device)
+        tree = DraftTree.from_parents(tokens, parents, torch.zeros(bs, n, device=device),
+                                      torch.zeros(bs, dtype=torch.long, device=device))
+        logits = torch.randn(bs, n, vocab, generator=g).to(device)
+        gen = torch.Generator(device.type).manual_seed(0)
+        greedy = bench_us(lambda t=tree, lg=logits: verify_greedy(t, lg), device)
+        sampling = bench_us(lambda t=tree, lg=logits, gn=gen: verify_sampling(t, lg, 0.8, 0, 1.0, gn), device)
+        graphed = [float("nan")] * 2
+        if device.type == "cuda":
+            # Sampling draws its coins from the default CUDA generator, which graphs can capture.
+            graphed = [graphed_us(lambda t=tree, lg=logits: verify_greedy(t, lg)),
+                       graphed_us(lambda t=tree, lg=logits: verify_sampling(t, lg, 0.8, 0, 1.0))]
+        results["verify"].append({"bs": bs, "N": n, "greedy_us": greedy, "sampling_us": sampling,
+                                  "greedy_graphed_us": graphed[0], "sampling_graphed_us": graphed[1]})
+        print(f"{bs:>5} {n:>4} {greedy:>10.1f} {sampling:>10.1f} {graphed[0]:>15.1f} {graphed[1]:>17.1f}")
+
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "tree_kernels.json"), "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
