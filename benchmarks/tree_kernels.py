@@ -85,7 +85,8 @@ def main() -> None:
 
     vocab = 128256
     print(f"\nverify outside the forward (µs per iteration, V={vocab})")
-    print(f"{'bs':>5} {'N':>4} {'greedy':>10} {'sampling':>10} {'greedy graphed':>15} {'sampling graphed':>17}")
+    print(f"{'bs':>5} {'N':>4} {'greedy':>10} {'sampling':>10} {'greedy graphed':>15} "
+          f"{'sampling graphed':>17}")
     for bs, n in ((1, 16), (64, 16)):
         parents = random_parents(bs, n, g).to(device)
         tokens = torch.randint(0, vocab, (bs, n), generator=g).to(device)
