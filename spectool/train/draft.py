@@ -90,14 +90,18 @@ class DraftRecipe:
 
 
 def load_target(path: str | Path, device: torch.device) -> Target:
-    """The frozen target (float32 weights), or a ValueError saying why ``path`` is not one."""
+    """The frozen target, or a ValueError saying why ``path`` is not one.
+
+    On CUDA it is bf16, as the engine runs it, so the drafts learn from the hidden states they
+    will see (and every op gets one dtype); on CPU float32.
+    """
     p = Path(path)
     if not p.is_dir():
         raise ValueError(f"--target {p} is not a directory")
     if not (p / "config.json").is_file() or not list(p.glob("*.safetensors")):
         raise ValueError(f"--target {p} is not a model directory (config.json and *.safetensors needed)")
     try:
-        target = load(p, device=device, dtype=torch.float32)
+        target = load(p, device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
     except (ValueError, OSError, RuntimeError) as e:
         raise ValueError(f"--target {p} could not be loaded as a model: {e}") from e
     if target.tokenizer is None:

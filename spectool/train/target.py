@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 
 from spectool.model.config import ModelConfig
 from spectool.model.llama import Transformer
+from spectool.model.loader import load
 from spectool.train import data
 from spectool.train.hf_export import save_target
 from spectool.train.loop import (
@@ -110,12 +111,10 @@ def lm_loss(model: Transformer, tokens: torch.Tensor) -> torch.Tensor:
 def heldout_loss(model: Transformer, tokens: torch.Tensor, seq_len: int, max_windows: int,
                  device: torch.device) -> float:
     """Mean next-token loss over evenly spread windows of a held-out token stream."""
-    model.eval()
     losses = []
     for w in data.eval_windows(tokens, seq_len + 1, max_windows):
         with autocast(device):
             losses.append(float(lm_loss(model, w.to(device))))
-    model.train()
     return sum(losses) / len(losses)
 
 
@@ -210,8 +209,10 @@ def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe |
                      batch_size=recipe.batch_size, out_dir=out, desc="target", progress=progress,
                      max_seconds=max_seconds)
     weight_bytes = save_target(model, out)
+    # Evaluate what was saved, in the dtype the engine runs it in (bf16 on CUDA).
+    saved = load(out, device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32).model
     result = {
-        "heldout_loss": heldout_loss(model, eval_tokens, recipe.seq_len, recipe.eval_windows, dev),
+        "heldout_loss": heldout_loss(saved, eval_tokens, recipe.seq_len, recipe.eval_windows, dev),
         "heldout_source": "held-out stdlib modules" if str(corpus) == "stdlib" else "last 5% of the corpus",
         "params": sum(p.numel() for p in model.parameters()),
         "weight_bytes": weight_bytes,
