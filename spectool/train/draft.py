@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from spectool.model.draft_layer import KINDS, DraftModel, save_draft
+from spectool.model.draft_layer import KINDS, DraftModel, load_draft, save_draft
 from spectool.model.kv_cache import KVCache
 from spectool.model.loader import Target, load
 from spectool.train import data
@@ -303,11 +303,11 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
                      checkpoint_every=recipe.checkpoint_every,
                      batch_size=recipe.batch_size, out_dir=out, desc=recipe.method, progress=progress,
                      max_seconds=max_seconds)
-    draft.eval()
-    result = evaluate_draft(draft, target, eval_tokens, recipe, dev)
     export = DraftModel(cfg, recipe.layers, recipe.method)
     export.load_state_dict(draft.state_dict())
     save_draft(export.to(save_dtype), out)
+    # Evaluate what was saved, loaded the way the engine loads it.
+    result = evaluate_draft(load_draft(out, target), target, eval_tokens, recipe, dev)
     result |= {
         "method": recipe.method, "layers": recipe.layers,
         "heldout_source": "held-out stdlib modules" if str(corpus) == "stdlib" else "last 5% of the corpus",
