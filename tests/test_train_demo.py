@@ -1,0 +1,36 @@
+"""benchmarks/train_demo.py --tiny: the demo-model pipeline end to end, in the layout the engine loads."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import spectool as st
+from spectool.model.draft_layer import load_draft
+from spectool.prompts import load_prompts
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_demo.py"
+
+
+def test_tiny_demo_pipeline_writes_the_bundle_layout(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("train_demo", SCRIPT)
+    train_demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_demo)
+    out = tmp_path / "demo"
+    assert train_demo.main(["--out", str(out), "--tiny", "--device", "cpu"]) == 0
+
+    target = st.load(out / "target")
+    assert target.tokenizer is not None
+    for kind, layers in (("eagle", 1), ("multi_layer_eagle", 4)):
+        draft = load_draft(out / kind, target)
+        assert draft.kind == kind and draft.num_layers == layers
+    for kind in ("completion", "editing"):
+        assert load_prompts(out / "prompts.jsonl", kind)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert len(metrics["multi_layer_eagle"]["agreement"]) == 4
+    assert metrics["weight_bytes"] == sum(f.stat().st_size for f in out.rglob("*.safetensors"))
+    assert not list(out.rglob("train_state.pt"))  # training state is not part of the bundle
+    # A second run refuses to overwrite a non-empty directory.
+    assert train_demo.main(["--out", str(out), "--tiny", "--device", "cpu"]) == 2
