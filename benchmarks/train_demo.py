@@ -57,7 +57,7 @@ def recipes(tiny: bool, seed: int) -> tuple[TargetRecipe, DraftRecipe, DraftReci
     common = {"batch_size": 8, "seq_len": 1024, "lr": 2e-3, "warmup": 50, "checkpoint_every": 500,
               "eval_windows": 64, "gen_prompts": 32, "gen_tokens": 160, "intermediate_size": 384,
               "seed": seed}
-    return (target, DraftRecipe(method="eagle", layers=1, steps=1500, unroll=3, **common),
+    return (target, DraftRecipe(method="eagle", layers=1, steps=1500, unroll=5, **common),
             DraftRecipe(method="multi_layer_eagle", layers=4, steps=1500, **common))
 
 

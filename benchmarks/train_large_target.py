@@ -45,7 +45,7 @@ def recipes(tiny: bool, seed: int) -> tuple[TargetRecipe, DraftRecipe, DraftReci
     common = {"steps": 3000, "batch_size": 32, "seq_len": 1024, "lr": 1e-3, "warmup": 50,
               "checkpoint_every": 1000, "eval_windows": 32, "gen_prompts": 16, "gen_tokens": 128,
               "seed": seed}
-    return target, DraftRecipe(method="eagle", unroll=3, **common), DraftRecipe(method="multi_layer_eagle",
+    return target, DraftRecipe(method="eagle", unroll=5, **common), DraftRecipe(method="multi_layer_eagle",
                                                                                 layers=4, **common)
 
 

@@ -58,7 +58,7 @@ class DraftRecipe:
     eval_windows: int = 32
     seed: int = 0
     intermediate_size: int | None = None  # the draft block's MLP width; None = the target's
-    unroll: int = 3            # EAGLE: draft steps unrolled in training
+    unroll: int = 5            # EAGLE: draft steps unrolled in training (the engine drafts 5)
     feature_weight: float = 1.0  # EAGLE: weight of the feature regression loss
     eval_steps: int = 5        # EAGLE: chain steps evaluated
     gen_prompts: int = 16      # greedy continuations of held-out prompts for the acceptance estimate
