@@ -14,6 +14,7 @@ Plain decoding (``draft=None``) is the same loop with a one-node tree.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -25,9 +26,13 @@ import torch
 from spectool.config import DraftConfig
 from spectool.draft import Batch, make_drafter
 from spectool.draft.tree import DraftTree
+from spectool.graphs import GraphRunner
 from spectool.stats import RunStats
 from spectool.timing import PhaseTimer
-from spectool.verify import commit_kv, verify_greedy, verify_sampling
+from spectool.verify import VerifyResult, commit_kv, verify_greedy, verify_sampling
+
+# Tree tensors the verify step takes as (graph) inputs; max_depth is fixed to N-1 per graph.
+_TREE_TENSORS = tuple(f.name for f in dataclasses.fields(DraftTree) if f.name != "max_depth")
 
 
 @dataclass
@@ -111,6 +116,14 @@ class Engine:
         from spectool.model.kv_cache import KVCache
 
         self.cache = KVCache.for_model(self.config, self.num_slots, self.cache_len, target.dtype, self.device)
+        # On CUDA the attention kernel reads the live lengths on the device (graph safe);
+        # the CPU path slices the cache to a host-known length instead.
+        self.on_cuda = self.device.type == "cuda"
+        self._kv_len: int | None = None
+        self.graph_buckets = graph_buckets(max_batch_size)
+        scratch = {"slots": max_batch_size}  # padded graph rows write only to the spare slot
+        self._greedy_runner = GraphRunner(self._greedy_step, self.graph_buckets, self.cuda_graphs, scratch)
+        self._forward_runner = GraphRunner(self._forward_step, self.graph_buckets, self.cuda_graphs, scratch)
         if self.drafter is not None:
             self.drafter.allocate()
         self._stop = threading.Event()
@@ -282,6 +295,35 @@ class Engine:
         }
         return Recorder(None, run_info, tokenizer_json=tok.to_str() if tok is not None else None)
 
+    def graph_stats(self) -> dict[str, int]:
+        """CUDA-graph replays, eager runs and captures of the target steps (and the drafter's)."""
+        out = {"replays": 0, "eager": 0, "captures": 0}
+        runners = [self._greedy_runner, self._forward_runner]
+        runners += getattr(self.drafter, "graph_runners", [])
+        for runner in runners:
+            for k in out:
+                out[k] += runner.stats[k]
+        return out
+
+    def _forward_step(self, tokens, positions, slots, starts, mask):
+        """Target forward over a tree (or one token): hidden states and float32 logits."""
+        hidden = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
+                            kv_len=self._kv_len)
+        return hidden, self.model.logits(hidden)
+
+    def _greedy_step(self, slots, **tree_tensors):
+        """Forward, greedy verify and KV commit in one (graph-captured) step.
+
+        Running it twice on the same inputs gives the same cache: the forward rewrites
+        the tree's K/V before the commit moves them, so graph warm-up is harmless.
+        """
+        tree = DraftTree(**tree_tensors, max_depth=tree_tensors["tokens"].shape[1] - 1)
+        hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
+        res = verify_greedy(tree, logits)
+        if tree.num_nodes > 1:
+            commit_kv(self.cache.k, self.cache.v, slots, tree.seq_lens, res.accept_path, res.accept_length)
+        return hidden, logits, res.status, res.accept_path, res.accept_length, res.bonus, res.target_argmax
+
     def _forward(self, tokens, positions, slots, starts, tree_mask, kv_len):
         hidden = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts,
                             tree_mask=tree_mask, kv_len=kv_len)
@@ -347,22 +389,36 @@ class Engine:
             else:
                 tree, why = self.drafter.draft(batch, timer)
         n = tree.tokens.shape[1]
+        b = batch.size
+        self._kv_len = None if self.on_cuda else max(batch.seq_lens_host) + n
         with timer("verify"):
-            hidden, logits = self._forward(tree.tokens, tree.positions, batch.slots, batch.seq_lens,
-                                           tree.mask, max(batch.seq_lens_host) + n)
-        with timer("commit"):
-            res = self._verify(tree, logits, sampling, generator)
-            if n > 1:
-                commit_kv(self.cache.k, self.cache.v, batch.slots, batch.seq_lens, res.accept_path,
-                          res.accept_length)
+            if sampling["temperature"] == 0.0:
+                tensors = {name: getattr(tree, name) for name in _TREE_TENSORS}
+                hidden, logits, status, path, length, bonus, argmax = self._greedy_runner(
+                    b, slots=batch.slots, **tensors)
+                res = VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus,
+                                   coins=torch.full(tree.tokens.shape, float("nan"), device=self.device),
+                                   target_argmax=argmax)
+            else:
+                hidden, logits = self._forward_runner(b, tokens=tree.tokens, positions=tree.positions,
+                                                      slots=batch.slots, starts=batch.seq_lens, mask=tree.mask)
+        if sampling["temperature"] > 0.0:
+            with timer("commit"):
+                res = self._verify(tree, logits, sampling, generator)
+                if n > 1:
+                    commit_kv(self.cache.k, self.cache.v, batch.slots, batch.seq_lens, res.accept_path,
+                              res.accept_length)
         fields = self._record_fields(iteration, batch, tree, res, logits, sampling, why) if recorder else None
 
         # The iteration's one host sync: the engine needs the accepted tokens to stop requests.
-        accept_length = res.accept_length.tolist()
-        paths = res.accept_path.tolist()
-        bonus = res.bonus.tolist()
-        tree_tokens = tree.tokens.tolist()
-        depth_max = tree.depth.max(dim=1).values.tolist()
+        width = res.accept_path.shape[1]
+        host = torch.cat([res.accept_length[:, None], res.bonus[:, None], tree.depth.max(dim=1).values[:, None],
+                          res.accept_path, tree.tokens], dim=1).tolist()
+        accept_length = [row[0] for row in host]
+        bonus = [row[1] for row in host]
+        depth_max = [row[2] for row in host]
+        paths = [row[3:3 + width] for row in host]
+        tree_tokens = [row[3 + width:] for row in host]
 
         event = StepEvent(iteration, {}, {}, [], [], {})
         accepted: list[list[int]] = []
@@ -452,6 +508,14 @@ class Engine:
         return fields
 
 
+def graph_buckets(max_batch_size: int) -> tuple[int, ...]:
+    """Batch sizes captured as CUDA graphs: powers of two up to the first >= max_batch_size."""
+    buckets = [1]
+    while buckets[-1] < max_batch_size:
+        buckets.append(buckets[-1] * 2)
+    return tuple(buckets)
+
+
 def _prefill_groups(reqs: list[_Request], budget: int) -> list[list[_Request]]:
     """Split requests into prefill groups whose padded size stays within ``budget`` tokens."""
     groups: list[list[_Request]] = []
@@ -467,7 +531,7 @@ def _root_tree(roots: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
     """The one-node tree of plain decoding (and of the first token after prefill)."""
     b = roots.shape[0]
     return DraftTree.from_parents(roots[:, None], torch.full((b, 1), -1, dtype=torch.long, device=roots.device),
-                                  torch.ones((b, 1), device=roots.device), seq_lens)
+                                  torch.ones((b, 1), device=roots.device), seq_lens, max_depth=0, check=False)
 
 
 def _version() -> str:
