@@ -1,0 +1,218 @@
+"""End-to-end speculative speedup over spectool's own plain decoding.
+
+    python benchmarks/speculative.py                       # H200: demo model, bf16, bs 1/4/16, 128 tokens
+    python benchmarks/speculative.py --model /tmp/large/target --draft-dir /tmp/large
+    python benchmarks/speculative.py --device cpu --quick  # smoke test: bs 1, 1 prompt, 4 tokens
+
+For every workload (completion, editing: the "kind" of prompts.jsonl), batch size and
+method (plain = draft None; ngram = NgramConfig defaults; eagle = 5 steps, top-k 4,
+16 tokens; multi_layer_eagle = 4 steps), one engine decodes ``batch`` prompts with
+``ignore_eos=True`` and a fixed max_new_tokens, so every method does the same work.
+Each cell gets a fresh engine, warmed up (and its CUDA graphs captured) on random
+token prompts of the same batch size first: a reused N-gram trie would remember the
+previous cell's outputs. Reported per cell: decode tokens/s (prefill excluded, from
+``result.stats``), mean accept length, mean µs per iteration of each phase, speedup
+over plain at the same workload and batch. Prints a table; writes
+$OUT/speculative.json (or --out DIR). ``--budget-s`` skips the cells that would start
+after the budget (they are listed as skipped, never silently dropped).
+
+The other benchmark scripts import the helpers below (they run from benchmarks/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+
+import spectool as st
+from spectool.prompts import load_prompts
+
+METHODS = ("plain", "ngram", "eagle", "multi_layer_eagle")
+WORKLOADS = ("completion", "editing")
+
+
+# ------------------------------------------------------------------ shared helpers
+
+
+def seed_all(seed: int) -> None:
+    """Seed Python, torch (CPU and CUDA) so random prompts and weights repeat."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_target(model_dir: str | Path, device: str):
+    """The target in bf16 on CUDA, float32 on CPU (CPU bf16 matmuls are slow)."""
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return st.load(model_dir, device=device, dtype=dtype)
+
+
+def workload_prompts(target, path: str | Path, kind: str, count: int, max_tokens: int | None = None
+                     ) -> list[list[int]]:
+    """``count`` prompts of one kind as token ids (cycled if the file holds fewer).
+
+    ``max_tokens`` keeps only each prompt's last tokens (smoke tests on CPU).
+    """
+    texts = load_prompts(path, kind)
+    out = []
+    for i in range(count):
+        ids = target.encode(texts[i % len(texts)])
+        out.append(ids[-max_tokens:] if max_tokens else ids)
+    return out
+
+
+def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """Warm-up prompts: random tokens (for N-gram they add trie entries that never match real text)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(1, vocab) for _ in range(length)] for _ in range(count)]
+
+
+def draft_config(method: str, draft_dir: str | Path, **overrides):
+    """The benchmark's setting of each method (None for plain); ``overrides`` replace fields."""
+    draft_dir = Path(draft_dir)
+    if method == "plain":
+        return None
+    if method == "ngram":
+        return st.NgramConfig(**overrides)
+    if method == "eagle":
+        return st.EagleConfig(draft_dir / "eagle", **{"num_steps": 5, "topk": 4, "num_draft_tokens": 16,
+                                                      **overrides})
+    if method == "multi_layer_eagle":
+        return st.MultiLayerEagleConfig(draft_dir / "multi_layer_eagle", **{"num_steps": 4, **overrides})
+    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+
+
+def measure(target, draft, prompts: list[list[int]], new_tokens: int, max_seq_len: int, seed: int,
+            warmup_tokens: int = 8) -> dict:
+    """Fresh engine for ``prompts`` (all in one batch), warmed up, then one timed greedy run."""
+    engine = st.Engine(target, draft=draft, max_batch_size=len(prompts), max_seq_len=max_seq_len)
+    warm = random_prompts(len(prompts), min(len(p) for p in prompts), target.config.vocab_size, seed + 1)
+    engine.generate(warm, max_new_tokens=warmup_tokens, record=False, ignore_eos=True, seed=seed)
+    t0 = time.perf_counter()
+    result = engine.generate(prompts, max_new_tokens=new_tokens, record=False, ignore_eos=True, seed=seed)
+    wall = time.perf_counter() - t0
+    stats = result.stats.to_dict()
+    return {"tokens_per_s": stats["tokens_per_s"] or 0.0, "mean_accept_length": stats["mean_accept_length"],
+            "phase_us": stats["phase_us"], "iterations": stats["iterations"],
+            "generated_tokens": stats["generated_tokens"], "wall_s": wall,
+            "end_to_end_tokens_per_s": stats["end_to_end_tokens_per_s"], "token_ids": result.token_ids}
+
+
+def write_json(name: str, payload: dict, out: str | None) -> Path | None:
+    """Write ``payload`` to OUT/name (``out`` or $OUT); nothing when neither is set."""
+    folder = out or os.environ.get("OUT")
+    if not folder:
+        return None
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1, default=str))
+    return path
+
+
+def run_meta(args: argparse.Namespace) -> dict:
+    device = torch.device(args.device)
+    return {"torch": torch.__version__, "device": str(device), "quick": args.quick, "seed": args.seed,
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def fmt(value, spec: str = ".1f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def add_common_arguments(p: argparse.ArgumentParser) -> None:
+    """--device, --quick, --seed, --out, --model, --draft-dir, --prompts."""
+    demo = st.demo_model()
+    p.add_argument("--device", default=default_device())
+    p.add_argument("--quick", action="store_true", help="tiny settings (CPU smoke test)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="directory for the JSON (default: $OUT)")
+    p.add_argument("--model", default=str(demo / "target"), help="target directory (HF Llama format)")
+    p.add_argument("--draft-dir", default=str(demo), help="directory holding eagle/ and multi_layer_eagle/")
+    p.add_argument("--prompts", default=str(demo / "prompts.jsonl"), help="JSONL with 'kind' per prompt")
+
+
+# ------------------------------------------------------------------ this benchmark
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(p)
+    p.add_argument("--batches", default="1,4,16")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--budget-s", type=float, default=float("inf"),
+                   help="start no cell after this many seconds")
+    args = p.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",")]
+    methods = args.methods.split(",")
+    if "plain" not in methods:
+        methods.insert(0, "plain")  # the baseline of every speedup
+    new_tokens, max_prompt = args.new_tokens, None
+    if args.quick:
+        batches, new_tokens, max_prompt = [1], 4, 48
+    seed_all(args.seed)
+    target = load_target(args.model, args.device)
+    configs = {m: draft_config(m, args.draft_dir) for m in methods}  # bad names fail before any decoding
+    max_seq_len = target.config.max_position_embeddings
+
+    started = time.perf_counter()
+    rows, skipped = [], []
+    for workload in args.workloads.split(","):
+        for batch in batches:
+            prompts = workload_prompts(target, args.prompts, workload, batch, max_prompt)
+            base, base_tokens = None, None
+            for method in methods:
+                cell = {"workload": workload, "batch": batch, "method": method}
+                if time.perf_counter() - started > args.budget_s:
+                    skipped.append(cell)
+                    continue
+                seed_all(args.seed)
+                r = measure(target, configs[method], prompts, new_tokens,
+                            min(max_seq_len, max(map(len, prompts)) + new_tokens + 8), args.seed)
+                tokens = r.pop("token_ids")
+                if method == "plain":
+                    base, base_tokens = r, tokens
+                row = {**cell, **r, "new_tokens": new_tokens,
+                       "speedup": r["tokens_per_s"] / base["tokens_per_s"] if base else None,
+                       # greedy speculative output must equal plain greedy output (bf16 may differ on ties)
+                       "same_tokens_as_plain": tokens == base_tokens if base else None}
+                rows.append(row)
+
+    print(f"\nspeculative.py — {run_meta(args)['gpu'] or args.device}; target {args.model}; "
+          f"{new_tokens} new tokens per request; tok/s = decode tokens/s (prefill excluded)")
+    phases = ("draft_us", "index_us", "verify_us", "commit_us", "trie_get_us", "trie_put_us")
+    print(f"{'workload':<10} {'bs':>3} {'method':<18} {'tok/s':>9} {'accept':>6} {'speedup':>7} "
+          + " ".join(f"{name.removesuffix('_us'):>8}" for name in phases) + f" {'same':>5}   (µs/iteration)")
+    for r in rows:
+        ph = r["phase_us"]
+        print(f"{r['workload']:<10} {r['batch']:>3} {r['method']:<18} {r['tokens_per_s']:>9.1f} "
+              f"{r['mean_accept_length']:>6.2f} {fmt(r['speedup'], '.2f'):>7} "
+              + " ".join(f"{ph.get(name, 0):>8.0f}" for name in phases)
+              + f" {str(r['same_tokens_as_plain']):>5}")
+    big = max(batches)
+    keep = [f"{r['method']}/{r['workload']}" for r in rows
+            if r["batch"] == big and r["method"] != "plain" and (r["speedup"] or 0) >= 1.0]
+    print(f"speedup >= 1 at batch {big}: {', '.join(keep) if keep else 'none'}")
+    if skipped:
+        print(f"skipped (budget {args.budget_s:.0f} s): "
+              + ", ".join(f"{c['method']}/{c['workload']}/bs{c['batch']}" for c in skipped))
+    settings = {m: (c.to_dict() if c is not None else None) for m, c in configs.items()}
+    write_json("speculative.json", {"meta": {**run_meta(args), "model": args.model, "settings": settings},
+                                    "rows": rows, "skipped": skipped,
+                                    f"speedup_ge_1_at_batch_{big}": keep}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
