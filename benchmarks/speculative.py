@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         methods.insert(0, "plain")  # the baseline of every speedup
     new_tokens, max_prompt = args.new_tokens, None
     if args.quick:
-        batches, new_tokens, max_prompt = [1], 4, 48
+        batches, new_tokens, max_prompt = [1], 4, 24
     seed_all(args.seed)
     target = load_target(args.model, args.device)
     configs = {m: draft_config(m, args.draft_dir) for m in methods}  # bad names fail before any decoding
