@@ -26,6 +26,11 @@ class FlatMap {
     }
   }
 
+  // Starts loading the slot where a lookup of k begins.
+  void prefetch(uint64_t k) const {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[slot_of(k)]);
+  }
+
   // Inserts or overwrites.
   void put(uint64_t k, int32_t value) {
     if ((size_ + 1) * 10 > slots_.size() * 7) grow();

@@ -153,18 +153,30 @@ void NgramCorpus::worker_loop() {
 
 void NgramCorpus::apply_put(const PutJob& job) {
   std::lock_guard<std::mutex> lock(mu_);
+  const int64_t keep = config_.max_trie_depth - 1;
   for (int64_t i = 0; i < job.windows.size(); ++i) {
-    int64_t len = job.windows.len(i);
-    int64_t first_new = 0;
-    if (!job.req_ids.empty()) {
-      int64_t& done = put_state_[job.req_ids[i]];
-      int64_t total = job.total_lens[i];
-      int64_t start = total - len;  // request position of the window's first token
-      first_new = total <= done ? len : std::max(done, start) - start;
-      done = std::max(done, total);
-    }
-    if (first_new < len) trie_.insert(job.windows.data(i), len, first_new);
+    const int32_t* w = job.windows.data(i);
+    const int64_t len = job.windows.len(i);
     ++puts_;
+    if (job.req_ids.empty()) {
+      scratch_suf_.known = 0;
+      trie_.insert(w, len, 0, scratch_suf_);
+      continue;
+    }
+    RequestState& st = requests_[job.req_ids[i]];
+    const int64_t total = job.total_lens[i];
+    const int64_t start = total - len;  // request position of the window's first token
+    if (total <= st.done) continue;
+    const int64_t first_new = std::max(st.done, start) - start;
+    // The stored suffix nodes describe the stream just before first_new only if the
+    // window continues it: no gap, and the overlapping tokens agree.
+    int64_t overlap = std::min<int64_t>(first_new, static_cast<int64_t>(st.last.size()));
+    bool continues = st.done >= start &&
+                     std::equal(w + first_new - overlap, w + first_new, st.last.end() - overlap);
+    st.suf.known = continues ? static_cast<int>(std::min<int64_t>(st.suf.known, overlap)) : 0;
+    trie_.insert(w, len, first_new, st.suf);
+    st.done = total;
+    st.last.assign(w + len - std::min(len, keep), w + len);
   }
 }
 
@@ -176,45 +188,35 @@ int NgramCorpus::breadth_for(int match_len) const {
   return config_.max_bfs_breadth - (config_.max_bfs_breadth - config_.min_bfs_breadth) * (m - 1) / span;
 }
 
-const std::vector<int32_t>& NgramCorpus::trie_chain(const int32_t* tail, int64_t len, int64_t req_id,
-                                                    int64_t total_len, bool cached) {
-  const int depth = config_.max_trie_depth;
-  const int k_max = static_cast<int>(std::min<int64_t>(len, depth - 1));
-  MatchState& st = cached ? match_state_[req_id] : scratch_state_;
-  if (st.chain.size() != static_cast<size_t>(depth)) st.chain.assign(depth, -1);
-  st.chain[0] = Trie::kRoot;
+// chain_[k] = trie node of the tail's last k tokens (-1: none), or kUnknown where it was
+// not derived from the request's put state; build_tree looks those up from the root
+// when it needs them. Derived entries are exact: a stored suffix node is used only if it
+// is still alive, and a missing node has no descendants (no node is left dangling).
+constexpr int32_t kUnknown = -2;
 
-  // Advance the cached chain by the appended tokens when nothing it relies on changed:
-  // same trie structure, the request only grew, and the tail agrees with what we saw.
-  int64_t added = total_len - st.total_len;
-  bool ok = cached && st.known > 0 && st.version == trie_.version() && added >= 0 && added <= len &&
-            std::min<int64_t>(depth - 1, st.known + added) >= k_max;
-  for (int64_t i = 0; ok && i < std::min<int64_t>(len - added, st.known); ++i)
-    ok = tail[len - added - 1 - i] == st.last[st.known - 1 - i];
-  if (ok) {
-    for (int64_t j = len - added; j < len; ++j) {
-      for (int k = depth - 1; k >= 1; --k) st.chain[k] = trie_.child(st.chain[k - 1], tail[j]);
-      st.last.push_back(tail[j]);
+void NgramCorpus::match_chain(const int32_t* tail, int64_t len, const RequestState* st, int64_t total_len) {
+  const int depth = config_.max_trie_depth;
+  chain_.assign(static_cast<size_t>(depth), kUnknown);
+  chain_[0] = Trie::kRoot;
+  // Tail tokens past what was put; a few are cheaper to follow than a fresh match.
+  const int64_t added = st ? total_len - st->done : -1;
+  if (!st || added < 0 || added > 2 || added >= len) return;
+  const int64_t overlap = std::min<int64_t>(len - added, static_cast<int64_t>(st->last.size()));
+  if (!std::equal(tail + len - added - overlap, tail + len - added, st->last.end() - overlap)) return;
+  const int base = static_cast<int>(std::min<int64_t>(st->suf.known, overlap));
+  for (int k = 1; k <= base; ++k)
+    if (trie_.alive(st->suf, k)) chain_[k] = st->suf.id[k];
+  int known = base;
+  for (int64_t j = len - added; j < len; ++j) {
+    known = std::min(known + 1, depth - 1);
+    for (int k = known; k >= 1; --k) {
+      int32_t p = chain_[k - 1];
+      chain_[k] = p == kUnknown ? kUnknown : trie_.child(p, tail[j]);
     }
-    st.known = static_cast<int>(std::min<int64_t>(depth - 1, st.known + added));
-  } else {
-    for (int k = 1; k < depth; ++k) {
-      int32_t node = k <= k_max ? Trie::kRoot : -1;
-      for (int64_t j = len - k; node >= 0 && j < len; ++j) node = trie_.child(node, tail[j]);
-      st.chain[k] = node;
-    }
-    st.last.assign(tail + len - k_max, tail + len);
-    st.known = k_max;
   }
-  if (st.last.size() > static_cast<size_t>(st.known))
-    st.last.erase(st.last.begin(), st.last.end() - st.known);
-  st.total_len = total_len;
-  st.version = trie_.version();
-  return st.chain;
 }
 
-void NgramCorpus::build_tree(const int32_t* tail, int64_t len, const std::vector<int32_t>& chain, int64_t row,
-                             const DraftBuffers& out) {
+void NgramCorpus::build_tree(const int32_t* tail, int64_t len, int64_t row, const DraftBuffers& out) {
   const int n = config_.num_draft_tokens;
   const bool bfs = config_.match == Match::kBfs;
   fanout_.assign(static_cast<size_t>(n), 0);
@@ -239,8 +241,14 @@ void NgramCorpus::build_tree(const int32_t* tail, int64_t len, const std::vector
   };
 
   const int k_max = static_cast<int>(std::min<int64_t>(len, config_.max_trie_depth - 1));
-  for (int m = k_max; m >= 1 && !tree.full(); --m)
-    if (chain[m] >= 0 && trie_.has_children(chain[m])) run_pass(trie_, chain[m], m);
+  for (int m = k_max; m >= 1 && !tree.full(); --m) {
+    int32_t node = chain_[m];
+    if (node == kUnknown) {
+      node = Trie::kRoot;
+      for (int64_t j = len - m; node >= 0 && j < len; ++j) node = trie_.child(node, tail[j]);
+    }
+    if (node >= 0 && trie_.has_children(node)) run_pass(trie_, node, m);
+  }
 
   for (const auto& [name, sam] : external_) {
     if (tree.full()) break;
@@ -301,8 +309,13 @@ void NgramCorpus::get(const TokenBatch& tails, const std::vector<int64_t>& req_i
   for (int64_t i = 0; i < tails.size(); ++i) {
     const int32_t* tail = tails.data(i);
     int64_t len = tails.len(i);
-    const auto& chain = trie_chain(tail, len, cached ? req_ids[i] : 0, cached ? total_lens[i] : 0, cached);
-    build_tree(tail, len, chain, i, out);
+    const RequestState* st = nullptr;
+    if (cached) {
+      auto it = requests_.find(req_ids[i]);
+      if (it != requests_.end()) st = &it->second;
+    }
+    match_chain(tail, len, st, cached ? total_lens[i] : 0);
+    build_tree(tail, len, i, out);
     ++gets_;
   }
 }
@@ -311,8 +324,7 @@ void NgramCorpus::erase_match_state(const std::vector<int64_t>& req_ids) {
   synchronize();  // puts queued before the erase still see the old state
   std::lock_guard<std::mutex> lock(mu_);
   for (int64_t id : req_ids) {
-    put_state_.erase(id);
-    match_state_.erase(id);
+    requests_.erase(id);
   }
 }
 
@@ -320,9 +332,7 @@ void NgramCorpus::reset() {
   synchronize();
   std::lock_guard<std::mutex> lock(mu_);
   trie_.clear();
-  put_state_.clear();
-  match_state_.clear();
-  scratch_state_ = MatchState{};
+  requests_.clear();
   puts_ = gets_ = 0;
 }
 

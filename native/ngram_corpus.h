@@ -2,23 +2,30 @@
 // corpora (suffix automata), and the draft trees built from them.
 //
 // Semantics (mirrored by tests/ngram_reference.py, which is the oracle):
-// - put: for every new end position j of a window, the count of every n-gram
-//   w[j-n+1..j] (n <= max_trie_depth) goes up by one. It is done as one walk from the
-//   root per start position; every node a walk passes is "touched" (stamped with the
-//   walk's id), and a prefix node that is missing (evicted, or never put) is recreated
-//   with count 1.
-// - recency: siblings are ordered by the id of the last walk that touched them.
-// - eviction: when a new node would exceed capacity, the least recently used node is
-//   evicted, ordered by (walk id, -depth); that node is always a leaf (a walk touches
-//   every ancestor of a node it touches, and deeper nodes count as older).
+// - put: for every new position j of a window, the count of every n-gram w[j-n+1..j]
+//   (n <= max_trie_depth, inside the window) goes up by one, longest n first. A prefix
+//   w[j-n+1..j-1] that is missing (evicted, or never put) is recreated with count 1.
+//   Every node created or counted is stamped with the next value of a global clock.
+// - recency: siblings are ordered by stamp, newest first (an n-gram's stamp is the last
+//   time it was counted, so "recent" means "occurred recently").
+// - eviction: after each position, while the trie holds more than capacity nodes, the
+//   leaf with the oldest stamp is evicted (a parent can be older than its children, so
+//   only leaves are candidates; no node is ever left dangling).
 // - get: see NgramCorpus::get.
+//
+// Cost: a request keeps the trie nodes of its stream's suffixes between puts, so a new
+// token costs one child lookup per n (max_trie_depth lookups), not a walk from the root
+// per n. Leaf LRU is a queue of (node, stamp) in stamp order plus a small heap for
+// nodes that become leaves after their queue entry went by (see Trie::evict_one).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <queue>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -51,20 +58,32 @@ class Trie {
  public:
   Trie(int max_depth, int64_t capacity);
 
-  // Counts the n-grams of w[0..len) that end at positions >= first_new.
-  void insert(const int32_t* w, int64_t len, int64_t first_new);
+  // The trie nodes of a stream's suffixes: id[k] = node of its last k tokens for
+  // k <= known (id[0] = root). A node evicted since is detected by its generation.
+  struct Suffixes {
+    std::vector<int32_t> id;
+    std::vector<uint32_t> gen;
+    int known = 0;
+  };
+
+  // Counts the n-grams of w[0..len) that end at positions >= first_new. `suf` holds the
+  // suffix nodes of w[0..first_new) (only its first min(known, first_new) are used) and
+  // is left holding those of w[0..len).
+  void insert(const int32_t* w, int64_t len, int64_t first_new, Suffixes& suf);
   int32_t child(int32_t node, int32_t token) const {
     return node < 0 ? -1 : index_.find(FlatMap::key(node, token));
   }
+  // Whether the suffix node suf.id[k] is still the node it was when stored.
+  bool alive(const Suffixes& suf, int k) const {
+    return k == 0 || nodes_[suf.id[k]].gen == suf.gen[k];
+  }
   bool has_children(int32_t node) const { return nodes_[node].first_child >= 0; }
-  // The first `limit` children in recency order (most recently touched first).
+  // The first `limit` children in recency order (most recently stamped first).
   void children(int32_t node, std::vector<Child>& out, size_t limit) const;
   void clear();
 
   int64_t size() const { return size_; }
   int64_t evictions() const { return evictions_; }
-  // Changes whenever a node is created or evicted (match caches key on it).
-  uint64_t version() const { return version_; }
   double bytes_per_node() const;
 
   static constexpr int32_t kRoot = 0;
@@ -73,31 +92,39 @@ class Trie {
   struct Node {
     int32_t token;
     int32_t parent;
-    int32_t first_child, next_sibling, prev_sibling;
-    int32_t lru_prev, lru_next;  // LRU list: front = most recently used
-    int32_t depth;
+    int32_t first_child, next_sibling, prev_sibling;  // siblings: newest stamp first
+    uint32_t gen;    // bumped when the slot is freed
     int64_t count;
-    uint64_t walk;  // id of the last walk that touched the node
+    uint64_t stamp;  // 0 = free slot (the clock starts at 1)
+  };
+  struct Stamped {
+    int32_t id;
+    uint64_t stamp;
   };
 
-  int32_t create(int32_t parent, int32_t token, int32_t cursor);
-  void evict_lru_leaf();
-  void touch(int32_t id, int32_t cursor);
-  void lru_unlink(int32_t id);
-  void lru_insert_after(int32_t cursor, int32_t id);  // cursor -1 = at the front
+  int32_t create(int32_t parent, int32_t token);
+  int32_t ensure_path(const int32_t* tokens, int64_t n);
+  void stamp(int32_t id);
+  void move_to_front(int32_t id);
+  void evict_one();
   void sibling_unlink(int32_t id);
   void sibling_push_front(int32_t id);
+  void compact_queue();
 
   int max_depth_;
   int64_t capacity_;
   std::vector<Node> nodes_;
   std::vector<int32_t> free_;
   FlatMap index_;
-  int32_t lru_head_ = -1, lru_tail_ = -1;
+  // Every stamp appends (node, stamp); an entry is stale once the node is stamped again.
+  std::vector<Stamped> queue_;
+  size_t queue_head_ = 0;
+  // Leaves whose queue entry was passed over while they had children.
+  std::priority_queue<std::pair<uint64_t, int32_t>, std::vector<std::pair<uint64_t, int32_t>>,
+                      std::greater<>> orphans_;
   int64_t size_ = 0;  // nodes, root excluded
   int64_t evictions_ = 0;
-  uint64_t walk_ = 0;
-  uint64_t version_ = 0;
+  uint64_t clock_ = 0;
 };
 
 // Suffix automaton over the token chunks of one external corpus (chunks are joined by a
@@ -190,29 +217,26 @@ class NgramCorpus {
     TokenBatch windows;
     std::vector<int64_t> req_ids, total_lens;
   };
-  // Cached suffix nodes of a request's tail: chain[k] = trie node of its last k tokens.
-  struct MatchState {
-    int64_t total_len = 0;
-    uint64_t version = 0;
-    std::vector<int32_t> last;   // the last `known` tokens
-    std::vector<int32_t> chain;  // size max_trie_depth, chain[0] = root
-    int known = 0;
+  // What was put for one request: its length so far, its last (up to depth-1) tokens
+  // and their suffix nodes. Puts extend it; gets start their match from it.
+  struct RequestState {
+    int64_t done = 0;
+    std::vector<int32_t> last;
+    Trie::Suffixes suf;
   };
 
   void worker_loop();
   void apply_put(const PutJob& job);
-  const std::vector<int32_t>& trie_chain(const int32_t* tail, int64_t len, int64_t req_id,
-                                         int64_t total_len, bool cached);
-  void build_tree(const int32_t* tail, int64_t len, const std::vector<int32_t>& chain, int64_t row,
-                  const DraftBuffers& out);
+  void match_chain(const int32_t* tail, int64_t len, const RequestState* st, int64_t total_len);
+  void build_tree(const int32_t* tail, int64_t len, int64_t row, const DraftBuffers& out);
   int breadth_for(int match_len) const;
 
   CorpusConfig config_;
   Trie trie_;
   std::vector<std::pair<std::string, std::unique_ptr<SuffixAutomaton>>> external_;
-  std::unordered_map<int64_t, int64_t> put_state_;  // request -> tokens already put
-  std::unordered_map<int64_t, MatchState> match_state_;
-  MatchState scratch_state_;
+  std::unordered_map<int64_t, RequestState> requests_;
+  Trie::Suffixes scratch_suf_;   // puts without request ids
+  std::vector<int32_t> chain_;   // scratch of get: chain_[k] = node of the tail's last k tokens
   std::vector<Child> kids_;  // scratch of build_tree (under mu_)
   std::vector<std::pair<int32_t, int>> bfs_queue_;
   std::vector<int> fanout_;

@@ -13,101 +13,145 @@ void Trie::clear() {
   free_.clear();
   free_.shrink_to_fit();
   index_.clear();
-  nodes_.push_back(Node{-1, -1, -1, -1, -1, -1, -1, 0, 0, 0});  // the root: the empty n-gram
-  lru_head_ = lru_tail_ = -1;
+  queue_.clear();
+  queue_.shrink_to_fit();
+  queue_head_ = 0;
+  orphans_ = {};
+  nodes_.push_back(Node{-1, -1, -1, -1, -1, 0, 0, 0});  // the root: the empty n-gram
   size_ = 0;
   evictions_ = 0;
-  walk_ = 0;
-  ++version_;
+  clock_ = 0;
 }
 
-void Trie::insert(const int32_t* w, int64_t len, int64_t first_new) {
-  for (int64_t i = std::max<int64_t>(0, first_new - max_depth_ + 1); i < len; ++i) {
-    ++walk_;
-    int32_t node = kRoot;
-    int32_t cursor = -1;  // nodes of this walk sit at the front of the LRU list, shallow first
-    int64_t end = std::min<int64_t>(len, i + max_depth_);
-    for (int64_t j = i; j < end; ++j) {
-      int32_t c = child(node, w[j]);
-      bool created = c < 0;
-      if (created) c = create(node, w[j], cursor);
-      touch(c, cursor);
-      if (j >= first_new)
-        ++nodes_[c].count;
-      else if (created)
-        nodes_[c].count = 1;  // a prefix that was evicted or never put: it did occur
-      cursor = c;
-      node = c;
+void Trie::insert(const int32_t* w, int64_t len, int64_t first_new, Suffixes& suf) {
+  suf.id.resize(static_cast<size_t>(max_depth_));
+  suf.gen.resize(static_cast<size_t>(max_depth_));
+  suf.id[0] = kRoot;
+  int known = static_cast<int>(std::min<int64_t>(suf.known, first_new));
+  for (int64_t j = first_new; j < len; ++j) {
+    const int32_t t = w[j];
+    const int m = static_cast<int>(std::min<int64_t>(max_depth_, j + 1));
+    // The lookups of one position are independent: start their cache misses together.
+    for (int n = 1; n <= m; ++n)
+      if (n - 1 <= known) index_.prefetch(FlatMap::key(suf.id[n - 1], t));
+    // Longest n first, so suf.id[n-1] (the old suffix) is read before id[n] is replaced.
+    for (int n = m; n >= 1; --n) {
+      int32_t parent = n - 1 <= known && alive(suf, n - 1) ? suf.id[n - 1] : ensure_path(w + j - n + 1, n - 1);
+      int32_t c = child(parent, t);
+      if (c < 0)
+        c = create(parent, t);
+      else
+        move_to_front(c);
+      ++nodes_[c].count;
+      stamp(c);
+      if (n < max_depth_) {
+        suf.id[n] = c;
+        suf.gen[n] = nodes_[c].gen;
+      }
     }
+    known = std::min(m, max_depth_ - 1);
+    while (size_ > capacity_) evict_one();
   }
+  suf.known = known;
 }
 
-int32_t Trie::create(int32_t parent, int32_t token, int32_t cursor) {
-  // The LRU tail is older than every node of the current walk, and capacity >= depth
-  // means the walk alone never fills the trie, so the evicted leaf is never on it.
-  if (size_ >= capacity_) evict_lru_leaf();
+int32_t Trie::ensure_path(const int32_t* tokens, int64_t n) {
+  int32_t node = kRoot;
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t c = child(node, tokens[i]);
+    if (c < 0) {  // it did occur: an evicted (or never put) prefix counts once
+      c = create(node, tokens[i]);
+      nodes_[c].count = 1;
+      stamp(c);
+    }
+    node = c;
+  }
+  return node;
+}
+
+int32_t Trie::create(int32_t parent, int32_t token) {
   int32_t id;
+  uint32_t gen = 0;
   if (!free_.empty()) {
     id = free_.back();
     free_.pop_back();
+    gen = nodes_[id].gen;
   } else {
     id = static_cast<int32_t>(nodes_.size());
     nodes_.emplace_back();
   }
-  nodes_[id] = Node{token, parent, -1, -1, -1, -1, -1, nodes_[parent].depth + 1, 0, walk_};
+  nodes_[id] = Node{token, parent, -1, -1, -1, gen, 0, 0};
   index_.put(FlatMap::key(parent, token), id);
   sibling_push_front(id);
-  lru_insert_after(cursor, id);
   ++size_;
-  ++version_;
   return id;
 }
 
-void Trie::evict_lru_leaf() {
-  int32_t id = lru_tail_;
-  Node& n = nodes_[id];
-  lru_unlink(id);
+void Trie::stamp(int32_t id) {
+  nodes_[id].stamp = ++clock_;
+  queue_.push_back(Stamped{id, clock_});
+  if (queue_.size() > 2 * static_cast<size_t>(size_) + 4096) compact_queue();
+}
+
+void Trie::move_to_front(int32_t id) {
+  if (nodes_[nodes_[id].parent].first_child == id) return;
   sibling_unlink(id);
-  index_.erase(FlatMap::key(n.parent, n.token));
+  sibling_push_front(id);
+}
+
+// Evicts the leaf with the oldest stamp. Queue entries are in stamp order; the first one
+// that is current (the node was not stamped again) and names a leaf is the oldest leaf
+// with an entry. A current entry of a node with children is dropped; if that node later
+// loses its last child, it goes to orphans_, a heap by stamp. Every leaf is thus in
+// exactly one of the two, and the older of their fronts is the victim.
+void Trie::evict_one() {
+  while (queue_head_ < queue_.size()) {
+    const Stamped& e = queue_[queue_head_];
+    const Node& n = nodes_[e.id];
+    if (n.stamp == e.stamp && n.first_child < 0) break;
+    ++queue_head_;
+  }
+  while (!orphans_.empty()) {
+    const Node& n = nodes_[orphans_.top().second];
+    if (n.stamp == orphans_.top().first && n.first_child < 0) break;
+    orphans_.pop();
+  }
+  int32_t id;
+  if (!orphans_.empty() && (queue_head_ == queue_.size() || orphans_.top().first < queue_[queue_head_].stamp)) {
+    id = orphans_.top().second;
+    orphans_.pop();
+  } else {
+    id = queue_[queue_head_++].id;
+  }
+  Node& n = nodes_[id];
+  const int32_t parent = n.parent;
+  sibling_unlink(id);
+  index_.erase(FlatMap::key(parent, n.token));
+  n.stamp = 0;
+  ++n.gen;
   free_.push_back(id);
   --size_;
   ++evictions_;
-  ++version_;
+  const Node& p = nodes_[parent];
+  // The parent is now a leaf; if its current entry already left the queue, it is older
+  // than everything still queued.
+  if (parent != kRoot && p.first_child < 0 &&
+      (queue_head_ == queue_.size() || p.stamp < queue_[queue_head_].stamp))
+    orphans_.emplace(p.stamp, parent);
 }
 
-void Trie::touch(int32_t id, int32_t cursor) {
-  Node& n = nodes_[id];
-  n.walk = walk_;
-  if (nodes_[n.parent].first_child != id) {
-    sibling_unlink(id);
-    sibling_push_front(id);
-  }
-  if (n.lru_prev != cursor) {
-    lru_unlink(id);
-    lru_insert_after(cursor, id);
-  }
+void Trie::compact_queue() {
+  size_t out = 0;
+  for (size_t i = queue_head_; i < queue_.size(); ++i)
+    if (nodes_[queue_[i].id].stamp == queue_[i].stamp) queue_[out++] = queue_[i];
+  queue_.resize(out);
+  queue_head_ = 0;
 }
 
 void Trie::children(int32_t node, std::vector<Child>& out, size_t limit) const {
   out.clear();
   for (int32_t c = nodes_[node].first_child; c >= 0 && out.size() < limit; c = nodes_[c].next_sibling)
     out.push_back(Child{c, nodes_[c].token, nodes_[c].count});
-}
-
-void Trie::lru_unlink(int32_t id) {
-  Node& n = nodes_[id];
-  if (n.lru_prev >= 0) nodes_[n.lru_prev].lru_next = n.lru_next; else lru_head_ = n.lru_next;
-  if (n.lru_next >= 0) nodes_[n.lru_next].lru_prev = n.lru_prev; else lru_tail_ = n.lru_prev;
-  n.lru_prev = n.lru_next = -1;
-}
-
-void Trie::lru_insert_after(int32_t cursor, int32_t id) {
-  Node& n = nodes_[id];
-  int32_t next = cursor >= 0 ? nodes_[cursor].lru_next : lru_head_;
-  n.lru_prev = cursor;
-  n.lru_next = next;
-  if (cursor >= 0) nodes_[cursor].lru_next = id; else lru_head_ = id;
-  if (next >= 0) nodes_[next].lru_prev = id; else lru_tail_ = id;
 }
 
 void Trie::sibling_unlink(int32_t id) {
@@ -129,7 +173,8 @@ void Trie::sibling_push_front(int32_t id) {
 
 double Trie::bytes_per_node() const {
   double total = static_cast<double>(nodes_.capacity() * sizeof(Node) + free_.capacity() * sizeof(int32_t) +
-                                     index_.bytes());
+                                     index_.bytes() + queue_.capacity() * sizeof(Stamped) +
+                                     orphans_.size() * sizeof(std::pair<uint64_t, int32_t>));
   return total / static_cast<double>(std::max<int64_t>(1, size_));
 }
 

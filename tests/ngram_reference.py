@@ -1,8 +1,9 @@
 """Pure-Python reference of spectool.native.NgramCorpus: the test oracle.
 
 It implements the documented semantics (spectool/native/__init__.py) the slow, obvious
-way: a dict-of-dicts trie whose nodes remember the id of the last walk that touched
-them, eviction by scanning every leaf for the oldest (walk id, -depth), no match cache,
+way: a dict-of-dicts trie whose nodes remember the clock value of their last stamp
+(creation or count), every n-gram looked up from the root, eviction by scanning every
+leaf for the oldest stamp, no suffix or match cache,
 and external corpora kept as plain token lists whose n-gram counts are found by
 scanning them. Puts apply at once (there is no worker thread).
 """
@@ -19,9 +20,8 @@ import numpy as np
 class Node:
     token: int
     parent: Node | None
-    depth: int
     count: int = 0
-    walk: int = 0
+    stamp: int = 0
     children: dict[int, Node] = field(default_factory=dict)
 
 
@@ -41,10 +41,10 @@ class ReferenceCorpus:
 
     # ----- trie -----
     def reset(self):
-        self.root = Node(-1, None, 0)
+        self.root = Node(-1, None)
         self.nodes = 0
         self.evictions = 0
-        self.walks = 0
+        self.clock = 0
         self.done: dict[int, int] = {}
 
     def _all_nodes(self):
@@ -55,29 +55,38 @@ class ReferenceCorpus:
             stack.extend(node.children.values())
 
     def _evict(self):
-        leaf = min((x for x in self._all_nodes() if not x.children), key=lambda x: (x.walk, -x.depth))
+        leaf = min((x for x in self._all_nodes() if not x.children), key=lambda x: x.stamp)
         del leaf.parent.children[leaf.token]
         self.nodes -= 1
         self.evictions += 1
 
+    def _stamp(self, node):
+        self.clock += 1
+        node.stamp = self.clock
+
+    def _child(self, node, token):
+        """(node's child for token, whether it was created: count 0, not stamped)."""
+        child = node.children.get(token)
+        if child is not None:
+            return child, False
+        child = node.children[token] = Node(token, node)
+        self.nodes += 1
+        return child, True
+
     def _insert(self, w, first_new):
-        for i in range(max(0, first_new - self.depth + 1), len(w)):
-            self.walks += 1
-            node = self.root
-            for j in range(i, min(len(w), i + self.depth)):
-                child = node.children.get(w[j])
-                created = child is None
-                if created:
-                    if self.nodes >= self.capacity:
-                        self._evict()
-                    child = node.children[w[j]] = Node(w[j], node, node.depth + 1)
-                    self.nodes += 1
-                child.walk = self.walks
-                if j >= first_new:
-                    child.count += 1
-                elif created:
-                    child.count = 1
-                node = child
+        for j in range(first_new, len(w)):
+            for n in range(min(self.depth, j + 1), 0, -1):  # longest n-gram first
+                node = self.root
+                for t in w[j - n + 1:j]:  # the prefix; a missing node did occur: count 1
+                    node, created = self._child(node, t)
+                    if created:
+                        node.count = 1
+                        self._stamp(node)
+                child, _ = self._child(node, w[j])
+                child.count += 1
+                self._stamp(child)
+            while self.nodes > self.capacity:
+                self._evict()
 
     def batch_put(self, windows, req_ids=None, total_lens=None):
         for i, w in enumerate(windows):
@@ -122,7 +131,7 @@ class ReferenceCorpus:
         return self.max_b - (self.max_b - self.min_b) * (m - 1) // span
 
     def _trie_children(self, node):
-        kids = sorted(node.children.values(), key=lambda c: -c.walk)
+        kids = sorted(node.children.values(), key=lambda c: -c.stamp)
         return [(c, c.token, c.count) for c in kids]
 
     @staticmethod

@@ -304,18 +304,24 @@ def test_put_and_get_on_two_threads(stdlib_tokens):
     assert_same(corpus.batch_get(None, tails, None), sequential.batch_get(None, tails, None))
 
 
-def test_match_state_never_changes_results(stdlib_tokens):
-    """Gets with request state (advanced incrementally) equal stateless gets."""
-    corpus = NgramCorpus(max_trie_depth=10, num_draft_tokens=12)
+@pytest.mark.parametrize("capacity", [120, 10_000_000])
+def test_match_state_never_changes_results(stdlib_tokens, capacity):
+    """Gets that start from a request's put state (0 to 8 tokens behind the tail, its
+    suffix nodes possibly evicted by other puts) equal stateless gets."""
+    corpus = NgramCorpus(max_trie_depth=10, num_draft_tokens=12, capacity=capacity)
     corpus.batch_put([stdlib_tokens[:3000]])
     corpus.synchronize()
-    for n in range(3000, 3060):
+    rng = random.Random(3)
+    for n in range(3000, 3200):
         seq = stdlib_tokens[:n]
         with_state = corpus.batch_get([1], [seq[-12:]], [n])
         assert_same(with_state, corpus.batch_get(None, [seq[-12:]], None), f"len {n}")
         if n % 9 == 0:
             corpus.batch_put([seq[-18:]], [1], [n])
-            corpus.synchronize()
+        if n % 4 == 0:  # another request's put moves other nodes up the LRU order
+            s = rng.randrange(5000, 20000)
+            corpus.batch_put([stdlib_tokens[s:s + 10]])
+        corpus.synchronize()
     corpus.erase_match_state([1, 12345])  # unknown ids are a no-op
 
 

@@ -14,9 +14,14 @@ Semantics that callers rely on (tests/ngram_reference.py is the executable versi
   with the new tokens. A window whose total length is not past the last one put for
   its request counts nothing (call ``erase_match_state`` before reusing an id).
   Puts run on a worker thread in submission order; ``synchronize`` waits for them.
-- Recency: siblings are ordered by the last put that passed through them.
-- Capacity (trie nodes, the root excluded): a new node beyond it first evicts the
-  least recently used node, which is always a leaf, so no node is left dangling.
+  For each new position, n-grams are counted longest first; a missing prefix of one
+  (evicted, or before the window's first new token and never put) is recreated with
+  count 1. Every node created or counted takes the next value of a global clock.
+- Recency: siblings are ordered by that clock, newest first, i.e. by when the n-gram
+  last occurred.
+- Capacity (trie nodes, the root excluded): after each new position, while the trie
+  is over capacity, the leaf with the oldest clock value is evicted (only leaves, so
+  no node is left dangling).
 - Match: the longest suffix of the tail, at most ``max_trie_depth - 1`` tokens, whose
   trie node has children. ``match_len`` reports it (0: no match, the tree is the root
   and padding).
@@ -38,9 +43,11 @@ Semantics that callers rely on (tests/ngram_reference.py is the executable versi
   tree below an external match is limited only by the token budget.
 - Output nodes are in topological order; node 0 is the tail's last token; padding nodes
   (``valid`` False, token 0, score 0) hang off the root at the end.
-- ``batch_get`` keeps per-request match state (the trie nodes of the tail's suffixes)
-  and advances it by the tokens appended since the last call when the trie's shape is
-  unchanged; otherwise it is rebuilt. The result never depends on that state.
+- Each request id keeps the trie nodes of the suffixes of what was put for it, so a
+  put costs about ``max_trie_depth`` lookups per new token, and ``batch_get`` starts
+  its match from them when the tail continues what was put (by at most two tokens);
+  otherwise it looks the suffixes up from the root. The result never depends on that
+  state.
   ``erase_match_state`` drops it (and the put progress) for ids; unknown ids are a
   no-op. ``reset`` empties the trie and all request state; external corpora stay.
 
