@@ -91,9 +91,9 @@ def draft_config(method: str, draft_dir: str | Path, **overrides):
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
 
 
-def measure(target, draft, prompts: list[list[int]], new_tokens: int, max_seq_len: int, seed: int,
-            warmup_tokens: int = 8) -> dict:
+def measure(target, draft, prompts: list[list[int]], new_tokens: int, max_seq_len: int, seed: int) -> dict:
     """Fresh engine for ``prompts`` (all in one batch), warmed up, then one timed greedy run."""
+    warmup_tokens = min(8, new_tokens)
     engine = st.Engine(target, draft=draft, max_batch_size=len(prompts), max_seq_len=max_seq_len)
     warm = random_prompts(len(prompts), min(len(p) for p in prompts), target.config.vocab_size, seed + 1)
     engine.generate(warm, max_new_tokens=warmup_tokens, record=False, ignore_eos=True, seed=seed)
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         methods.insert(0, "plain")  # the baseline of every speedup
     new_tokens, max_prompt = args.new_tokens, None
     if args.quick:
-        batches, new_tokens, max_prompt = [1], 4, 24
+        batches, new_tokens, max_prompt = [1], 3, 16
     seed_all(args.seed)
     target = load_target(args.model, args.device)
     configs = {m: draft_config(m, args.draft_dir) for m in methods}  # bad names fail before any decoding

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     num_prompts, new_tokens, max_prompt = args.num_prompts, args.new_tokens, None
     if args.quick:
-        num_prompts, new_tokens, max_prompt = 1, 4, 24
+        num_prompts, new_tokens, max_prompt = 1, 3, 16
     device = torch.device(args.device)
     seed_all(args.seed)
     target = load_target(args.model, args.device)
