@@ -40,6 +40,23 @@ class Batch:
         return len(self.request_ids)
 
 
+def gained_tokens(tree, result) -> torch.Tensor:
+    """[B, N] tokens each row gained this iteration on the device: the accepted drafts
+    in depth order, then the bonus at index accept_length; entries after it are junk."""
+    path = result.accept_path  # [B, W], root first
+    n = tree.tokens.shape[1]
+    drafted = tree.tokens.gather(1, path[:, 1:].clamp(min=0))  # [B, W-1]
+    drafted = torch.nn.functional.pad(drafted, (0, n - drafted.shape[1]))
+    j = torch.arange(n, device=drafted.device)
+    return torch.where(j == result.accept_length[:, None], result.bonus[:, None], drafted)
+
+
+def path_hidden(hidden: torch.Tensor, result) -> torch.Tensor:
+    """[B, W, H] target hidden states along each accepted path (root first; junk past it)."""
+    path = result.accept_path.clamp(min=0)
+    return hidden.gather(1, path[..., None].expand(-1, -1, hidden.shape[-1]))
+
+
 def make_drafter(config, engine):
     """The drafter for a draft config (None for plain decoding)."""
     if config is None:

@@ -16,8 +16,13 @@ from __future__ import annotations
 import torch
 
 from spectool.config import EagleConfig
-from spectool.draft import Batch
+from spectool.draft import Batch, gained_tokens, path_hidden
 from spectool.draft.tree import DraftTree, build_eagle_tree
+from spectool.graphs import GraphRunner
+
+# DraftTree tensors the graphed draft step returns (max_depth is num_steps).
+_TREE_FIELDS = ("tokens", "parents", "depth", "scores", "valid", "mask", "positions", "retrieve_index",
+                "retrieve_next_token", "retrieve_next_sibling", "seq_lens")
 
 
 class EagleDrafter:
@@ -48,44 +53,49 @@ class EagleDrafter:
         self.feature = torch.zeros(e.num_slots, hidden, dtype=dtype, device=self.device)
         self.root_p = torch.zeros(e.num_slots, self.config.topk, device=self.device)
         self.root_i = torch.zeros(e.num_slots, self.config.topk, dtype=torch.long, device=self.device)
+        self._kv_len: int | None = None
+        scratch = {"slots": e.max_batch_size}
+        self._extend_runner = GraphRunner(self._extend_step, e.graph_buckets, e.cuda_graphs, scratch)
+        self._draft_runner = GraphRunner(self._draft_step, e.graph_buckets, e.cuda_graphs, scratch)
+        self.graph_runners = [self._extend_runner, self._draft_runner]
 
     # ------------------------------------------------------------ extend
 
     def _run(self, tokens, hidden, positions, slots, starts, tree_mask, kv_len):
+        """Draft layer forward: (feature, float32 logits). kv_len None reads lengths on the device."""
         emb = self.engine.model.embed_tokens(tokens)
         feature, normed = self.layer(emb, hidden, positions, self.cache, slots, starts, tree_mask, kv_len)
         return feature, self.engine.model.lm_head(normed).float()
 
-    def _extend(self, slots, starts, tokens, hidden, lengths: list[int]) -> None:
-        """Feed (tokens[b, :len], hidden[b, :len]) at draft-cache index starts[b]; keep the last feature."""
+    def _extend_step(self, slots, starts, tokens, hidden, last):
+        """Feed (tokens[b], hidden[b]) at draft-cache index starts[b]; keep the feature and the
+        root's top-k children from position ``last[b]`` (later entries are padding)."""
         t = tokens.shape[1]
         positions = starts[:, None] + 1 + torch.arange(t, device=self.device)
-        feature, logits = self._run(tokens, hidden, positions, slots, starts, None,
-                                    int(starts.max()) + t)
-        last = torch.tensor(lengths, device=self.device) - 1
-        rows = torch.arange(len(lengths), device=self.device)
+        kv_len = None if self._kv_len is None else self._kv_len + t
+        feature, logits = self._run(tokens, hidden, positions, slots, starts, None, kv_len)
+        rows = torch.arange(tokens.shape[0], device=self.device)
         self.feature[slots] = feature[rows, last]
         p, i = torch.softmax(logits[rows, last], dim=-1).topk(self.config.topk, dim=-1)
         self.root_p[slots], self.root_i[slots] = p, i
+        return p
 
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
         for b in range(batch.size):
             hist = batch.histories[b]
             n = len(hist) - 1  # prompt length; hist[-1] is the first sampled token (the root)
             tokens = torch.tensor([hist[1:]], dtype=torch.long, device=self.device)
-            self._extend(batch.slots[b:b + 1], torch.zeros(1, dtype=torch.long, device=self.device),
-                         tokens, hiddens[b][None, :n], [n])
+            zero = torch.zeros(1, dtype=torch.long, device=self.device)
+            self._kv_len = 0
+            self._extend_step(batch.slots[b:b + 1], zero, tokens, hiddens[b][None, :n], zero + n - 1)
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
                   accepted: list[list[int]], timer) -> None:
         with timer("draft"):
-            lengths = [len(a) for a in accepted]
-            t = max(lengths)
-            tokens = torch.tensor([a + [0] * (t - len(a)) for a in accepted], dtype=torch.long,
-                                  device=self.device)
-            path = result.accept_path[:, :t].clamp(min=0)
-            h = hidden.gather(1, path[..., None].expand(-1, -1, hidden.shape[-1]))
-            self._extend(batch.slots, batch.seq_lens, tokens, h, lengths)
+            self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host)
+            self._extend_runner(batch.size, slots=batch.slots, starts=batch.seq_lens,
+                                tokens=gained_tokens(tree, result), hidden=path_hidden(hidden, result),
+                                last=result.accept_length)
 
     def release(self, batch: Batch) -> None:
         """Slots are overwritten by the next prefill; nothing to free."""
@@ -93,10 +103,16 @@ class EagleDrafter:
     # ------------------------------------------------------------ draft
 
     def draft(self, batch: Batch, timer) -> tuple[DraftTree, dict]:
+        self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host)
+        out = self._draft_runner(batch.size, slots=batch.slots, seq_lens=batch.seq_lens, roots=batch.roots)
+        tree = DraftTree(**dict(zip(_TREE_FIELDS, out[:-2])), max_depth=self.config.num_steps)
+        return tree, {"step_topk_tokens": out[-2], "step_topk_probs": out[-1]}
+
+    def _draft_step(self, slots, seq_lens, roots):
+        """Grow the tree (all steps) and return its tensors plus the per-step top-k."""
         k, steps = self.config.topk, self.config.num_steps
-        b = batch.size
+        b = slots.shape[0]
         dev = self.device
-        slots = batch.slots
         scores = self.root_p[slots]  # [B, K] path scores of step-0 candidates
         tokens = self.root_i[slots]
         step_tokens, step_scores, step_parents = [tokens], [scores], [torch.full_like(tokens, -1)]
@@ -122,9 +138,9 @@ class EagleDrafter:
             fed_mask = torch.cat([torch.nn.functional.pad(fed_mask, (0, k)), parent_rows], dim=1)
             fed_tok = torch.cat([fed_tok, frontier_tok], 1)
             fed_hidden = torch.cat([fed_hidden, frontier_hidden], 1)
-            fed_pos = torch.cat([fed_pos, batch.seq_lens[:, None] + frontier_depth + fed_tok.new_zeros(b, k)], 1)
-            feature, logits = self._run(fed_tok, fed_hidden, fed_pos, slots, batch.seq_lens, fed_mask,
-                                        max(batch.seq_lens_host) + fed_tok.shape[1])
+            fed_pos = torch.cat([fed_pos, seq_lens[:, None] + frontier_depth + fed_tok.new_zeros(b, k)], 1)
+            kv_len = None if self._kv_len is None else self._kv_len + fed_tok.shape[1]
+            feature, logits = self._run(fed_tok, fed_hidden, fed_pos, slots, seq_lens, fed_mask, kv_len)
             feat, logp = feature[:, -k:], torch.softmax(logits[:, -k:], dim=-1)
             p, i = logp.topk(k, dim=-1)  # [B, K(frontier), K(children)]
             cand_score = (frontier_score[..., None] * p).reshape(b, k * k)
@@ -143,9 +159,7 @@ class EagleDrafter:
             frontier_depth += 1
             chosen_tok.append(frontier_tok)
             chosen_p.append(frontier_score)
-        with timer("index"):
-            tree = build_eagle_tree(batch.roots, step_tokens, step_scores, step_parents,
-                                    self.num_draft_tokens, batch.seq_lens)
-        why = {"step_topk_tokens": torch.stack(chosen_tok, 1), "step_topk_probs": torch.stack(chosen_p, 1)}
-        return tree, why
+        tree = build_eagle_tree(roots, step_tokens, step_scores, step_parents, self.num_draft_tokens, seq_lens)
+        return (*(getattr(tree, name) for name in _TREE_FIELDS), torch.stack(chosen_tok, 1),
+                torch.stack(chosen_p, 1))
 

@@ -7,6 +7,11 @@ indices, plus the last k indices it had fed with drafted tokens (those inputs ar
 known for certain now). Beyond the root, layer k's input tokens are the drafts of
 layers 0..k-1 at the last index, so the layers run in order and the chain
 root, d1, ..., dK is complete when the extend ends: ``draft()`` only assembles it.
+
+Everything stays on the device: per slot, the committed tokens (then the drafts)
+and the target's hidden states by index. After a verify each layer runs one
+fixed-shape step (window N + k, where N-1 is the most a verify can accept), so each
+layer has its own CUDA graph per batch bucket.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from __future__ import annotations
 import torch
 
 from spectool.config import MultiLayerEagleConfig
-from spectool.draft import Batch
+from spectool.draft import Batch, gained_tokens, path_hidden
 from spectool.draft.tree import DraftTree
+from spectool.graphs import GraphRunner
 
 
 class MultiLayerEagleDrafter:
@@ -36,68 +42,71 @@ class MultiLayerEagleDrafter:
 
     def allocate(self) -> None:
         e = self.engine
-        self.caches = [self.checkpoint.make_cache(k, e.num_slots, e.cache_len) for k in range(self.steps)]
-        # Target hidden states of every committed index: layer k re-reads the last k of them.
-        self.hidden = torch.zeros(e.num_slots, e.cache_len, e.config.hidden_size, dtype=e.target.dtype,
+        n = self.num_draft_tokens
+        self.caches = [self.checkpoint.make_cache(k, e.num_slots, e.cache_len + n) for k in range(self.steps)]
+        # Per slot: committed tokens, the root, then the drafts (read by later layers), and the
+        # target's hidden state at every committed index (layer k re-reads the last k of them).
+        self.tokens = torch.zeros(e.num_slots, e.cache_len + 2 * n + 1, dtype=torch.long, device=self.device)
+        self.hidden = torch.zeros(e.num_slots, e.cache_len + 2 * n, e.config.hidden_size, dtype=e.target.dtype,
                                   device=self.device)
         self.chain = torch.zeros(e.num_slots, self.steps, dtype=torch.long, device=self.device)
         self.chain_p = torch.zeros(e.num_slots, self.steps, device=self.device)
+        self._kv_len: int | None = None
+        scratch = {"slots": e.max_batch_size}
+        self.graph_runners = [
+            GraphRunner(lambda slots, old_lens, new_lens, k=k: self._layer_step(k, slots, old_lens, new_lens),
+                        e.graph_buckets, e.cuda_graphs, scratch)
+            for k in range(self.steps)]
 
-    def _extend(self, slots: torch.Tensor, histories: list[list[int]], old_lens: list[int]) -> None:
-        """Run every layer over its window, given the committed history (root last) per row.
+    def _layer_step(self, k: int, slots, old_lens, new_lens, window: int | None = None,
+                    kv_len: int | None = None):
+        """Extend layer k over indices [old_len - k, new_len - 1]; store its draft d_{k+1}.
 
-        ``old_lens[b]`` is the committed length before the new tokens; the new committed
-        length is ``len(histories[b]) - 1`` (the root is not in the cache yet).
+        ``window`` is the padded length (default N + k, the most a verify can need);
+        rows with a shorter window compute junk past it, beyond anything valid.
+        ``kv_len`` (CPU only) bounds the cache read; default ``self._kv_len``.
         """
-        dev = self.device
+        kv_len = self._kv_len if kv_len is None else kv_len
         model = self.engine.model
-        drafts = [[] for _ in histories]  # d1.. per row, filled layer by layer
-        for k in range(self.steps):
-            starts, rows_tok, rows_pos = [], [], []
-            for b, hist in enumerate(histories):
-                new_len = len(hist) - 1
-                start = max(old_lens[b] - k, 0)
-                ext = hist + drafts[b]
-                starts.append(start)
-                rows_tok.append([ext[i + k + 1] for i in range(start, new_len)])
-                rows_pos.append([i + k + 1 for i in range(start, new_len)])
-            lengths = [len(r) for r in rows_tok]
-            t = max(lengths)
-            tokens = torch.tensor([r + [0] * (t - len(r)) for r in rows_tok], dtype=torch.long, device=dev)
-            positions = torch.tensor([r + [r[-1]] * (t - len(r)) for r in rows_pos], dtype=torch.long,
-                                     device=dev)
-            start_t = torch.tensor(starts, dtype=torch.long, device=dev)
-            index = (start_t[:, None] + torch.arange(t, device=dev)).clamp(max=self.hidden.shape[1] - 1)
-            hidden = self.hidden[slots[:, None], index]
-            emb = model.embed_tokens(tokens)
-            _, normed = self.checkpoint.layers[k](emb, hidden, positions, self.caches[k], slots, start_t, None,
-                                             max(starts) + t)
-            last = torch.tensor(lengths, device=dev) - 1
-            rows = torch.arange(len(histories), device=dev)
-            probs = torch.softmax(model.lm_head(normed[rows, last]).float(), dim=-1)
-            p, tok = probs.max(dim=-1)
-            self.chain[slots, k], self.chain_p[slots, k] = tok, p
-            for b, d in enumerate(tok.tolist()):
-                drafts[b].append(d)
+        t = self.num_draft_tokens + k if window is None else window
+        start = (old_lens - k).clamp(min=0)
+        index = start[:, None] + torch.arange(t, device=self.device)  # draft-cache indices
+        rows = slots[:, None]
+        tokens = self.tokens[rows, (index + k + 1).clamp(max=self.tokens.shape[1] - 1)]
+        hidden = self.hidden[rows, index.clamp(max=self.hidden.shape[1] - 1)]
+        _, normed = self.checkpoint.layers[k](model.embed_tokens(tokens), hidden, index + k + 1, self.caches[k],
+                                              slots, start, None, kv_len)
+        last = (new_lens - 1 - start).clamp(min=0)
+        out = normed.gather(1, last[:, None, None].expand(-1, 1, normed.shape[-1]))[:, 0]
+        p, draft = torch.softmax(model.lm_head(out).float(), dim=-1).max(dim=-1)
+        self.tokens[slots, (new_lens + k + 1).clamp(max=self.tokens.shape[1] - 1)] = draft
+        self.chain[slots, k] = draft
+        self.chain_p[slots, k] = p
+        return p
 
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
         for b, h in enumerate(hiddens):
-            self.hidden[batch.slots[b], : h.shape[0]] = h
-        self._extend(batch.slots, batch.histories, [0] * batch.size)
+            n = h.shape[0]
+            slot = batch.slots[b:b + 1]
+            self.tokens[slot, : n + 1] = torch.tensor(batch.histories[b], device=self.device)
+            self.hidden[slot, :n] = h
+            zero = torch.zeros(1, dtype=torch.long, device=self.device)
+            new = torch.full((1,), n, dtype=torch.long, device=self.device)
+            for k in range(self.steps):
+                self._layer_step(k, slot, zero, new, window=n, kv_len=n + k + 1)
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
                   accepted: list[list[int]], timer) -> None:
         with timer("draft"):
-            t = result.accept_path.shape[1]
-            path = result.accept_path.clamp(min=0)
-            h = hidden.gather(1, path[..., None].expand(-1, -1, hidden.shape[-1]))
-            index = (batch.seq_lens[:, None] + torch.arange(t, device=self.device)).clamp(
-                max=self.hidden.shape[1] - 1)
-            # Rows past a request's accept length write garbage beyond its committed length:
-            # those indices are rewritten before any layer reads them.
-            self.hidden[batch.slots[:, None], index] = h
-            histories = [h_ + a for h_, a in zip(batch.histories, accepted)]
-            self._extend(batch.slots, histories, batch.seq_lens_host)
+            n = self.num_draft_tokens
+            rows = batch.slots[:, None]
+            j = torch.arange(n, device=self.device)
+            self.tokens[rows, batch.seq_lens[:, None] + 1 + j] = gained_tokens(tree, result)
+            self.hidden[rows, batch.seq_lens[:, None] + j] = path_hidden(hidden, result)[:, :n]
+            new_lens = batch.seq_lens + result.accept_length + 1
+            self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host) + n
+            for runner in self.graph_runners:
+                runner(batch.size, slots=batch.slots, old_lens=batch.seq_lens, new_lens=new_lens)
 
     def release(self, batch: Batch) -> None:
         """Slots are overwritten by the next prefill; nothing to free."""
@@ -108,5 +117,5 @@ class MultiLayerEagleDrafter:
         parents = torch.arange(-1, s, device=self.device).expand(b, -1)
         scores = torch.cat([torch.ones(b, 1, device=self.device), self.chain_p[batch.slots]], dim=1)
         with timer("index"):
-            tree = DraftTree.from_parents(tokens, parents, scores, batch.seq_lens)
+            tree = DraftTree.from_parents(tokens, parents, scores, batch.seq_lens, max_depth=s, check=False)
         return tree, {}

@@ -54,7 +54,7 @@ class NgramDrafter:
             tree = DraftTree.from_mask(
                 torch.from_numpy(got.tokens).to(dev, torch.long), torch.from_numpy(got.mask).to(dev),
                 torch.from_numpy(got.scores).to(dev), batch.seq_lens,
-                valid=torch.from_numpy(got.valid).to(dev))
+                valid=torch.from_numpy(got.valid).to(dev), max_depth=self.num_draft_tokens - 1, check=False)
         why = {"ngram_match_len": torch.from_numpy(got.match_len),
                "ngram_breadth": torch.from_numpy(got.breadth)}
         return tree, why
