@@ -35,10 +35,10 @@ def main(argv: list[str]) -> int:
         print("spectool demo: --num-prompts and --max-new-tokens must be >= 1", file=sys.stderr)
         return 2
 
-    import spectool as st
     from rich.console import Console
     from rich.table import Table
 
+    import spectool as st
     from spectool.trace.report import write_report
 
     root = demo_model()
