@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     shape, prefix, iters = args.shape, args.prefix, args.iters
     verify_ns, draft_ts = [4, 5, 8, 12, 16, 64], [1, 2, 3, 4, 5, 6]
     if args.quick:
-        shape, prefix, iters = "tiny", 32, 2
+        shape, prefix, iters = "tiny", 32, 1
     device = torch.device(args.device)
     seed_all(args.seed)
     accept = load_accept(args.accept_json)

@@ -1,0 +1,91 @@
+"""The head-to-head benchmark scripts, run in their --quick CPU mode so they cannot rot.
+
+Each script runs in-process (benchmarks/ on sys.path, as when run from there) and its
+JSON is checked against what the script promises: equal work per method, greedy
+speculative output equal to plain output, speedups and implied speedups that follow
+from the reported times.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def run_script(name: str, out: Path, *extra: str) -> dict:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        module = importlib.import_module(name)
+        assert module.main(["--device", "cpu", "--quick", "--out", str(out), *extra]) == 0
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return json.loads((out / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def speculative_json(tmp_path_factory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("bench")
+    return run_script("speculative", out), out
+
+
+def test_speculative_equal_work_and_lossless(speculative_json):
+    data, _ = speculative_json
+    rows = data["rows"]
+    assert {(r["workload"], r["method"]) for r in rows} == {
+        (w, m) for w in ("completion", "editing") for m in ("plain", "ngram", "eagle", "multi_layer_eagle")}
+    for r in rows:
+        assert r["generated_tokens"] == r["new_tokens"] * r["batch"]  # ignore_eos: the same work everywhere
+        assert r["same_tokens_as_plain"] is True  # greedy speculative decoding is lossless (float32 on CPU)
+        plain = next(p for p in rows if p["method"] == "plain" and p["workload"] == r["workload"]
+                     and p["batch"] == r["batch"])
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / plain["tokens_per_s"])
+        assert "verify_us" in r["phase_us"]
+    assert all(r["mean_accept_length"] == 0 for r in rows if r["method"] == "plain")
+
+
+def test_step_times_implied_speedup_follows_from_times(speculative_json):
+    spec, out = speculative_json
+    data = run_script("step_times_8b", out, "--accept-json", str(out / "speculative.json"))
+    times = data["times"]
+    assert set(times["verify_us"]) >= {"4", "8", "16", "64"}
+    for r in data["rows"]:
+        measured = [s for s in spec["rows"] if s["method"] == r["method"] and s["batch"] == 1]
+        assert r["accept_length"] in [s["mean_accept_length"] for s in measured]
+        draft = sum(times["draft_us"][str(t)] * c for t, c in r["draft_steps"])
+        expected = (r["accept_length"] + 1) * times["decode_us"] / (times["verify_us"][str(r["N"])] + draft)
+        assert r["implied_speedup"] == pytest.approx(expected)
+
+
+def test_sweep_fills_both_quick_grids(tmp_path):
+    grids = run_script("sweep", tmp_path)["grids"]
+    for name in ("ngram", "eagle"):
+        g = grids[name]
+        assert len(g["x_values"]) == len(g["y_values"]) == 2
+        cells = [v for key in ("mean_accept_length", "tokens_per_s") for row in g[key] for v in row]
+        assert all(math.isfinite(v) and v >= 0 for v in cells)
+        # accept length can never exceed the tree depth of the cell's setting
+        for j, y in enumerate(g["y_values"]):
+            for i, x in enumerate(g["x_values"]):
+                depth = x if name == "eagle" else y - 1
+                assert g["mean_accept_length"][j][i] <= depth
+
+
+def test_vs_transformers_pairs(tmp_path):
+    pytest.importorskip("transformers")
+    rows = run_script("vs_transformers", tmp_path)["rows"]
+    assert [(r["spectool_method"], r["hf_method"]) for r in rows] == [("ngram", "prompt lookup"),
+                                                                      ("eagle", "assisted")]
+    for r in rows:
+        assert r["hf"] is not None and r["hf_plain"] is not None
+        # both sides generate exactly max_new_tokens per prompt
+        counts = {r[side]["generated_tokens"] for side in ("hf", "hf_plain", "spectool")}
+        assert len(counts) == 1
+        assert r["ratio"] == pytest.approx(r["spectool"]["tokens_per_s"] / r["hf"]["tokens_per_s"])
+        assert r["hf_plain"]["mean_accept_length"] == pytest.approx(0.0)  # one forward per token
