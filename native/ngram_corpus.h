@@ -97,9 +97,10 @@ class Trie {
     int64_t count;
     uint64_t stamp;  // 0 = free slot (the clock starts at 1)
   };
-  struct Stamped {
+  struct Stamped {  // 12 bytes: the queue holds up to two entries per node
     int32_t id;
-    uint64_t stamp;
+    uint32_t stamp_lo, stamp_hi;
+    uint64_t stamp() const { return (static_cast<uint64_t>(stamp_hi) << 32) | stamp_lo; }
   };
 
   int32_t create(int32_t parent, int32_t token);
@@ -122,6 +123,7 @@ class Trie {
   // Leaves whose queue entry was passed over while they had children.
   std::priority_queue<std::pair<uint64_t, int32_t>, std::vector<std::pair<uint64_t, int32_t>>,
                       std::greater<>> orphans_;
+  size_t queue_peak_ = 0;  // most entries the queue held (its touched memory)
   int64_t size_ = 0;  // nodes, root excluded
   int64_t evictions_ = 0;
   uint64_t clock_ = 0;

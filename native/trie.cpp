@@ -16,7 +16,13 @@ void Trie::clear() {
   queue_.clear();
   queue_.shrink_to_fit();
   queue_head_ = 0;
+  queue_peak_ = 0;
   orphans_ = {};
+  // Reserved address space is not memory until touched: reserving up to capacity (at
+  // most 16M nodes) spares the trie the copies of vector doubling.
+  const size_t reserve = static_cast<size_t>(std::min<int64_t>(capacity_, int64_t{1} << 24)) + 1;
+  nodes_.reserve(reserve);
+  queue_.reserve(2 * reserve + 4096);
   nodes_.push_back(Node{-1, -1, -1, -1, -1, 0, 0, 0});  // the root: the empty n-gram
   size_ = 0;
   evictions_ = 0;
@@ -89,7 +95,8 @@ int32_t Trie::create(int32_t parent, int32_t token) {
 
 void Trie::stamp(int32_t id) {
   nodes_[id].stamp = ++clock_;
-  queue_.push_back(Stamped{id, clock_});
+  queue_.push_back(Stamped{id, static_cast<uint32_t>(clock_), static_cast<uint32_t>(clock_ >> 32)});
+  queue_peak_ = std::max(queue_peak_, queue_.size());
   if (queue_.size() > 2 * static_cast<size_t>(size_) + 4096) compact_queue();
 }
 
@@ -108,7 +115,7 @@ void Trie::evict_one() {
   while (queue_head_ < queue_.size()) {
     const Stamped& e = queue_[queue_head_];
     const Node& n = nodes_[e.id];
-    if (n.stamp == e.stamp && n.first_child < 0) break;
+    if (n.stamp == e.stamp() && n.first_child < 0) break;
     ++queue_head_;
   }
   while (!orphans_.empty()) {
@@ -117,7 +124,7 @@ void Trie::evict_one() {
     orphans_.pop();
   }
   int32_t id;
-  if (!orphans_.empty() && (queue_head_ == queue_.size() || orphans_.top().first < queue_[queue_head_].stamp)) {
+  if (!orphans_.empty() && (queue_head_ == queue_.size() || orphans_.top().first < queue_[queue_head_].stamp())) {
     id = orphans_.top().second;
     orphans_.pop();
   } else {
@@ -136,14 +143,14 @@ void Trie::evict_one() {
   // The parent is now a leaf; if its current entry already left the queue, it is older
   // than everything still queued.
   if (parent != kRoot && p.first_child < 0 &&
-      (queue_head_ == queue_.size() || p.stamp < queue_[queue_head_].stamp))
+      (queue_head_ == queue_.size() || p.stamp < queue_[queue_head_].stamp()))
     orphans_.emplace(p.stamp, parent);
 }
 
 void Trie::compact_queue() {
   size_t out = 0;
   for (size_t i = queue_head_; i < queue_.size(); ++i)
-    if (nodes_[queue_[i].id].stamp == queue_[i].stamp) queue_[out++] = queue_[i];
+    if (nodes_[queue_[i].id].stamp == queue_[i].stamp()) queue_[out++] = queue_[i];
   queue_.resize(out);
   queue_head_ = 0;
 }
@@ -172,8 +179,10 @@ void Trie::sibling_push_front(int32_t id) {
 }
 
 double Trie::bytes_per_node() const {
-  double total = static_cast<double>(nodes_.capacity() * sizeof(Node) + free_.capacity() * sizeof(int32_t) +
-                                     index_.bytes() + queue_.capacity() * sizeof(Stamped) +
+  // Memory in use: vector capacity past the elements ever stored is address space that
+  // was never touched, so nodes and queue count by their high-water marks.
+  double total = static_cast<double>(nodes_.size() * sizeof(Node) + free_.capacity() * sizeof(int32_t) +
+                                     index_.bytes() + queue_peak_ * sizeof(Stamped) +
                                      orphans_.size() * sizeof(std::pair<uint64_t, int32_t>));
   return total / static_cast<double>(std::max<int64_t>(1, size_));
 }
