@@ -78,7 +78,10 @@ class MultiLayerEagleDrafter:
                                               slots, start, None, kv_len)
         last = (new_lens - 1 - start).clamp(min=0)
         out = normed.gather(1, last[:, None, None].expand(-1, 1, normed.shape[-1]))[:, 0]
-        p, draft = torch.softmax(model.lm_head(out).float(), dim=-1).max(dim=-1)
+        # NaN/inf logits (a broken layer) make NaN probabilities: count them as 0 so the
+        # chain's scores stay valid; the target's verify rejects such drafts anyway.
+        probs = torch.softmax(model.lm_head(out).float(), dim=-1).nan_to_num(nan=0.0)
+        p, draft = probs.max(dim=-1)
         self.tokens[slots, (new_lens + k + 1).clamp(max=self.tokens.shape[1] - 1)] = draft
         self.chain[slots, k] = draft
         self.chain_p[slots, k] = p
