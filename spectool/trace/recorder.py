@@ -5,12 +5,16 @@
         rec.record_request(0, prompt_ids, output_ids, "length")
     trace = rec.close()
 
-The engine's thread only copies: CUDA tensors go into pinned host buffers with
-``non_blocking=True`` and a CUDA event is recorded behind them; CPU tensors are
-cloned (the engine reuses its buffers). A background writer thread waits on the
-event, splits the batch into one Arrow row per request and appends a record batch
-to the file every ``flush_every`` rows. Nothing on the engine's thread waits for
-the GPU.
+Where the work happens. The engine's thread only copies: the iteration's tensors
+are concatenated as raw bytes into one flat buffer (one ``torch.cat`` per device).
+On CUDA that buffer goes to a reused pinned host slot with one ``non_blocking``
+copy and one event recorded behind it, so nothing waits for the GPU; on the CPU
+the concatenation itself is the copy (the engine reuses its buffers). A
+background writer thread waits on the event, views the bytes as numpy arrays and
+keeps them until ``flush_every`` rows have gathered; then it converts all of them
+at once (numpy over the whole stack of iterations -> Arrow list arrays from flat
+values and offsets, masks packed with one ``packbits`` per tree size) and appends
+one record batch to the file. No Python loop runs per row.
 
 Field conventions for `record_batch` (names from STEP_FIELDS, plus ``mask``):
 - per-row scalars (iteration, method, temperature, timings...) may be a plain
@@ -30,6 +34,8 @@ import datetime
 import platform
 import queue
 import threading
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +53,11 @@ NODE_FIELDS = ("tokens", "parents", "depth", "scores", "valid", "positions", "re
 NODE_K_FIELDS = ("target_topk_tokens", "target_topk_probs")
 STEP_TOPK_FIELDS = ("step_topk_tokens", "step_topk_probs")
 ACCEPTED_NAMES = frozenset(STEP_FIELDS) | {"mask"}
+# Fields whose per-row value is one entry; every other array field has entries per row.
+ROW_SCALARS = frozenset(name for name, (typ, _) in STEP_FIELDS.items()
+                        if not isinstance(typ, pa.ListType) and name != "mask_packed")
 _DEFAULT_MINUS_ONE = ("ngram_match_len", "ngram_breadth")
-_STOP = object()
+_STOP, _CONVERT = object(), object()
 
 
 def default_run_info(run_info: dict) -> dict:
@@ -62,24 +71,50 @@ def default_run_info(run_info: dict) -> dict:
     return info
 
 
-def _ragged(values: np.ndarray, lengths: np.ndarray, typ: pa.ListType) -> pa.Array:
-    """[B, W, ...] array -> list array whose row b holds values[b, :lengths[b]] flattened."""
-    width = values.shape[1]
-    if (lengths > width).any():
-        raise ValueError(f"num_nodes {int(lengths.max())} is more than the {width} recorded entries")
-    keep = np.arange(width)[None, :] < lengths[:, None]
-    flat = values[keep].reshape(-1)
-    per_entry = int(np.prod(values.shape[2:], dtype=np.int64))
-    offsets = np.concatenate([[0], np.cumsum(lengths * per_entry)]).astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=typ.value_type))
+# -- moving tensors off the engine's thread ------------------------------------------
+
+@dataclass
+class _Packed:
+    """One device's tensors of one iteration as raw bytes: (name, dtype, shape, offset) each."""
+
+    layout: list[tuple[str, torch.dtype, tuple[int, ...], int]]
+    data: torch.Tensor            # uint8: host bytes (CPU), or the pinned slot the copy lands in (CUDA)
+    nbytes: int
+    event: torch.cuda.Event | None = None
 
 
-def _to_numpy(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        if value.dtype in (torch.bfloat16, torch.float16):
-            value = value.float()
-        return value.numpy()
-    return value
+def _pack(named: list[tuple[str, torch.Tensor]]) -> tuple[list, torch.Tensor]:
+    """Concatenate tensors as bytes, widest dtype first so every field stays aligned."""
+    named.sort(key=lambda nt: -nt[1].element_size())
+    layout, parts, offset = [], [], 0
+    for name, t in named:
+        layout.append((name, t.dtype, tuple(t.shape), offset))
+        flat = t.contiguous().view(-1)
+        if flat.stride(0) != 1:  # a 0/1-element tensor may keep any stride; view(dtype) insists on 1
+            flat = flat.as_strided((flat.numel(),), (1,))
+        parts.append(flat.view(torch.uint8))
+        offset += t.numel() * t.element_size()
+    return layout, torch.cat(parts)
+
+
+_NUMPY_DTYPE: dict[torch.dtype, np.dtype] = {}
+
+
+def _unpack(packed: _Packed, host: np.ndarray) -> dict[str, np.ndarray]:
+    """Numpy views of each field in ``host`` (the packed bytes); 16-bit floats become float32."""
+    out = {}
+    for name, dtype, shape, offset in packed.layout:
+        count = int(np.prod(shape, dtype=np.int64))
+        if dtype == torch.bfloat16:  # numpy has no bfloat16: its bits are the top half of a float32
+            raw = host[offset:offset + 2 * count].view(np.uint16)
+            out[name] = (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+            continue
+        np_dtype = _NUMPY_DTYPE.get(dtype)
+        if np_dtype is None:
+            np_dtype = _NUMPY_DTYPE[dtype] = torch.empty(0, dtype=dtype).numpy().dtype
+        value = host[offset:offset + count * np_dtype.itemsize].view(np_dtype).reshape(shape)
+        out[name] = value.astype(np.float32) if np_dtype == np.float16 else value
+    return out
 
 
 class Recorder:
@@ -90,7 +125,8 @@ class Recorder:
         run_info: engine and draft config, model id and hash, device... (JSON-able);
             start time and versions are added when absent.
         tokenizer_json: the tokenizer's JSON string, so token text works without the model.
-        flush_every: rows (of either kind) buffered before a record batch is written.
+        flush_every: rows (of either kind) gathered before they are converted and
+            written as one record batch (the unit a crash can lose).
     """
 
     def __init__(self, path: str | Path | None, run_info: dict, tokenizer_json: str | None = None,
@@ -104,10 +140,12 @@ class Recorder:
         self._file = None if path is None else TraceFileWriter(path, self.run_info, tokenizer_json)
         self._steps: list[pa.RecordBatch] = []   # every step batch converted so far
         self._requests: list[dict] = []
+        self._pending: list[tuple[dict, int]] = []  # iterations received, not yet converted
         self._flushed_steps = 0                    # batches / request rows already written
         self._flushed_requests = 0
         self._pending_rows = 0
         self._viewed_steps = 0                     # batches handed out by iteration_rows()
+        self._free_slots: deque[torch.Tensor] = deque()  # pinned host slots the writer has released
         self._text = TokenText(tokenizer_json)
         self._error: BaseException | None = None
         self._trace: Trace | None = None
@@ -120,46 +158,56 @@ class Recorder:
     def record_batch(self, fields: dict[str, Any]) -> None:
         """Record one iteration for the whole batch (see the module docstring for shapes)."""
         self._check_open()
-        unknown = sorted(set(fields) - ACCEPTED_NAMES)
+        unknown = fields.keys() - ACCEPTED_NAMES
         if unknown:
-            raise ValueError(f"unknown trace field(s): {', '.join(unknown)}")
-        for name in ("iteration", "request_id"):
-            if name not in fields:
-                raise ValueError(f"record_batch needs {name!r}")
+            raise ValueError(f"unknown trace field(s): {', '.join(sorted(unknown))}")
+        if "iteration" not in fields or "request_id" not in fields:
+            missing = "iteration" if "iteration" not in fields else "request_id"
+            raise ValueError(f"record_batch needs {missing!r}")
         rows = np.ndim(fields["request_id"]) and len(fields["request_id"])
         if not rows:
             raise ValueError("request_id must be a non-empty [B] array of request ids")
-        host: dict[str, Any] = {}
-        event = None
+        plain: dict[str, Any] = {}
+        on_cpu: list[tuple[str, torch.Tensor]] = []
+        on_cuda: list[tuple[str, torch.Tensor]] = []
         for name, value in fields.items():
             if isinstance(value, torch.Tensor):
-                value = value.detach()
                 if value.ndim and value.shape[0] != rows:
                     raise ValueError(f"{name} has leading dim {value.shape[0]}, batch has {rows} rows")
-                if value.is_cuda:
-                    buf = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
-                    buf.copy_(value, non_blocking=True)
-                    host[name] = buf
-                    event = event or torch.cuda.Event()
-                else:
-                    host[name] = value.clone()
+                (on_cuda if value.is_cuda else on_cpu).append((name, value.detach()))
             elif isinstance(value, np.ndarray):
-                host[name] = value.copy()
-            else:
-                host[name] = value
-        if event is not None:
-            event.record()  # on the current stream, behind the copies; the writer waits on it
-        self._queue.put(("steps", host, event, rows))
+                plain[name] = value.copy()
+            elif value is not None:
+                plain[name] = value
+        packed = []
+        if on_cpu:
+            layout, data = _pack(on_cpu)
+            packed.append(_Packed(layout, data, data.numel()))
+        if on_cuda:
+            packed.append(self._copy_from_cuda(on_cuda))
+        self._queue.put(("steps", (plain, packed), rows))
+
+    def _copy_from_cuda(self, named: list[tuple[str, torch.Tensor]]) -> _Packed:
+        """One device-side concatenation, one async copy into a pinned slot, one event."""
+        layout, flat = _pack(named)
+        nbytes = flat.numel()
+        slot = self._free_slots.pop() if self._free_slots else None
+        if slot is None or slot.numel() < nbytes:
+            # A new slot only while the writer lags or the tree grows; released slots are reused.
+            slot = torch.empty(max(2 * nbytes, 1 << 16), dtype=torch.uint8, pin_memory=True)
+        slot[:nbytes].copy_(flat, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()  # on the current stream, behind the copy; the writer waits on it
+        return _Packed(layout, slot, nbytes, event)
 
     def record_request(self, request_id: int, prompt_tokens, output_tokens, finish_reason: str,
                        prompt_text: str = "") -> None:
         """Record a finished request: its prompt, every output token (the first comes from prefill)."""
         self._check_open()
         row = {"request_id": int(request_id),
-               "prompt_tokens": [int(t) for t in _to_numpy(prompt_tokens)],
-               "output_tokens": [int(t) for t in _to_numpy(output_tokens)],
+               "prompt_tokens": _int_list(prompt_tokens), "output_tokens": _int_list(output_tokens),
                "finish_reason": str(finish_reason), "prompt_text": prompt_text or ""}
-        self._queue.put(("request", row, None, 1))
+        self._queue.put(("request", row, 1))
 
     def iteration_rows(self) -> list[IterationView]:
         """Step records added since the previous call, as IterationViews (for live views).
@@ -167,6 +215,7 @@ class Recorder:
         Waits for the writer thread to convert everything recorded so far, so it
         synchronises with the GPU: `engine.stream` calls it once per iteration.
         """
+        self._queue.put((_CONVERT, None, 0))
         self._queue.join()
         self._raise_writer_error()
         new = self._steps[self._viewed_steps:]
@@ -176,7 +225,7 @@ class Recorder:
     def close(self) -> Trace:
         """Flush everything, stop the writer thread, close the file and return the Trace."""
         if self._trace is None:
-            self._queue.put((_STOP, None, None, 0))
+            self._queue.put((_STOP, None, 0))
             self._thread.join()
             if self._file is not None:
                 self._file.close()
@@ -205,30 +254,60 @@ class Recorder:
 
     def _write_loop(self) -> None:
         while True:
-            kind, payload, event, rows = self._queue.get()
+            kind, payload, rows = self._queue.get()
             try:
-                if kind is _STOP:
-                    self._flush()
-                    return
-                if self._error is not None:
-                    continue  # keep draining so the engine never blocks on a dead writer
-                if event is not None:
-                    event.synchronize()
-                if kind == "steps":
-                    self._steps.append(steps_batch(payload, rows))
-                else:
-                    self._requests.append(payload)
-                self._pending_rows += rows
-                if self._pending_rows >= self.flush_every:
-                    self._flush()
+                self._handle(kind, payload, rows)
             except BaseException as e:  # surfaced on the engine's next call
                 self._error = e
             finally:
                 self._queue.task_done()
+            if kind is _STOP:
+                return
+
+    def _handle(self, kind, payload, rows: int) -> None:
+        if kind is _STOP:
+            self._flush()
+        elif self._error is not None:
+            return  # keep draining so the engine never blocks on a dead writer
+        elif kind is _CONVERT:
+            self._convert()
+        else:
+            if kind == "steps":
+                self._pending.append((self._receive(*payload), rows))
+            else:
+                self._requests.append(payload)
+            self._pending_rows += rows
+            if self._pending_rows >= self.flush_every:
+                self._flush()
+
+    def _receive(self, plain: dict[str, Any], packed: list[_Packed]) -> dict[str, Any]:
+        """One iteration's fields as numpy arrays / scalars, pinned slots handed back."""
+        fields = dict(plain)
+        for p in packed:
+            if p.event is None:
+                fields.update(_unpack(p, p.data.numpy()))
+            else:
+                p.event.synchronize()
+                host = p.data[:p.nbytes].numpy().copy()  # frees the slot for the engine's next copy
+                self._free_slots.append(p.data)
+                fields.update(_unpack(p, host))
+        return fields
+
+    def _convert(self) -> None:
+        """Turn the pending iterations into record batches, one per run of like-shaped iterations."""
+        pending, self._pending = self._pending, []
+        for group in _like_shaped_runs([_normalise(f, rows) for f, rows in pending]):
+            try:
+                self._steps.append(steps_batch(_stack(group), sum(rows for _, rows in group)))
+            except (ValueError, TypeError, IndexError, pa.ArrowException):
+                # Keep every iteration before the bad one, then report the bad one's error.
+                for one in group:
+                    self._steps.append(steps_batch(_stack([one]), one[1]))
 
     def _flush(self) -> None:
         if self._error is not None:
             return
+        self._convert()
         if self._file is not None:
             steps = pa.Table.from_batches(self._steps[self._flushed_steps:], schema=STEP_SCHEMA)
             requests = pa.Table.from_pylist(self._requests[self._flushed_requests:], schema=REQUEST_SCHEMA)
@@ -237,42 +316,120 @@ class Recorder:
         self._pending_rows = 0
 
 
-def steps_batch(fields: dict[str, Any], rows: int) -> pa.RecordBatch:
-    """Turn one iteration's host arrays into a STEP_SCHEMA record batch of ``rows`` rows."""
-    f = {name: _to_numpy(v) for name, v in fields.items()}
+def _int_list(values) -> list[int]:
+    if isinstance(values, torch.Tensor):
+        values = values.cpu().numpy()
+    return np.asarray(values, dtype=np.int64).reshape(-1).tolist()
+
+
+# -- iterations -> Arrow (writer thread) ----------------------------------------------
+
+def _normalise(f: dict[str, Any], rows: int) -> tuple[dict[str, Any], int]:
+    """Give one iteration an explicit [B] num_nodes and [B] arrays for every per-row scalar."""
+    f = dict(f)
     if "num_nodes" in f:
-        n = np.broadcast_to(np.asarray(f["num_nodes"], dtype=np.int64), (rows,)).copy()
+        f["num_nodes"] = np.broadcast_to(np.asarray(f["num_nodes"], dtype=np.int64), (rows,))
     elif "tokens" in f and np.ndim(f["tokens"]) == 2:
-        n = np.full(rows, np.shape(f["tokens"])[1], dtype=np.int64)
+        f["num_nodes"] = np.full(rows, np.shape(f["tokens"])[1], dtype=np.int64)
     else:
-        n = np.ones(rows, dtype=np.int64)
+        f["num_nodes"] = np.ones(rows, dtype=np.int64)
+    for name in ROW_SCALARS & f.keys():
+        f[name] = np.broadcast_to(np.asarray(f[name]), (rows,))
+    return f, rows
+
+
+def _shape_key(f: dict[str, Any]) -> tuple | None:
+    """Iterations with equal keys stack into one conversion; None = convert on its own."""
+    key = []
+    for name in sorted(f):
+        value = f[name]
+        if name in ROW_SCALARS or name == "accept_path":  # accept_path is padded with -1 to stack
+            key.append(name)
+        elif isinstance(value, np.ndarray) and value.ndim >= 1:
+            key.append((name, value.shape[1:]))
+        else:
+            return None  # a ragged list or an unusual value: the per-iteration path handles it
+    return tuple(key)
+
+
+def _like_shaped_runs(items: list[tuple[dict, int]]) -> list[list[tuple[dict, int]]]:
+    runs: list[list[tuple[dict, int]]] = []
+    last = None
+    for item in items:
+        key = _shape_key(item[0])
+        if runs and key is not None and key == last:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+        last = key
+    return runs
+
+
+def _stack(group: list[tuple[dict, int]]) -> dict[str, Any]:
+    """Concatenate like-shaped iterations row-wise (a single iteration passes through)."""
+    if len(group) == 1:
+        return group[0][0]
+    out = {}
+    for name in group[0][0]:
+        values = [f[name] for f, _ in group]
+        if name == "accept_path":
+            width = max(np.shape(v)[1] for v in values)
+            values = [np.pad(np.asarray(v), ((0, 0), (0, width - np.shape(v)[1])), constant_values=-1)
+                      for v in values]
+        out[name] = np.concatenate(values)
+    return out
+
+
+def steps_batch(fields: dict[str, Any], rows: int) -> pa.RecordBatch:
+    """Turn host arrays with ``rows`` rows (one iteration or several stacked) into a STEP_SCHEMA batch."""
+    f = _normalise(fields, rows)[0]
+    n = np.asarray(f["num_nodes"], dtype=np.int64)
     if "depth" not in f and "parents" in f and np.ndim(f["parents"]) == 2:
         f["depth"] = depth_from_parents(np.asarray(f["parents"]))
     if "accept_length" not in f and "accept_path" in f and np.ndim(f["accept_path"]) == 2:
         f["accept_length"] = (np.asarray(f["accept_path"]) >= 0).sum(1) - 1
 
-    cols = {}
+    cols = []
     for fl in STEP_SCHEMA:
         name, typ, value = fl.name, fl.type, f.get(fl.name)
         if name == "num_nodes":
-            cols[name] = pa.array(n, pa.int32())
+            cols.append(pa.array(n, pa.int32()))
         elif name == "mask_packed":
-            cols[name] = _mask_column(f, n, rows)
+            cols.append(_mask_column(f, n, rows))
         elif name == "step_topk_shape":
-            cols[name] = _step_topk_shape(f, rows)
+            cols.append(_step_topk_shape(f, rows))
         elif value is None:
             if name in _DEFAULT_MINUS_ONE:
-                cols[name] = pa.array(np.full(rows, -1), typ)
-            elif name in ("coins", "step_topk_tokens", "step_topk_probs"):
-                cols[name] = pa.array([[]] * rows, typ)
+                cols.append(pa.array(np.full(rows, -1), typ))
+            elif name in ("coins", *STEP_TOPK_FIELDS):
+                cols.append(_empty_lists(rows, typ))
             else:
-                cols[name] = pa.nulls(rows, typ)
+                cols.append(pa.nulls(rows, typ))
         elif isinstance(typ, pa.ListType):
-            cols[name] = _list_column(name, value, n, rows, typ)
+            cols.append(_list_column(name, value, n, rows, typ))
         else:
-            arr = np.broadcast_to(np.asarray(value), (rows,))
-            cols[name] = pa.array(arr.tolist() if arr.dtype.kind in "OUS" else arr, typ)
-    return pa.RecordBatch.from_arrays(list(cols.values()), schema=STEP_SCHEMA)
+            arr = np.asarray(value)
+            cols.append(pa.array(arr.tolist() if arr.dtype.kind in "OUS" else arr, typ))
+    return pa.RecordBatch.from_arrays(cols, schema=STEP_SCHEMA)
+
+
+def _ragged(values: np.ndarray, lengths: np.ndarray, typ: pa.ListType) -> pa.Array:
+    """[R, W, ...] array -> list array whose row r holds values[r, :lengths[r]] flattened."""
+    width = values.shape[1]
+    if (lengths > width).any():
+        raise ValueError(f"num_nodes {int(lengths.max())} is more than the {width} recorded entries")
+    if (lengths == width).all():
+        flat = values.reshape(-1)
+    else:
+        flat = values[np.arange(width)[None, :] < lengths[:, None]].reshape(-1)
+    per_entry = int(np.prod(values.shape[2:], dtype=np.int64))
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths * per_entry, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=typ.value_type))
+
+
+def _empty_lists(rows: int, typ: pa.ListType) -> pa.Array:
+    return pa.ListArray.from_arrays(pa.array(np.zeros(rows + 1, np.int32)), pa.array([], typ.value_type))
 
 
 def _list_column(name: str, value: Any, n: np.ndarray, rows: int, typ: pa.ListType) -> pa.Array:
@@ -288,12 +445,13 @@ def _list_column(name: str, value: Any, n: np.ndarray, rows: int, typ: pa.ListTy
         return _ragged(value, n, typ)
     if name == "accept_path":
         value = value.reshape(rows, -1)
-        lengths = (value >= 0).sum(1)
-        return _ragged(value, lengths, typ)
-    return _ragged(value.reshape(rows, -1), np.full(rows, value[0].size), typ)  # step_topk_*
+        return _ragged(value, (value >= 0).sum(1), typ)
+    value = value.reshape(rows, -1)  # step_topk_*: the whole [S, K] per row
+    return _ragged(value, np.full(rows, value.shape[1]), typ)
 
 
 def _mask_column(f: dict[str, Any], n: np.ndarray, rows: int) -> pa.Array:
+    """Each row's mask[:n, :n] bit-packed, one packbits call per distinct tree size."""
     if "mask_packed" in f:
         return pa.array([None if m is None else bytes(m) for m in f["mask_packed"]], pa.binary())
     if "mask" not in f:
@@ -301,18 +459,28 @@ def _mask_column(f: dict[str, Any], n: np.ndarray, rows: int) -> pa.Array:
     mask = np.asarray(f["mask"]).astype(bool, copy=False)
     if mask.ndim != 3 or mask.shape[1] != mask.shape[2]:
         raise ValueError(f"mask must be [B, N, N] bool, got shape {mask.shape}")
-    return pa.array([np.packbits(mask[b, :k, :k].reshape(-1)).tobytes() for b, k in enumerate(n)],
-                    pa.binary())
+    if (n > mask.shape[1]).any():
+        raise ValueError(f"num_nodes {int(n.max())} is more than the mask's {mask.shape[1]} nodes")
+    offsets = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum((n * n + 7) // 8, out=offsets[1:])
+    data = np.empty(int(offsets[-1]), dtype=np.uint8)
+    for k in np.unique(n):
+        which = np.flatnonzero(n == k)
+        packed = np.packbits(mask[which, :k, :k].reshape(len(which), k * k), axis=1)
+        data[offsets[which][:, None] + np.arange(packed.shape[1])] = packed
+    buffers = [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.binary(), rows, buffers)
 
 
 def _step_topk_shape(f: dict[str, Any], rows: int) -> pa.Array:
     if "step_topk_shape" in f:
         shape = np.broadcast_to(np.asarray(f["step_topk_shape"]).reshape(-1, 2)[-1], (rows, 2))
-        return pa.array(shape.tolist(), pa.list_(pa.int32()))
-    tokens = f.get("step_topk_tokens")
-    if tokens is None or np.ndim(tokens) != 3:
-        return pa.array([[]] * rows, pa.list_(pa.int32()))
-    return pa.array([list(np.shape(tokens)[1:])] * rows, pa.list_(pa.int32()))
+    else:
+        tokens = f.get("step_topk_tokens")
+        if tokens is None or np.ndim(tokens) != 3:
+            return _empty_lists(rows, pa.list_(pa.int32()))
+        shape = np.broadcast_to(np.shape(tokens)[1:], (rows, 2))
+    return _ragged(np.ascontiguousarray(shape), np.full(rows, 2), pa.list_(pa.int32()))
 
 
 def depth_from_parents(parents: np.ndarray) -> np.ndarray:
