@@ -1,0 +1,158 @@
+"""Engine behaviour a user relies on, for every draft method: stop tokens, exact
+max_new_tokens, slot reuse, stream events, request_stop from another thread, stats
+equal to the trace summary, record=False.
+
+Oracle for tokens: plain greedy decoding of the same prompts (lossless greedy is
+tested at scale in test_engine_lossless.py); for stats: ``Trace.summary()`` of the
+recorded trace.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from test_engine_support import cut_prompts, demo_token_streams, load_demo_target, one_thread
+
+import spectool as st
+
+MAX_NEW = 14
+MAX_SEQ = 80
+METHODS = ["none", "ngram", "eagle", "multi_layer_eagle"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def target(demo_model_dir):
+    return load_demo_target(demo_model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(target, demo_model_dir):
+    """Seven prompts of different lengths (more than the engines' two slots)."""
+    return cut_prompts(demo_token_streams(target, demo_model_dir), 7, seed=3, min_len=6, max_len=40,
+                       repetitive_every=3)
+
+
+@pytest.fixture(scope="module")
+def plain(target, prompts):
+    engine = st.Engine(target, max_batch_size=4, max_seq_len=MAX_SEQ)
+    return engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False).token_ids
+
+
+def make_engine(target, demo_dir, method: str, max_batch_size: int = 2) -> st.Engine:
+    draft = {"none": None,
+             "ngram": st.NgramConfig(num_draft_tokens=8, max_bfs_breadth=3),
+             "eagle": st.EagleConfig(demo_dir / "eagle", num_steps=3, topk=3, num_draft_tokens=8),
+             "multi_layer_eagle": st.MultiLayerEagleConfig(demo_dir / "multi_layer_eagle", num_steps=3),
+             }[method]
+    return st.Engine(target, draft=draft, max_batch_size=max_batch_size, max_seq_len=MAX_SEQ)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_stop_tokens_max_new_tokens_and_slot_reuse(target, demo_model_dir, prompts, plain, method):
+    # A stop token that occurs mid-output in some requests (their third token) and not in others.
+    stop = plain[0][2]
+    engine = make_engine(target, demo_model_dir, method)
+    cache_ptr = engine.cache.k.data_ptr()
+    result = engine.generate(prompts, max_new_tokens=MAX_NEW, stop_token_ids=[stop], record=True)
+    assert len(result.token_ids) == len(prompts)
+    for want, got, reason in zip(plain, result.token_ids, result.finish_reasons):
+        if stop in want:
+            cut = want.index(stop) + 1
+            assert (got, reason) == (want[:cut], "stop")  # nothing after the stop token
+        else:
+            assert (got, reason) == (want, "length")
+    assert "stop" in result.finish_reasons and "length" in result.finish_reasons
+    # Seven requests went through two slots, each freed and reused as requests finished.
+    requests = result.trace.requests.to_pylist()
+    assert sorted(r["request_id"] for r in requests) == list(range(len(prompts)))
+    assert engine.cache.k.data_ptr() == cache_ptr  # the static cache was never reallocated
+
+    # max_new_tokens honoured exactly, including 1 (the prefill token alone) and 2.
+    for n in (1, 2, 5):
+        out = engine.generate(prompts, max_new_tokens=n, ignore_eos=True, record=False).token_ids
+        assert out == [w[:n] for w in plain]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_stream_events_concatenate_to_the_output(target, demo_model_dir, prompts, plain, method):
+    engine = make_engine(target, demo_model_dir, method)
+    pieces: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    events = list(engine.stream(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=True))
+    finished = []
+    for k, event in enumerate(events):
+        assert event.iteration == k  # one event per iteration, in order
+        for rid, first in event.prefill_tokens.items():
+            assert pieces[rid] == []  # the prefill token comes before any iteration's tokens
+            pieces[rid].append(first)
+        assert 1 <= len(event.new_tokens) <= engine.max_batch_size
+        for rid, new in event.new_tokens.items():
+            assert 1 <= len(new) <= event.accept_lengths[rid] + 1
+            pieces[rid].extend(new)
+        # Every record of the event belongs to this iteration and a request it advanced.
+        assert {r.request_id for r in event.records} == set(event.new_tokens)
+        assert all(r.iteration == event.iteration for r in event.records)
+        finished += event.finished
+    assert [pieces[i] for i in range(len(prompts))] == plain
+    assert sorted(finished) == list(range(len(prompts)))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_stats_equal_trace_summary_and_record_false_same_tokens(target, demo_model_dir, prompts, plain,
+                                                                method):
+    result = make_engine(target, demo_model_dir, method, max_batch_size=3).generate(
+        prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=True)
+    assert result.token_ids == plain
+    live, recorded = result.stats.summary(), result.trace.summary()
+    for key in ("records", "iterations", "tokens", "mean_accept_length", "accept_length_histogram",
+                "accept_rate_by_depth"):
+        assert live[key] == pytest.approx(recorded[key]), key
+    assert result.stats.mean_accept_length == pytest.approx(recorded["mean_accept_length"])
+    assert result.stats.acceptance_by_depth() == pytest.approx(recorded["accept_rate_by_depth"])
+    # Tokens gained per record = accept length + 1; all of them plus the prefill tokens are the output.
+    accept = result.trace.steps.column("accept_length").to_pylist()
+    assert sum(a + 1 for a in accept) >= sum(len(t) - 1 for t in plain)
+    if method == "none":
+        assert set(accept) == {0}
+
+    again = make_engine(target, demo_model_dir, method, max_batch_size=3).generate(
+        prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False)
+    assert again.token_ids == plain
+    assert again.trace is None
+    assert again.stats.mean_accept_length == pytest.approx(result.stats.mean_accept_length)
+
+
+@pytest.mark.parametrize("method", ["none", "eagle"])
+def test_request_stop_from_another_thread_ends_cleanly(target, demo_model_dir, prompts, plain, method):
+    engine = make_engine(target, demo_model_dir, method)
+    first_event, stop_requested = threading.Event(), threading.Event()
+    events = []
+
+    def consume():
+        for event in engine.stream(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False):
+            events.append(event)
+            first_event.set()
+            stop_requested.wait(60)  # hold the stream here until the other thread asked to stop
+
+    worker = threading.Thread(target=consume)
+    worker.start()
+    assert first_event.wait(120)
+    engine.request_stop()
+    stop_requested.set()
+    worker.join(120)
+    assert not worker.is_alive()
+    assert len(events) == 1  # the stop landed before the next iteration
+    # What was streamed so far is a prefix of the full greedy output.
+    for rid, new in events[0].new_tokens.items():
+        got = [events[0].prefill_tokens[rid], *new]
+        assert got == plain[rid][:len(got)]
+    # The engine is usable afterwards (the stop does not stick) and decodes as before.
+    out = engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False)
+    assert out.token_ids == plain
+    assert set(out.finish_reasons) == {"length"}
