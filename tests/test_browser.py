@@ -21,7 +21,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from demo_fixture import demo_or_stand_in
 
 pytestmark = pytest.mark.browser
 
@@ -38,10 +37,6 @@ if not CHROMIUM.exists() and os.environ.get("CI") != "true":
     pytest.skip("headless Chromium not installed (/usr/bin/chromium); run .ci/install-browser-deps.sh",
                 allow_module_level=True)
 
-
-@pytest.fixture(scope="session")
-def demo_model_dir(tmp_path_factory):
-    return demo_or_stand_in(tmp_path_factory)
 
 
 def _free_port() -> int:

@@ -8,27 +8,16 @@ rounds to nearest, so bfloat16 is allowed one bfloat16 step here (exact on the G
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 triton = pytest.importorskip("triton")
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and type(triton.language.standard.cdiv).__name__ == (
-    "InterpretedFunction")
-in_interpreter = pytest.mark.skipif(not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child")
+in_interpreter = pytest.mark.triton_interpreter  # skipped here, run by the launcher below (conftest.py)
 
 
-@pytest.mark.skipif(INTERPRETED, reason="already in the interpreter")
-def test_kernels_in_an_interpreter_subprocess():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                           env=env, capture_output=True, text=True, timeout=600)
-    assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-2000:]
-    assert " passed, 1 skipped in" in child.stdout, child.stdout[-2000:]  # only the launcher skips
+def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
+    triton_interpreter_child()
 
 
 from spectool.kernels import fused  # noqa: E402  (after the importorskip)

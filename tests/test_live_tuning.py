@@ -12,17 +12,14 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from demo_fixture import demo_or_stand_in
 from spectool.widgets import LiveDecode, TuningPanel
 
 import spectool as st
 
 MAX_NEW = 24
+# The demo's editing prompts run to ~700 tokens.
+MAX_SEQ_LEN = 1024
 
-
-@pytest.fixture(scope="session")
-def demo_model_dir(tmp_path_factory):
-    return demo_or_stand_in(tmp_path_factory)
 
 
 class ScriptedEngine:
@@ -64,7 +61,7 @@ def prompts(demo_model_dir):
 def test_live_decode_shows_what_generate_returns(target, prompts):
     # Two fresh engines: an N-gram engine's trie keeps what earlier calls decoded.
     def engine():
-        return st.Engine(target, draft=st.NgramConfig(num_draft_tokens=6), max_batch_size=2, max_seq_len=512)
+        return st.Engine(target, draft=st.NgramConfig(num_draft_tokens=6), max_batch_size=2, max_seq_len=MAX_SEQ_LEN)
 
     expected = engine().generate(prompts, max_new_tokens=MAX_NEW, record=True)
     live = LiveDecode(engine(), prompts, max_new_tokens=MAX_NEW)
@@ -125,12 +122,12 @@ def test_live_decode_engine_error_is_shown_not_raised():
 
 def test_tuning_run_matches_a_direct_generate(target, prompts):
     panel = TuningPanel(target, prompts, draft_kind="ngram", max_new_tokens=MAX_NEW,
-                        engine_kwargs={"max_seq_len": 512})
+                        engine_kwargs={"max_seq_len": MAX_SEQ_LEN})
     panel.sliders["num_draft_tokens"].value = 5
     panel.sliders["max_bfs_breadth"].value = 3
     row = panel.run()
     direct = st.Engine(target, draft=st.NgramConfig(num_draft_tokens=5, max_bfs_breadth=3),
-                       max_batch_size=len(prompts), max_seq_len=512)
+                       max_batch_size=len(prompts), max_seq_len=MAX_SEQ_LEN)
     expected = direct.generate(prompts, max_new_tokens=MAX_NEW, record=False)
     assert row["mean_accept_length"] == pytest.approx(expected.stats.mean_accept_length)
     assert row["num_draft_tokens"] == 5 and row["max_bfs_breadth"] == 3
@@ -140,7 +137,7 @@ def test_tuning_run_matches_a_direct_generate(target, prompts):
 
 def test_tuning_sweep_fills_heatmap_and_skips_invalid(target, prompts):
     panel = TuningPanel(target, prompts[:1], draft_kind="ngram", max_new_tokens=8,
-                        engine_kwargs={"max_seq_len": 512})
+                        engine_kwargs={"max_seq_len": MAX_SEQ_LEN})
     result = panel.sweep(x="min_bfs_breadth", x_values=[1, 4], y="max_bfs_breadth", y_values=[2, 3])
     values = result["values"]
     # min breadth 4 > max breadth 2 or 3 is refused by NgramConfig: those cells stay empty.

@@ -1,4 +1,4 @@
-"""Every notebook in notebooks/ runs end to end on the CPU with the demo model (or its stand-in).
+"""Every notebook in notebooks/ runs end to end on the CPU with the bundled demo model.
 
 Each runs in a fresh kernel from a scratch copy, with SPECTOOL_MODEL_DIR pointing at the
 model directory; a cell that raises fails the test with the cell's traceback. Saved
@@ -12,17 +12,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from demo_fixture import demo_or_stand_in
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 # Per-cell limit; every notebook is meant to finish in under two minutes on 2 CPU cores.
 CELL_TIMEOUT_S = 120
 
-
-@pytest.fixture(scope="session")
-def demo_model_dir(tmp_path_factory):
-    return demo_or_stand_in(tmp_path_factory)
 
 
 def test_all_five_notebooks_are_there():

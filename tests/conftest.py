@@ -1,0 +1,66 @@
+"""Shared test fixtures: the bundled demo model, and re-running a kernel test file under Triton's
+interpreter.
+
+Triton picks interpreter or compiler when it is imported (its own helpers such as ``tl.cdiv``
+are jit functions too), so a file whose tests need ``TRITON_INTERPRET=1`` marks them
+``@pytest.mark.triton_interpreter`` and has one launcher test that takes the
+``triton_interpreter_child`` fixture: in a normal run the marked tests are skipped and the
+launcher re-runs the whole file in a child pytest with the variable set; the parent never sets
+it, so other tests (and compiled GPU kernels) are untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+import spectool as st
+
+
+def _triton_interpreted() -> bool:
+    """True when this process imported Triton in interpreter mode."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    import triton
+
+    return type(triton.language.standard.cdiv).__name__ == "InterpretedFunction"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "triton_interpreter: runs only in the TRITON_INTERPRET=1 child run")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("triton_interpreter") and not _triton_interpreted():
+        pytest.skip("runs in the TRITON_INTERPRET=1 child")
+
+
+@pytest.fixture
+def triton_interpreter_child(request: pytest.FixtureRequest) -> Callable[[], None]:
+    """Call it to run the requesting test file in a child pytest under ``TRITON_INTERPRET=1``.
+
+    Skips when this process already is that child. The child must pass every test and skip
+    only the launcher, so a marked test that silently skipped there would fail here.
+    """
+    if _triton_interpreted():
+        pytest.skip("already in the interpreter")
+    path = str(request.path)
+
+    def run() -> None:
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path],
+                               env=env, capture_output=True, text=True, timeout=600)
+        assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-2000:]
+        assert " passed, 1 skipped in" in child.stdout, child.stdout[-2000:]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir():
+    """Directory of the bundled demo model (target/, eagle/, multi_layer_eagle/, prompts.jsonl)."""
+    return st.demo_model()
