@@ -51,21 +51,21 @@ def disk_schema(run_info: dict, tokenizer_json: str | None) -> pa.Schema:
 
 def to_disk_batch(steps: pa.Table, requests: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
     """Stack step rows and request rows into one record batch of the disk schema."""
-    parts = []
-    for kind, table in (("step", steps), ("request", requests)):
-        n = table.num_rows
-        if n == 0:
-            continue
-        cols = [pa.array([kind] * n, pa.string())]
-        for field in DISK_FIELDS[1:]:
-            if field.name in table.column_names:
-                cols.append(table.column(field.name).cast(field.type))
+    parts = [(kind, t) for kind, t in (("step", steps), ("request", requests)) if t.num_rows]
+    columns = []
+    for field in DISK_FIELDS:
+        chunks = []
+        for kind, table in parts:
+            n = table.num_rows
+            if field.name == "kind":
+                chunks.append(pa.array([kind] * n, pa.string()))
+            elif field.name in table.column_names:
+                column = table.column(field.name)
+                chunks += (column if column.type == field.type else column.cast(field.type)).chunks
             else:
-                cols.append(pa.nulls(n, field.type))
-        parts.append(pa.Table.from_arrays(cols, schema=schema))
-    if not parts:
-        return pa.RecordBatch.from_pylist([], schema=schema)
-    return pa.concat_tables(parts).combine_chunks().to_batches()[0]
+                chunks.append(pa.nulls(n, field.type))
+        columns.append(pa.concat_arrays(chunks) if chunks else pa.array([], field.type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 class TraceFileWriter:
