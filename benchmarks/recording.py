@@ -1,18 +1,19 @@
-"""What recording costs: the engine thread's time per record_batch, writer throughput, bytes.
+"""What recording costs: the recorder alone, then the engine's tokens/s with record on vs off.
 
-    python benchmarks/recording.py [--device cuda] [--iterations 300]
+    python benchmarks/recording.py [--device cuda] [--quick] [--part recorder|engine|both]
 
-For each batch size (1, 16) and tree size N (16, 64) it records synthetic
-iterations shaped like the engine's (every STEP_FIELDS entry, mask [B,N,N] bool,
-target top-5, EAGLE step top-k) and reports:
-- record_us: time of `Recorder.record_batch` on the calling thread (the cost the
-  engine pays per iteration; on CUDA it must not wait for the GPU);
-- total_us: wall time per iteration including the writer thread's work (close()
-  waits for it), i.e. the throughput bound of the background writer;
-- bytes_per_iteration: file bytes / iterations (the whole batch), and per record.
-Prints a table and writes recording.json to $OUT when it is set.
-Tokens/s with recording on vs off through the engine: `spectool bench` runs with
-record=True and record=False (the lead's engine benchmark).
+(a) Recorder microbenchmark. For bs 1 and 16 and tree size N 16 and 64 it records
+synthetic iterations shaped like the engine's (every trace field, mask [B,N,N]
+bool, target top-5, EAGLE step top-k; on --device cuda the tensors live on the
+GPU) and reports, per iteration:
+- record_us: median time of `Recorder.record_batch` on the calling (engine) thread;
+- writer_us: CPU time of the background writer thread (Linux thread clock);
+- bytes: file bytes per iteration (whole batch) and per record (one request).
+(b) Engine. tokens/s of `Engine.generate` on the bundled demo model with
+record=True vs record=False, at bs 1 and 16, for each method (none, ngram, eagle,
+multi_layer_eagle); on and off runs alternate ``--repeats`` times and the table
+shows the medians and their ratio (on / off, 1.0 = free).
+Prints tables and writes recording.json to $OUT when it is set.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -28,17 +30,24 @@ import torch
 
 from spectool.trace.recorder import Recorder
 
+METHODS = ("none", "ngram", "eagle", "multi_layer_eagle")
 
-def _fields(batch: int, n: int, device: str, gen: torch.Generator) -> dict:
-    parents = torch.cat([torch.full((batch, 1), -1), torch.randint(0, 1, (batch, n - 1))], 1)
+
+def synthetic_fields(batch: int, n: int, device: str, gen: torch.Generator) -> dict:
+    """One iteration's record_batch fields for random valid trees (engine dtypes)."""
+    parents = torch.full((batch, n), -1)
     for i in range(1, n):
         parents[:, i] = torch.randint(0, i, (batch,), generator=gen)
     mask = torch.zeros(batch, n, n, dtype=torch.bool)
     mask[:, torch.arange(n), torch.arange(n)] = True
+    rows = torch.arange(batch)
     for i in range(1, n):
-        mask[torch.arange(batch), i] |= mask[torch.arange(batch), parents[:, i]]
-    ids = lambda *shape: torch.randint(0, 32000, shape, generator=gen)  # noqa: E731
+        mask[rows, i] |= mask[rows, parents[:, i]]
     depth = mask.sum(-1) - 1
+
+    def ids(*shape):
+        return torch.randint(0, 32000, shape, generator=gen)
+
     f = {
         "request_id": torch.arange(batch, dtype=torch.int32), "seq_len": torch.full((batch,), 500),
         "num_nodes": torch.full((batch,), n, dtype=torch.int32), "tokens": ids(batch, n), "parents": parents,
@@ -51,45 +60,114 @@ def _fields(batch: int, n: int, device: str, gen: torch.Generator) -> dict:
         "step_topk_probs": torch.rand(batch, 5, 4), "bonus_token": ids(batch),
         "status": torch.randint(0, 3, (batch, n), dtype=torch.int8),
         "accept_path": torch.cat([torch.zeros(batch, 1, dtype=torch.long), torch.full((batch, 4), -1)], 1),
+        "accept_length": torch.zeros(batch, dtype=torch.long),
     }
     return {k: v.to(device) for k, v in f.items()}
 
 
-def measure(batch: int, n: int, iterations: int, device: str) -> dict:
-    gen = torch.Generator().manual_seed(0)
-    fields = _fields(batch, n, device, gen)
+def _thread_cpu_s(thread) -> float:
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def measure_recorder(batch: int, n: int, iterations: int, device: str) -> dict:
+    fields = synthetic_fields(batch, n, device, torch.Generator().manual_seed(0))
+    timings = {f"{p}_us": 10.0 for p in ("draft", "index", "verify", "commit", "iteration")}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.sptrace"
         rec = Recorder(path, {"method": "eagle", "benchmark": True}, flush_every=64)
-        record_s = 0.0
-        start = time.perf_counter()
+        record_s = []
         for it in range(iterations):
             if device == "cuda":
-                fields["tokens"].add_(1)  # some GPU work in flight, as in the engine
+                fields["tokens"].add_(1)  # GPU work in flight ahead of the copies, as in the engine
             t = time.perf_counter()
-            rec.record_batch({"iteration": it, "method": "eagle", "temperature": 0.0, "draft_us": 1.0,
-                              **fields})
-            record_s += time.perf_counter() - t
+            rec.record_batch({"iteration": it, "method": "eagle", "temperature": 0.0, **timings, **fields})
+            record_s.append(time.perf_counter() - t)
+        rec._queue.join()  # everything received and converted up to the last full flush
+        writer_s = _thread_cpu_s(rec._thread)
         rec.close()
-        total_s = time.perf_counter() - start
         size = path.stat().st_size
     return {"batch": batch, "N": n, "device": device, "iterations": iterations,
-            "record_us": record_s / iterations * 1e6, "total_us": total_s / iterations * 1e6,
+            "record_us": statistics.median(record_s) * 1e6, "record_mean_us": statistics.fmean(record_s) * 1e6,
+            "writer_us": writer_s / iterations * 1e6,
             "bytes_per_iteration": size / iterations, "bytes_per_record": size / (iterations * batch)}
+
+
+def _draft_config(method: str, demo: Path):
+    import spectool as st
+
+    if method == "none":
+        return None
+    if method == "ngram":
+        return st.NgramConfig()
+    if method == "eagle":
+        return st.EagleConfig(str(demo / "eagle"))
+    return st.MultiLayerEagleConfig(str(demo / "multi_layer_eagle"))
+
+
+def measure_engine(device: str, batches: tuple[int, ...], repeats: int, max_new_tokens: int) -> list[dict]:
+    import spectool as st
+    from spectool.prompts import load_prompts
+
+    demo = Path(st.demo_model())
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    target = st.load(str(demo / "target"), device=device, dtype=dtype)
+    prompts = load_prompts(demo / "prompts.jsonl")
+    results = []
+    for method in METHODS:
+        for bs in batches:
+            row = {"method": method, "batch": bs, "device": device}
+            try:
+                engine = st.Engine(target, draft=_draft_config(method, demo), max_batch_size=bs, max_seq_len=2048)
+                batch_prompts = [prompts[i % len(prompts)] for i in range(bs)]
+                speed = {True: [], False: []}
+                for rep in range(repeats + 1):  # run 0 warms up: graph capture, Triton JIT, allocator
+                    for record in (False, True):
+                        res = engine.generate(batch_prompts, max_new_tokens=max_new_tokens, record=record,
+                                              ignore_eos=True)
+                        if rep:
+                            speed[record].append(res.stats.tokens_per_s)
+                off, on = statistics.median(speed[False]), statistics.median(speed[True])
+                row.update(tokens_per_s_off=off, tokens_per_s_on=on, ratio=on / off,
+                           runs_off=speed[False], runs_on=speed[True])
+            except Exception as e:  # one broken method must not hide the others' figures
+                row["error"] = f"{type(e).__name__}: {e}"[:200]
+            results.append(row)
+            print(_engine_line(row), flush=True)
+    return results
+
+
+def _engine_line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['method']:>18} {r['batch']:>5}  error: {r['error']}"
+    return (f"{r['method']:>18} {r['batch']:>5} {r['tokens_per_s_off']:>10.1f} {r['tokens_per_s_on']:>10.1f} "
+            f"{r['ratio']:>6.3f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--part", choices=("recorder", "engine", "both"), default="both")
+    parser.add_argument("--iterations", type=int, default=None, help="recorder iterations per shape")
+    parser.add_argument("--repeats", type=int, default=None, help="on/off engine run pairs")
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="fewer iterations and runs (<= 90 s on the GPU)")
     args = parser.parse_args()
-    results = [measure(b, n, args.iterations, args.device) for b in (1, 16) for n in (16, 64)]
-    print(f"{'batch':>5} {'N':>3} {'record_us':>10} {'total_us':>9} {'bytes/iter':>11} {'bytes/record':>12}")
-    for r in results:
-        print(f"{r['batch']:>5} {r['N']:>3} {r['record_us']:>10.1f} {r['total_us']:>9.1f} "
-              f"{r['bytes_per_iteration']:>11.0f} {r['bytes_per_record']:>12.0f}")
+    cpu = args.device == "cpu"
+    iterations = args.iterations or (128 if args.quick else 512)
+    repeats = args.repeats or (3 if args.quick else 5)
+    max_new = args.max_new_tokens or (16 if cpu else 64 if args.quick else 256)
+    out: dict = {"device": args.device, "iterations": iterations, "repeats": repeats, "max_new_tokens": max_new}
+    if args.part in ("recorder", "both"):
+        out["recorder"] = [measure_recorder(b, n, iterations, args.device) for b in (1, 16) for n in (16, 64)]
+        print(f"{'batch':>5} {'N':>3} {'record_us':>10} {'writer_us':>10} {'bytes/iter':>11} {'bytes/record':>12}")
+        for r in out["recorder"]:
+            print(f"{r['batch']:>5} {r['N']:>3} {r['record_us']:>10.1f} {r['writer_us']:>10.1f} "
+                  f"{r['bytes_per_iteration']:>11.0f} {r['bytes_per_record']:>12.0f}")
+    if args.part in ("engine", "both"):
+        print(f"{'method':>18} {'batch':>5} {'tok/s off':>10} {'tok/s on':>10} {'on/off':>6}")
+        out["engine"] = measure_engine(args.device, (1, 16), repeats, max_new)
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "recording.json").write_text(json.dumps(results, indent=2))
+        Path(os.environ["OUT"], "recording.json").write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
