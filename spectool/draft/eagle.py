@@ -93,8 +93,11 @@ class EagleDrafter:
                   accepted: list[list[int]], timer) -> None:
         with timer("draft"):
             self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host)
+            # The accepted path is N wide from the greedy verify step but max_depth + 1 wide from
+            # verify_sampling: cut the gained tokens to it so tokens and hidden states line up.
+            width = result.accept_path.shape[1]
             self._extend_runner(batch.size, slots=batch.slots, starts=batch.seq_lens,
-                                tokens=gained_tokens(tree, result), hidden=path_hidden(hidden, result),
+                                tokens=gained_tokens(tree, result)[:, :width], hidden=path_hidden(hidden, result),
                                 last=result.accept_length)
 
     def release(self, batch: Batch) -> None:
