@@ -3,6 +3,9 @@
 #
 #   OUT=/some/dir bash benchmarks/run_gpu.sh
 #
+# With WITH_CHECKS=1 it also runs benchmarks/engine_check.py, tests/gpu and
+# benchmarks/recording.py --quick; with PACK_TO=<dir> it re-packs $OUT and the logs into
+# <dir>/results.tar.gz after every part (for machines that return only a few files).
 # Writes 7 files to $OUT: speculative.json, step_times_8b.json, step_times_8b.png,
 # vs_transformers.json, sweep.json, sweep_ngram.png, sweep_eagle.png. Full logs go to
 # /tmp/spectool_bench; the tables are printed again at the end (the reply keeps only the
@@ -32,10 +35,27 @@ run() {  # run NAME LIMIT_S ARGS...: one script under timeout, its output logged
     echo "$name: exit $? after $((SECONDS - t0)) s (limit $limit s)"
 }
 
-run speculative 150 --budget-s 105
-run step_times_8b 80 --accept-json "$OUT/speculative.json"
-run vs_transformers 90
-run sweep 75 --budget-s 40 --out "$OUT"
+pack() {  # re-pack everything after each part: a call stopped at its limit still returns what ran
+    [ -n "${PACK_TO:-}" ] && tar czf "$PACK_TO/results.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")" \
+        -C "$LOGS/.." "$(basename "$LOGS")" 2>/dev/null
+}
+
+if [ -n "${WITH_CHECKS:-}" ]; then  # the engine sanity check and the GPU test suite ride along
+    timeout 75 python3 benchmarks/engine_check.py --device cuda >"$OUT/engine_check.txt" 2>&1
+    echo "engine_check: exit $?"; pack
+fi
+run speculative 130 --budget-s 95; pack
+if [ -n "${WITH_CHECKS:-}" ]; then
+    timeout 100 python3 -m pytest -q tests/gpu >"$OUT/gpu_tests.txt" 2>&1
+    echo "tests/gpu: exit $?"; pack
+fi
+run step_times_8b 70 --accept-json "$OUT/speculative.json"; pack
+if [ -n "${WITH_CHECKS:-}" ]; then
+    timeout 60 python3 benchmarks/recording.py --device cuda --quick >"$OUT/recording.txt" 2>&1
+    echo "recording: exit $?"; pack
+fi
+run vs_transformers 50; pack
+run sweep 45 --budget-s 30 --out "$OUT"; pack
 echo "total: $((SECONDS - start)) s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 
 for name in speculative step_times_8b vs_transformers sweep; do
