@@ -18,7 +18,13 @@ from collections.abc import Callable
 
 import pytest
 
-import spectool as st
+# One OpenMP thread for this process and every child (notebook kernels, JupyterLab, subprocess
+# tests), set before torch loads. The suite's models are tiny, so a second thread buys nothing,
+# and on a 2-core runner with anything else busy (a notebook kernel beside pytest, Chromium)
+# two-thread regions stall: a 32-token demo-model decode took 16.8 s with 2 threads, 1.0 s with 1.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import spectool as st  # noqa: E402  (after OMP_NUM_THREADS)
 
 
 def _triton_interpreted() -> bool:
