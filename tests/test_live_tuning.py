@@ -162,3 +162,13 @@ def test_tuning_bad_input_is_a_message(target):
     assert panel.sweep() is None and "two" in panel.message.value
     assert panel.sweep(x="topk", x_values=[1], y="max_bfs_breadth", y_values=[1]) is None
     assert "topk" in panel.message.value
+
+
+def test_tuning_multi_layer_steps_stop_at_the_checkpoint_layers(target, demo_model_dir):
+    path = demo_model_dir / "multi_layer_eagle"
+    steps = TuningPanel(target, ["x"], draft_kind="multi_layer_eagle", draft_path=path).sliders["num_steps"].max
+    # The engine is the oracle: it takes the slider's last value and refuses one more.
+    st.Engine(target, draft=st.MultiLayerEagleConfig(path, num_steps=steps), max_batch_size=1, max_seq_len=64)
+    with pytest.raises(ValueError, match="draft layer"):
+        st.Engine(target, draft=st.MultiLayerEagleConfig(path, num_steps=steps + 1), max_batch_size=1,
+                  max_seq_len=64)

@@ -10,6 +10,7 @@ show their message in the panel and, in a sweep, leave their cell empty.
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -78,6 +79,10 @@ class TuningPanel(widgets.VBox):
                                                 disabled=name not in relevant, continuous_update=False,
                                                 style={"description_width": "110px"})
                         for name, (label, d, lo, hi) in PARAMS.items()}
+        layers = _checkpoint_layers(draft_path) if draft_kind == "multi_layer_eagle" else None
+        if layers:  # multi-layer EAGLE drafts at most one step per layer in the checkpoint
+            steps = self.sliders["num_steps"]
+            steps.value, steps.max = min(steps.value, layers), layers
         self.prompt_picker = widgets.SelectMultiple(
             options=[(f"{i}: {p[:60]!r}", i) for i, p in enumerate(self.prompts)],
             value=tuple(range(len(self.prompts))), description="prompts",
@@ -277,6 +282,14 @@ class TuningPanel(widgets.VBox):
                 self.heatmap_figure.layout.yaxis.title = PARAMS[self.heatmap["y"]][0]
         frame = self.to_frame()
         self.table.value = frame.to_html(index=True, float_format=lambda v: f"{v:.2f}") if len(frame) else ""
+
+
+def _checkpoint_layers(path: str | Path | None) -> int | None:
+    """Draft layers in a checkpoint directory (its config.json), or None when it cannot be read."""
+    try:
+        return int(json.loads((Path(path) / "config.json").read_text())["num_layers"])
+    except (TypeError, OSError, ValueError, KeyError):
+        return None
 
 
 def _parse_values(text: str) -> list[int]:
