@@ -12,19 +12,13 @@ from __future__ import annotations
 import threading
 
 import pytest
-from test_engine_support import cut_prompts, demo_token_streams, load_demo_target, one_thread
+from test_engine_support import cut_prompts, demo_token_streams, load_demo_target
 
 import spectool as st
 
 MAX_NEW = 14
 MAX_SEQ = 80
 METHODS = ["none", "ngram", "eagle", "multi_layer_eagle"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

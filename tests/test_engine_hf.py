@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_support import one_thread
 from test_model_support import save_hf_model
 
 import spectool as st
@@ -15,12 +14,6 @@ import spectool as st
 NEW = 12
 # Lengths 1..30, more prompts (7) than the largest batch below except the last.
 LENGTHS = [5, 1, 17, 3, 30, 9, 12]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from test_engine_support import cut_prompts, demo_token_streams, load_demo_target, one_thread
+from test_engine_support import cut_prompts, demo_token_streams, load_demo_target
 
 import spectool as st
 from spectool.trace.check import check_trace
@@ -82,12 +82,6 @@ def _cases():
                                id=f"{method}-{name}")
             start += count
         assert start == NUM_PROMPTS, f"{method}'s settings cover {start} prompts, not {NUM_PROMPTS}"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_engine_support import one_thread
 from test_model_support import save_hf_model
 from test_verify import chi_square_pvalue
 
@@ -38,12 +37,6 @@ VOCAB = 8
 COPIES = 4000
 ALPHA = 1e-3
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

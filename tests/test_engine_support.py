@@ -1,6 +1,6 @@
-"""Helpers shared by the engine tests: the demo target in float32, seeded prompts cut from
-its held-out prompts, and a one-thread guard. The demo model's directory comes from
-the ``demo_model_dir`` fixture of conftest.py.
+"""Helpers shared by the engine tests: the demo target in float32 and seeded prompts cut
+from its held-out prompts. The demo model's directory comes from the ``demo_model_dir``
+fixture of conftest.py.
 
 (Named test_engine_* so it sits with the tests it serves; it holds no tests itself.)
 """
@@ -9,28 +9,12 @@ from __future__ import annotations
 
 import json
 import random
-from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
 import torch
 
 import spectool as st
-
-
-@contextmanager
-def one_thread():
-    """Run engine work on one intra-op thread (test modules wrap it in an autouse fixture).
-
-    The engine's CPU forwards are tiny matmuls; on a busy 2-core machine two OpenMP
-    threads spin against each other and run 10-20x slower than one.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @cache
