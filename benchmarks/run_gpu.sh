@@ -46,7 +46,7 @@ if [ -n "${WITH_CHECKS:-}" ]; then  # the engine sanity check and the GPU test s
 fi
 run speculative 130 --budget-s 95; pack
 if [ -n "${WITH_CHECKS:-}" ]; then
-    timeout 100 python3 -m pytest -q tests/gpu >"$OUT/gpu_tests.txt" 2>&1
+    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_engine_gpu.py tests/gpu >"$OUT/gpu_tests.txt" 2>&1
     echo "tests/gpu: exit $?"; pack
 fi
 run step_times_8b 70 --accept-json "$OUT/speculative.json"; pack
