@@ -137,8 +137,7 @@ class EagleDrafter:
                 has_parent = frontier_parent_fed >= 0
                 rows = fed_mask.gather(1, frontier_parent_fed.clamp(min=0)[..., None].expand(-1, -1, n_fed))
                 parent_rows[..., :n_fed] = rows & has_parent[..., None]
-            diag = torch.arange(k, device=dev)
-            parent_rows[:, diag, n_fed + diag] = True
+            parent_rows[:, :, n_fed:] = torch.eye(k, dtype=torch.bool, device=dev)  # each sees itself
             fed_mask = torch.cat([torch.nn.functional.pad(fed_mask, (0, k)), parent_rows], dim=1)
             fed_tok = torch.cat([fed_tok, frontier_tok], 1)
             fed_hidden = torch.cat([fed_hidden, frontier_hidden], 1)
