@@ -191,6 +191,7 @@ class Engine:
         running: list[_Request] = []
         free_slots = list(range(self.max_batch_size))
         timer = PhaseTimer(self.device)
+        graphs_before = self.graph_stats()
         started = time.perf_counter()
         iteration = 0
         prefilled: dict[int, int] = {}  # first tokens not yet reported in an event
@@ -243,6 +244,7 @@ class Engine:
                     recorder.record_request(req.request_id, req.prompt, req.output, req.finish_reason,
                                             prompt_text=req.prompt_text)
             stats.elapsed_s = time.perf_counter() - started
+            stats.graphs = {k: v - graphs_before[k] for k, v in self.graph_stats().items()}
             if recorder is not None:
                 state["trace"] = recorder.close()
 

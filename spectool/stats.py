@@ -23,6 +23,7 @@ class RunStats:
     prefill_tokens: int = 0
     generated_tokens: int = 0
     elapsed_s: float = 0.0
+    graphs: dict[str, int] = field(default_factory=dict)  # CUDA-graph replays / eager runs / captures
 
     def add_iteration(self, iteration: int, request_ids: list[int], accept_lengths: list[int],
                       tree_depths: list[int], phase_us: dict[str, float]) -> None:
@@ -74,6 +75,7 @@ class RunStats:
             "generated_tokens": self.generated_tokens,
             "elapsed_s": self.elapsed_s,
             "end_to_end_tokens_per_s": self.end_to_end_tokens_per_s,
+            "graphs": dict(self.graphs),
             "per_request_mean_accept_length": {rid: sum(v) / len(v) for rid, v in per_request.items()},
         }
 
