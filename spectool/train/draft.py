@@ -29,13 +29,14 @@ from spectool.model.loader import Target, load
 from spectool.train import data
 from spectool.train.loop import (
     CHECKPOINT_NAME,
+    apply_gradients,
     atomic_save,
     autocast,
-    check_gradients,
     load_checkpoint,
     lr_at,
     make_optimizer,
     resolve_device,
+    restore_checkpoint,
     seed_everything,
     train_loop,
 )
@@ -271,13 +272,7 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
     draft.to(dev).train()
     opt = make_optimizer(draft.parameters(), recipe.lr, recipe.weight_decay, fused=dev.type == "cuda")
     gen = torch.Generator().manual_seed(recipe.seed)
-    start = 0
-    if state is not None:
-        draft.load_state_dict(state["draft"])
-        opt.load_state_dict(state["optimizer"])
-        gen.set_state(state["generator"])
-        start = state["step"]
-        print(f"resuming from step {start}")
+    start = restore_checkpoint(state, "draft", draft, opt, gen)
 
     def step_fn(step: int, total: int):
         for group in opt.param_groups:
@@ -287,11 +282,7 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
         with autocast(dev):
             loss = draft_loss(draft, target, target_view(target, batch), recipe)
         loss.backward()
-        if step == start:
-            check_gradients(draft)
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        apply_gradients(draft, opt, first=step == start)
         return loss.detach(), batch.numel()
 
     def save_fn(step: int) -> None:

@@ -72,6 +72,28 @@ def check_gradients(module: torch.nn.Module) -> None:
             "gradients are needed")
 
 
+def restore_checkpoint(state: dict | None, key: str, module: torch.nn.Module, opt: torch.optim.Optimizer,
+           gen: torch.Generator) -> int:
+    """Restore ``state[key]`` into ``module`` with the optimizer and data generator; returns the
+    step to continue from (0 without a checkpoint)."""
+    if state is None:
+        return 0
+    module.load_state_dict(state[key])
+    opt.load_state_dict(state["optimizer"])
+    gen.set_state(state["generator"])
+    print(f"resuming from step {state['step']}")
+    return state["step"]
+
+
+def apply_gradients(module: torch.nn.Module, opt: torch.optim.Optimizer, first: bool) -> None:
+    """Clip, step and clear; on the first step also check every parameter got a gradient."""
+    if first:
+        check_gradients(module)
+    torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def atomic_save(obj, path: str | Path) -> None:
     """torch.save to a temporary file, then rename: an interruption never leaves a torn checkpoint."""
     path = Path(path)

@@ -24,13 +24,14 @@ from spectool.train import data
 from spectool.train.hf_export import save_target
 from spectool.train.loop import (
     CHECKPOINT_NAME,
+    apply_gradients,
     atomic_save,
     autocast,
-    check_gradients,
     load_checkpoint,
     lr_at,
     make_optimizer,
     resolve_device,
+    restore_checkpoint,
     seed_everything,
     train_loop,
 )
@@ -177,13 +178,7 @@ def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe |
     model.to(dev).train()
     opt = make_optimizer(model.parameters(), recipe.lr, recipe.weight_decay, fused=dev.type == "cuda")
     gen = torch.Generator().manual_seed(recipe.seed)
-    start = 0
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        gen.set_state(state["generator"])
-        start = state["step"]
-        print(f"resuming from step {start}")
+    start = restore_checkpoint(state, "model", model, opt, gen)
 
     def step_fn(step: int, total: int):
         for group in opt.param_groups:
@@ -192,11 +187,7 @@ def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe |
         with autocast(dev):
             loss = lm_loss(model, batch.to(dev, non_blocking=True))
         loss.backward()
-        if step == start:
-            check_gradients(model)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        apply_gradients(model, opt, first=step == start)
         return loss.detach(), batch.numel() - batch.shape[0]
 
     def save_fn(step: int) -> None:
