@@ -8,7 +8,6 @@ retrieve_* arrays.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -16,6 +15,7 @@ import torch
 from spectool.config import NgramConfig
 from spectool.draft import Batch
 from spectool.draft.tree import DraftTree
+from spectool.prompts import read_jsonl, read_text
 
 
 class NgramDrafter:
@@ -75,20 +75,11 @@ def read_corpus_texts(path: str | Path) -> list[str]:
     """Texts of an external corpus: a JSONL file (one object per line with a "text"
     field, or a JSON string per line) or any other file as one plain text."""
     path = Path(path)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read external corpus {path}: {e}") from e
+    raw = read_text(path, "external corpus")
     if path.suffix != ".jsonl":
         return [raw]
     texts = []
-    for lineno, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from e
+    for lineno, obj in read_jsonl(path, raw):
         text = obj.get("text") if isinstance(obj, dict) else obj
         if not isinstance(text, str):
             raise ValueError(f"{path}:{lineno}: expected a string or an object with a 'text' string")
