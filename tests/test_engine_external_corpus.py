@@ -1,0 +1,58 @@
+"""N-gram drafting from an external corpus (NgramConfig(external_corpus=...)): lossless,
+and drafting from text the request has not seen yet raises acceptance."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import spectool as st
+from spectool.train.data import stdlib_root
+
+
+@pytest.fixture(scope="module")
+def target(demo_model_dir):
+    return st.load(demo_model_dir / "target", device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def held_out_source() -> str:
+    # A held-out module (never trained on): the corpus holds the whole file, the prompt its start.
+    return (stdlib_root() / "textwrap.py").read_text()
+
+
+def _run(target, config, prompt: str):
+    engine = st.Engine(target, draft=config, max_batch_size=1, max_seq_len=1024)
+    return engine.generate([prompt], max_new_tokens=48, record=False)
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
+def test_external_corpus_is_lossless_and_helps(target, held_out_source, tmp_path, suffix):
+    path = tmp_path / f"corpus{suffix}"
+    if suffix == ".jsonl":
+        half = len(held_out_source) // 2
+        path.write_text(json.dumps({"text": held_out_source[:half]}) + "\n" + json.dumps(held_out_source[half:]) + "\n")
+    else:
+        path.write_text(held_out_source)
+    prompt = held_out_source[:1200]
+    plain = _run(target, None, prompt)
+    without = _run(target, st.NgramConfig(), prompt)
+    with_corpus = _run(target, st.NgramConfig(external_corpus=path), prompt)
+    assert without.token_ids == plain.token_ids
+    assert with_corpus.token_ids == plain.token_ids
+    assert with_corpus.stats.mean_accept_length > without.stats.mean_accept_length
+
+
+def test_bad_external_corpus(target, tmp_path):
+    with pytest.raises(ValueError, match="not a readable file"):
+        st.NgramConfig(external_corpus=tmp_path / "missing.txt")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{not json\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not JSON"):
+        st.Engine(target, draft=st.NgramConfig(external_corpus=bad))
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text('{"prompt": "no text field"}\n')
+    with pytest.raises(ValueError, match=r"wrong.jsonl:1: expected a string"):
+        st.Engine(target, draft=st.NgramConfig(external_corpus=wrong))
