@@ -153,8 +153,13 @@ def tree_figure(view: Any, highlight: int | None = None, token_text: TokenText |
     fig.update_layout(
         title=title or iteration_title(view), height=420, margin=dict(l=20, r=20, t=50, b=20),
         plot_bgcolor="white", template=TEMPLATE, legend=dict(orientation="h", y=-0.02),
-        xaxis=dict(visible=False), yaxis=dict(title="depth", zeroline=False, showgrid=False, dtick=1))
+        xaxis=dict(visible=False), yaxis=DEPTH_AXIS)
     return fig
+
+
+# Nodes sit at y = -depth (root on top); label the axis with the depth itself.
+DEPTH_AXIS = dict(title="depth", zeroline=False, showgrid=False, tickvals=[-d for d in range(65)],
+                  ticktext=[str(d) for d in range(65)])
 
 
 def iteration_title(view: Any) -> str:
