@@ -62,10 +62,14 @@ class EagleDrafter:
     # ------------------------------------------------------------ extend
 
     def _run(self, tokens, hidden, positions, slots, starts, tree_mask, kv_len):
-        """Draft layer forward: (feature, float32 logits). kv_len None reads lengths on the device."""
+        """Draft layer forward: (feature, normed). kv_len None reads lengths on the device."""
         emb = self.engine.model.embed_tokens(tokens)
-        feature, normed = self.layer(emb, hidden, positions, self.cache, slots, starts, tree_mask, kv_len)
-        return feature, self.engine.model.lm_head(normed).float()
+        return self.layer(emb, hidden, positions, self.cache, slots, starts, tree_mask, kv_len)
+
+    def _probs(self, normed: torch.Tensor) -> torch.Tensor:
+        """Next-token probabilities through the target's lm_head (only where they are needed:
+        at a large vocabulary the head costs more than the draft layer)."""
+        return torch.softmax(self.engine.model.lm_head(normed).float(), dim=-1)
 
     def _extend_step(self, slots, starts, tokens, hidden, last):
         """Feed (tokens[b], hidden[b]) at draft-cache index starts[b]; keep the feature and the
@@ -73,10 +77,10 @@ class EagleDrafter:
         t = tokens.shape[1]
         positions = starts[:, None] + 1 + torch.arange(t, device=self.device)
         kv_len = None if self._kv_len is None else self._kv_len + t
-        feature, logits = self._run(tokens, hidden, positions, slots, starts, None, kv_len)
+        feature, normed = self._run(tokens, hidden, positions, slots, starts, None, kv_len)
         rows = torch.arange(tokens.shape[0], device=self.device)
         self.feature[slots] = feature[rows, last]
-        p, i = torch.softmax(logits[rows, last], dim=-1).topk(self.config.topk, dim=-1)
+        p, i = self._probs(normed[rows, last]).topk(self.config.topk, dim=-1)
         self.root_p[slots], self.root_i[slots] = p, i
         return p
 
@@ -143,8 +147,8 @@ class EagleDrafter:
             fed_hidden = torch.cat([fed_hidden, frontier_hidden], 1)
             fed_pos = torch.cat([fed_pos, seq_lens[:, None] + frontier_depth + fed_tok.new_zeros(b, k)], 1)
             kv_len = None if self._kv_len is None else self._kv_len + fed_tok.shape[1]
-            feature, logits = self._run(fed_tok, fed_hidden, fed_pos, slots, seq_lens, fed_mask, kv_len)
-            feat, logp = feature[:, -k:], torch.softmax(logits[:, -k:], dim=-1)
+            feature, normed = self._run(fed_tok, fed_hidden, fed_pos, slots, seq_lens, fed_mask, kv_len)
+            feat, logp = feature[:, -k:], self._probs(normed[:, -k:])
             p, i = logp.topk(k, dim=-1)  # [B, K(frontier), K(children)]
             cand_score = (frontier_score[..., None] * p).reshape(b, k * k)
             cand_tok = i.reshape(b, k * k)
