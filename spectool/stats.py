@@ -24,10 +24,15 @@ class RunStats:
     generated_tokens: int = 0
     elapsed_s: float = 0.0
     graphs: dict[str, int] = field(default_factory=dict)  # CUDA-graph replays / eager runs / captures
+    # Running totals behind the live tokens/s (summarize's formula, without re-reading every record).
+    _gained: int = 0
+    _iteration_us: float = 0.0
 
     def add_iteration(self, iteration: int, request_ids: list[int], accept_lengths: list[int],
                       tree_depths: list[int], phase_us: dict[str, float]) -> None:
         cols = self.columns
+        self._gained += sum(accept_lengths) + len(accept_lengths)
+        self._iteration_us += phase_us["iteration_us"]
         for rid, a, d in zip(request_ids, accept_lengths, tree_depths):
             cols["iteration"].append(iteration)
             cols["request_id"].append(rid)
@@ -53,7 +58,7 @@ class RunStats:
     @property
     def tokens_per_s(self) -> float:
         """Tokens gained per second of decode iterations (prefill excluded), as in the trace summary."""
-        return self.summary()["tokens_per_s"] or 0.0
+        return self._gained / self._iteration_us * 1e6 if self._iteration_us > 0 else 0.0
 
     @property
     def end_to_end_tokens_per_s(self) -> float:

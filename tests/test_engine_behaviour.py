@@ -109,6 +109,8 @@ def test_stats_equal_trace_summary_and_record_false_same_tokens(target, demo_mod
         assert live[key] == pytest.approx(recorded[key]), key
     assert result.stats.mean_accept_length == pytest.approx(recorded["mean_accept_length"])
     assert result.stats.acceptance_by_depth() == pytest.approx(recorded["accept_rate_by_depth"])
+    # The live tokens/s (running totals) is the recorded summary's formula.
+    assert result.stats.tokens_per_s == pytest.approx(recorded["tokens_per_s"], rel=1e-6)
     # Tokens gained per record = accept length + 1; all of them plus the prefill tokens are the output.
     accept = result.trace.steps.column("accept_length").to_pylist()
     assert sum(a + 1 for a in accept) >= sum(len(t) - 1 for t in plain)
