@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
                                 seed=args.seed, record=False, ignore_eos=True)
             if best is None or r.stats.tokens_per_s > best.stats.tokens_per_s:
                 best = r
-        rows.append({"method": name, **best.stats.to_dict()})
+        rows.append({**best.stats.to_dict(), "method": name})
     base = rows[0]["tokens_per_s"]
     print(f"{'method':<18} {'accept len':>10} {'tok/s':>9} {'speedup':>8}")
     for r in rows:

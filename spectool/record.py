@@ -75,8 +75,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="trace file to write (.sptrace)")
     args = p.parse_args(argv)
     try:
-        engine = build_engine(args)
         prompts = load_prompts(args.prompts, args.kind)[: args.num_prompts]
+        engine = build_engine(args)
         result = engine.generate(prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, record=True,
                                  progress=True)
