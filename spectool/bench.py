@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
         prompts = load_prompts(args.prompts, args.kind)[: args.num_prompts]
         spec = build_engine(args)
         plain = st.Engine(spec.target, draft=None, max_batch_size=args.batch_size, max_seq_len=args.max_seq_len)
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # bad options or files; an unreachable hub id
         print(f"spectool bench: {e}", file=sys.stderr)
         return 2
     rows = []

@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
         result = engine.generate(prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, record=True,
                                  progress=True)
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # bad options or files; an unreachable hub id
         print(f"spectool record: {e}", file=sys.stderr)
         return 2
     result.trace.save(args.out)
