@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "huge_pages.h"
+
 namespace spectool {
 
 class FlatMap {
@@ -99,6 +101,8 @@ class FlatMap {
     std::vector<Slot> old;
     old.swap(slots_);
     size_t n = old.empty() ? 1024 : old.size() * 2;
+    slots_.reserve(n);
+    advise_huge_pages(slots_.data(), n * sizeof(Slot));  // before the fill touches the pages
     slots_.assign(n, Slot{});
     mask_ = n - 1;
     size_ = 0;

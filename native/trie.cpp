@@ -1,6 +1,7 @@
 // The n-gram trie: counts, recency order of siblings, and LRU eviction of leaves.
 #include <algorithm>
 
+#include "huge_pages.h"
 #include "ngram_corpus.h"
 
 namespace spectool {
@@ -23,6 +24,8 @@ void Trie::clear() {
   const size_t reserve = static_cast<size_t>(std::min<int64_t>(capacity_, int64_t{1} << 24)) + 1;
   nodes_.reserve(reserve);
   queue_.reserve(2 * reserve + 4096);
+  advise_huge_pages(nodes_.data(), nodes_.capacity() * sizeof(Node));
+  advise_huge_pages(queue_.data(), queue_.capacity() * sizeof(Stamped));
   nodes_.push_back(Node{-1, -1, -1, -1, -1, 0, 0, 0});  // the root: the empty n-gram
   size_ = 0;
   evictions_ = 0;
