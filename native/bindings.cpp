@@ -166,6 +166,7 @@ void batch_put(NgramCorpus& self, py::handle windows, py::handle req_ids, py::ha
   auto ids = parse_ints(req_ids, "req_ids", rows.size(), false);
   auto totals = parse_ints(total_lens, "total_lens", rows.size(), true);
   check_total_lens(rows, totals, "windows");
+  py::gil_scoped_release release;  // a small put runs here, not on the worker
   self.put(std::move(rows), std::move(ids), std::move(totals));
 }
 

@@ -123,9 +123,22 @@ NgramCorpus::~NgramCorpus() {
 }
 
 void NgramCorpus::put(TokenBatch windows, std::vector<int64_t> req_ids, std::vector<int64_t> total_lens) {
+  PutJob job{std::move(windows), std::move(req_ids), std::move(total_lens)};
   {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    queue_.push_back(PutJob{std::move(windows), std::move(req_ids), std::move(total_lens)});
+    std::unique_lock<std::mutex> lock(queue_mu_);
+    // A few windows cost less to insert here than the wake-up of the worker thread
+    // (and of the caller again in synchronize) costs; order is kept because nothing
+    // is queued or running.
+    if (job.windows.tokens.size() <= kInlinePutTokens && queue_.empty() && !busy_) {
+      busy_ = true;
+      lock.unlock();
+      apply_put(job);
+      lock.lock();
+      busy_ = false;
+      idle_cv_.notify_all();
+      return;
+    }
+    queue_.push_back(std::move(job));
   }
   queue_cv_.notify_one();
 }

@@ -193,11 +193,13 @@ class NgramCorpus {
   NgramCorpus(const NgramCorpus&) = delete;
   NgramCorpus& operator=(const NgramCorpus&) = delete;
 
-  // Queues the windows for the worker thread. With request ids, total_lens[i] is the
-  // request's length including window i (its last tokens), and only tokens past what
-  // was put before for that request are counted.
+  // Queues the windows for the worker thread (a put of at most kInlinePutTokens tokens
+  // is applied on the caller's thread when no other put is pending). With request ids,
+  // total_lens[i] is the request's length including window i (its last tokens), and
+  // only tokens past what was put before for that request are counted.
   void put(TokenBatch windows, std::vector<int64_t> req_ids, std::vector<int64_t> total_lens);
   void synchronize();
+  static constexpr size_t kInlinePutTokens = 64;
 
   // Builds one draft tree per tail. req_ids/total_lens may be empty (no match cache).
   void get(const TokenBatch& tails, const std::vector<int64_t>& req_ids,

@@ -13,7 +13,9 @@ Semantics that callers rely on (tests/ngram_reference.py is the executable versi
   put for that request are new, so counts are true n-gram counts and the cost grows
   with the new tokens. A window whose total length is not past the last one put for
   its request counts nothing (call ``erase_match_state`` before reusing an id).
-  Puts run on a worker thread in submission order; ``synchronize`` waits for them.
+  Puts run on a worker thread in submission order (a put of a few windows, at most 64
+  tokens, with none pending runs on the caller's thread instead, as a hand-off would
+  cost more); ``synchronize`` waits for them.
   For each new position, n-grams are counted longest first; a missing prefix of one
   (evicted, or before the window's first new token and never put) is recreated with
   count 1. Every node created or counted takes the next value of a global clock.
@@ -110,7 +112,8 @@ class NgramCorpus:
 
     def batch_put(self, windows: Sequence | np.ndarray, req_ids: Sequence[int] | None = None,
                   total_lens: Sequence[int] | None = None) -> None:
-        """Queues ``windows`` for insertion on the worker thread (the data is copied first)."""
+        """Queues ``windows`` for insertion on the worker thread (the data is copied first);
+        at most 64 tokens with no put pending are inserted before returning."""
         self._c.batch_put(windows, req_ids, total_lens)
 
     def synchronize(self) -> None:
