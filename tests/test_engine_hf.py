@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_model_support import save_hf_model
+from test_model_support import hf_greedy, save_hf_model
 
 import spectool as st
 
@@ -28,14 +28,6 @@ def prompts(pair):
     gen = torch.Generator().manual_seed(1)
     vocab = pair[1].config.vocab_size
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in LENGTHS]
-
-
-def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                          do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def hf_logits(hf, prompt: list[int], output: list[int]) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_model_support import save_hf_model
+from test_model_support import hf_greedy, save_hf_model
 
 import spectool
 from spectool.model.kv_cache import KVCache
@@ -35,14 +35,6 @@ def pair(tmp_path_factory):
     out = tmp_path_factory.mktemp("greedy")
     hf = save_hf_model("qwen3", out, seed=11)
     return hf, spectool.load(out)
-
-
-def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                          do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def test_greedy_loop_matches_generate_and_reuses_slots(pair):

@@ -51,6 +51,15 @@ def save_hf_model(family: str, out: Path, seed: int = 0, max_shard_size: str | N
     return model
 
 
+def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy continuation of ``prompt``: exactly ``n`` new tokens."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                          do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
 def random_tree(n: int, gen: torch.Generator) -> tuple[list[int], torch.Tensor, list[int]]:
     """Random topologically ordered tree of n nodes: parents, ancestor mask [n, n], depths."""
     parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
