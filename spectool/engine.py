@@ -326,11 +326,6 @@ class Engine:
             commit_kv(self.cache.k, self.cache.v, slots, tree.seq_lens, res.accept_path, res.accept_length)
         return hidden, logits, res.status, res.accept_path, res.accept_length, res.bonus, res.target_argmax
 
-    def _forward(self, tokens, positions, slots, starts, tree_mask, kv_len):
-        hidden = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts,
-                            tree_mask=tree_mask, kv_len=kv_len)
-        return hidden, self.model.logits(hidden)
-
     def _prefill(self, reqs: list[_Request], sampling: dict, generator, stats: RunStats) -> None:
         """Prefill new requests (right-padded into groups) and sample each one's first token.
 
@@ -347,7 +342,8 @@ class Engine:
             positions = torch.arange(t, device=dev).expand(len(group), -1)
             slots = torch.tensor([r.slot for r in group], dtype=torch.long, device=dev)
             starts = torch.zeros(len(group), dtype=torch.long, device=dev)
-            hidden, logits = self._forward(tokens, positions, slots, starts, None, t)
+            self._kv_len = t  # prompts are longer than the graphed attention takes: read t keys
+            hidden, logits = self._forward_step(tokens, positions, slots, starts, None)
             last = torch.tensor(lens, device=dev) - 1
             rows = torch.arange(len(group), device=dev)
             res = self._verify(_root_tree(tokens[rows, last], last), logits[rows, last][:, None],
@@ -480,12 +476,8 @@ class Engine:
 
     def _record_fields(self, iteration: int, batch: Batch, tree: DraftTree, res, logits: torch.Tensor,
                        sampling: dict, why: dict) -> dict:
-        from spectool.verify import target_probs
-
-        if sampling["temperature"] > 0:
-            probs = target_probs(logits, **sampling)
-        else:
-            probs = torch.softmax(logits, dim=-1)
+        # Sampling verify already made the distribution it drew from; greedy records plain softmax.
+        probs = res.target_probs if res.target_probs is not None else torch.softmax(logits, dim=-1)
         k = min(self.record_topk, probs.shape[-1])
         top_p, top_i = probs.topk(k, dim=-1)
         fields = {
