@@ -27,7 +27,10 @@ def add_draft_arguments(p: argparse.ArgumentParser) -> None:
 def draft_config(args: argparse.Namespace):
     """The draft config the options describe (None for plain decoding)."""
     given = {k: v for k, v in vars(args).items() if v is not None}
-    pick = lambda *names: {n: given[n] for n in names if n in given}  # noqa: E731
+
+    def pick(*names: str) -> dict:
+        return {n: given[n] for n in names if n in given}
+
     if args.draft == "none":
         return None
     if args.draft == "ngram":
