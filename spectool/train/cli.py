@@ -25,6 +25,14 @@ def _common(p: argparse.ArgumentParser, steps: int, batch_size: int, seq_len: in
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     p.add_argument("--max-seconds", type=float, default=None, help="stop training after this long")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--stdlib", default=None,
+                   help="with --corpus stdlib: the standard library to read, a Lib/ directory or a .tar.xz "
+                        "of one (benchmarks/pack_stdlib.py); default: this Python's")
+    p.add_argument("--edit-fraction", type=float, default=0.25,
+                   help="share of the training text made of editing pairs, a chunk then a lightly changed "
+                        "copy (teaches copying; default %(default)s)")
+    p.add_argument("--epochs", type=float, default=0.0,
+                   help="when > 0, overrides --steps: passes over the training tokens")
 
 
 def train_target_main(argv: list[str]) -> int:
@@ -51,9 +59,9 @@ def train_target_main(argv: list[str]) -> int:
             num_kv_heads=a.kv_heads, intermediate_size=a.intermediate_size,
             max_position_embeddings=a.max_position_embeddings, tie_word_embeddings=not a.untied,
             steps=a.steps, batch_size=a.batch_size, seq_len=a.seq_len, lr=a.lr,
-            checkpoint_every=a.checkpoint_every, seed=a.seed)
+            checkpoint_every=a.checkpoint_every, seed=a.seed, edit_fraction=a.edit_fraction, epochs=a.epochs)
         train_target(a.corpus, a.out, recipe, device=a.device, resume=a.resume, progress=not a.no_progress,
-                     max_seconds=a.max_seconds)
+                     max_seconds=a.max_seconds, stdlib=a.stdlib)
     except ValueError as e:
         raise SystemExit(f"spectool train-target: error: {e}") from None
     return 0
@@ -82,9 +90,10 @@ def train_draft_main(argv: list[str]) -> int:
     try:
         recipe = DraftRecipe(method=a.method, layers=layers, steps=a.steps, batch_size=a.batch_size,
                              seq_len=a.seq_len, lr=a.lr, checkpoint_every=a.checkpoint_every, seed=a.seed,
-                             intermediate_size=a.intermediate_size, unroll=a.unroll)
+                             intermediate_size=a.intermediate_size, unroll=a.unroll,
+                             edit_fraction=a.edit_fraction, epochs=a.epochs)
         train_draft(a.target, a.corpus, a.out, recipe, device=a.device, resume=a.resume,
-                    progress=not a.no_progress, max_seconds=a.max_seconds)
+                    progress=not a.no_progress, max_seconds=a.max_seconds, stdlib=a.stdlib)
     except ValueError as e:
         raise SystemExit(f"spectool train-draft: error: {e}") from None
     return 0

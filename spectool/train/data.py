@@ -7,9 +7,11 @@ held-out loss, the draft agreement and the benchmark prompts all come from those
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import sysconfig
+import tarfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -49,22 +51,23 @@ def is_held_out(relpath: str | Path) -> bool:
     return any(Path(p).stem in names for p in parts[1:])
 
 
+def _is_candidate(rel: Path, size: int) -> bool:
+    """The split rule shared by every stdlib source: a .py file of the interpreter's own code."""
+    return rel.suffix == ".py" and not _SKIP_DIRS.intersection(rel.parts[:-1]) and size <= _MAX_FILE_BYTES
+
+
 def stdlib_files(held_out: bool = False, root: Path | None = None) -> list[Path]:
-    """Sorted .py files of the standard library: the training split, or the held-out split."""
+    """Sorted .py files of a standard-library directory: the training split, or the held-out split."""
     root = root or stdlib_root()
     files = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
-        if _SKIP_DIRS.intersection(rel.parts[:-1]):
-            continue
-        if is_held_out(rel) != held_out:
-            continue
         try:
-            if path.stat().st_size > _MAX_FILE_BYTES:
-                continue
+            size = path.stat().st_size
         except OSError:
             continue
-        files.append(path)
+        if _is_candidate(rel, size) and is_held_out(rel) == held_out:
+            files.append(path)
     return files
 
 
@@ -76,37 +79,97 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def stdlib_documents(held_out: bool = False) -> list[str]:
-    """Texts of the stdlib training split (or held-out split), one string per file."""
-    docs = [t for t in (_read_text(p) for p in stdlib_files(held_out)) if t and t.strip()]
-    if not docs:
-        raise ValueError(f"no readable Python source found under {stdlib_root()}")
-    return docs
-
-
-def heldout_named_documents() -> list[tuple[str, str]]:
-    """(path relative to the stdlib root, text) for the held-out library modules, tests excluded."""
-    root = stdlib_root()
+def _tree_from_directory(path: Path) -> list[tuple[str, str]]:
+    # A Lib/ directory itself, or a Python source checkout holding one.
+    root = next((r for r in (path, path / "Lib") if (r / "os.py").is_file()), None)
+    if root is None:
+        raise ValueError(f"--stdlib {path} is not a Python standard library (no os.py in it or in Lib/)")
     out = []
-    for path in stdlib_files(held_out=True):
-        rel = path.relative_to(root)
-        if rel.parts[0] == "test":
-            continue
-        text = _read_text(path)
+    for p in sorted(stdlib_files(False, root) + stdlib_files(True, root)):
+        text = _read_text(p)
         if text and text.strip():
+            out.append((p.relative_to(root).as_posix(), text))
+    return out
+
+
+def _tree_from_archive(path: Path) -> list[tuple[str, str]]:
+    # Streaming mode reads a compressed archive once, front to back (random access re-decompresses).
+    raw: dict[str, bytes] = {}
+    try:
+        with tarfile.open(path, "r|*") as tar:
+            for member in tar:
+                if member.isfile() and member.name.endswith(".py") and member.size <= _MAX_FILE_BYTES:
+                    raw[member.name.removeprefix("./")] = tar.extractfile(member).read()
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise ValueError(f"--stdlib {path} is not a readable tar archive: {e}") from e
+    tops = sorted((n for n in raw if n == "os.py" or n.endswith("/os.py")), key=lambda n: n.count("/"))
+    if not tops:
+        raise ValueError(f"--stdlib {path} holds no Python standard library (no os.py in the archive)")
+    prefix = tops[0].removesuffix("os.py")
+    out = []
+    for name in sorted(raw):
+        rel = Path(name.removeprefix(prefix))
+        if not name.startswith(prefix) or not _is_candidate(rel, len(raw[name])):
+            continue
+        try:
+            # Newlines translated as Path.read_text does, so both sources give the same text.
+            text = raw[name].decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+        except UnicodeDecodeError:
+            continue
+        if text.strip():
             out.append((rel.as_posix(), text))
     return out
 
 
-def read_corpus(spec: str | Path) -> list[str]:
+@functools.lru_cache(maxsize=2)
+def _stdlib_tree(source: str) -> tuple[tuple[str, str], ...]:
+    """Every candidate file of a stdlib tree (both splits), cached: each phase of a run reads it."""
+    path = Path(source)
+    if not path.exists():
+        raise ValueError(f"--stdlib {path} does not exist (give a Lib/ directory or a .tar.xz of one)")
+    files = _tree_from_directory(path) if path.is_dir() else _tree_from_archive(path)
+    if not files:
+        raise ValueError(f"no readable Python source found in --stdlib {path}")
+    return tuple(files)
+
+
+def stdlib_sources(held_out: bool = False, stdlib: str | Path | None = None) -> list[tuple[str, str]]:
+    """(path relative to the stdlib root, text) of the training or held-out split of a standard library.
+
+    ``stdlib`` is a Lib/ directory (or a source checkout holding Lib/) or a tar archive of one
+    (``benchmarks/pack_stdlib.py`` writes one); None means the running interpreter's. The split
+    rule and the held-out modules are the same for every source.
+    """
+    tree = _stdlib_tree(str(Path(stdlib).resolve() if stdlib is not None else stdlib_root()))
+    docs = [(name, text) for name, text in tree if is_held_out(name) == held_out]
+    if not docs:
+        raise ValueError(f"no {'held-out' if held_out else 'training'} source in the standard library "
+                         f"{stdlib or stdlib_root()}")
+    return docs
+
+
+def stdlib_documents(held_out: bool = False, stdlib: str | Path | None = None) -> list[str]:
+    """Texts of the stdlib training split (or held-out split), one string per file."""
+    return [text for _, text in stdlib_sources(held_out, stdlib)]
+
+
+def heldout_named_documents(stdlib: str | Path | None = None) -> list[tuple[str, str]]:
+    """(path relative to the stdlib root, text) for the held-out library modules, tests excluded."""
+    return [(name, text) for name, text in stdlib_sources(True, stdlib) if not name.startswith("test/")]
+
+
+def read_corpus(spec: str | Path, stdlib: str | Path | None = None) -> list[str]:
     """Documents of a corpus: ``"stdlib"`` (training split), a text/JSONL file, or a directory.
 
     A ``.jsonl`` file holds one JSON object per line with a ``"text"`` field; any other file is
     one document; a directory contributes every ``.py``, ``.txt`` and ``.md`` file below it.
+    ``stdlib`` picks the standard library ``"stdlib"`` means (see ``stdlib_sources``).
     Raises ValueError when the corpus is missing, unreadable or holds no text.
     """
     if str(spec) == "stdlib":
-        return stdlib_documents()
+        return stdlib_documents(stdlib=stdlib)
+    if stdlib is not None:
+        raise ValueError("--stdlib only applies to --corpus stdlib")
     path = Path(spec)
     if not path.exists():
         raise ValueError(f"corpus {path} does not exist (give a file, a directory or 'stdlib')")
@@ -222,6 +285,21 @@ def light_edit(text: str, rng: random.Random) -> str:
     return "\n".join(lines)
 
 
+EDIT_HEADER = "# The same code after a small edit (a rename, a comment added, a line removed):\n"
+
+
+def edit_document(name: str, chunk: str, edited: str) -> str:
+    """The editing layout: a source chunk, a header, then (the start of) its lightly changed copy."""
+    return f"# Original {name}:\n{chunk}\n{EDIT_HEADER}{edited}"
+
+
+def _edit_chunk(text: str, rng: random.Random, chunk_chars: int) -> tuple[str, str]:
+    """(chunk of whole lines of about ``chunk_chars`` at a random place, its ``light_edit``)."""
+    start = _cut_at_line(text, rng.randrange(0, len(text) - chunk_chars))
+    chunk = text[start:_cut_at_line(text, start + chunk_chars)]
+    return chunk, light_edit(chunk, rng)
+
+
 def editing_prompts(docs: Sequence[tuple[str, str]], n: int, chunk_chars: int = 1500,
                     head_chars: int = 200, seed: int = 0) -> list[dict]:
     """Prompts holding a held-out source chunk and the start of a lightly changed copy of it.
@@ -236,15 +314,70 @@ def editing_prompts(docs: Sequence[tuple[str, str]], n: int, chunk_chars: int = 
     out = []
     for i in range(n):
         name, text = usable[i % len(usable)]
-        start = _cut_at_line(text, rng.randrange(0, len(text) - chunk_chars))
-        chunk = text[start:_cut_at_line(text, start + chunk_chars)]
-        edited = light_edit(chunk, rng)
+        chunk, edited = _edit_chunk(text, rng, chunk_chars)
         head = edited[:_cut_at_line(edited, head_chars) or head_chars]
-        prompt = (f"# Original {name}:\n{chunk}\n"
-                  f"# The same code after a small edit (a rename, a comment added, a line removed):\n"
-                  f"{head}")
-        out.append({"kind": "editing", "source": name, "prompt": prompt, "reference": edited[len(head):]})
+        out.append({"kind": "editing", "source": name, "prompt": edit_document(name, chunk, head),
+                    "reference": edited[len(head):]})
     return out
+
+
+def editing_pairs(docs: Sequence[tuple[str, str]], fraction: float, seed: int = 0,
+                  chunk_chars: tuple[int, int] = (300, 2000)) -> list[str]:
+    """Editing-style training documents that make up ``fraction`` of the training text with ``docs``.
+
+    Each is a random chunk of a document followed by its lightly changed copy, laid out exactly
+    as the editing prompts are (``edit_document``): a model trained on them learns to copy from
+    its context, which is what N-gram drafting feeds on. Pass training documents only, never
+    held-out ones. ``docs`` are (name, text) pairs; the name goes in the header.
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"edit fraction must be in [0, 1), got {fraction}")
+    usable = [(name, text) for name, text in docs if len(text) > chunk_chars[0] + 1 and "\n" in text]
+    if fraction == 0.0 or not usable:
+        return []
+    # Pairs are `fraction` of (documents + pairs).
+    wanted = fraction / (1.0 - fraction) * sum(len(text) for _, text in docs)
+    rng = random.Random(seed)
+    out, have = [], 0
+    for _ in range(int(wanted / chunk_chars[0]) + 100):  # bounded: some chunks come out empty
+        if have >= wanted:
+            break
+        name, text = rng.choice(usable)
+        chunk, edited = _edit_chunk(text, rng, min(rng.randint(*chunk_chars), len(text) - 1))
+        if chunk.strip():
+            out.append(edit_document(name, chunk, edited))
+            have += len(out[-1])
+    return out
+
+
+def corpus_tokens(corpus: str | Path, tokenizer, eos_id: int, seq_len: int, *,
+                  stdlib: str | Path | None = None, edit_fraction: float = 0.0,
+                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, held-out) token streams of a corpus, with editing pairs added to the training side.
+
+    ``"stdlib"`` splits by module (held-out: the held-out library modules, tests excluded); any
+    other corpus keeps its last 5 % of tokens for evaluation, and editing pairs come only from
+    the documents that lie wholly before that tail.
+    """
+    if str(corpus) == "stdlib":
+        named = stdlib_sources(stdlib=stdlib)
+        held = [text for _, text in heldout_named_documents(stdlib)]
+        docs = [text for _, text in named] + editing_pairs(named, edit_fraction, seed)
+        return encode_documents(tokenizer, docs, eos_id), encode_documents(tokenizer, held, eos_id)
+    docs = read_corpus(corpus, stdlib)
+    train, held = split_tail(encode_documents(tokenizer, docs, eos_id), 0.05, seq_len + 1)
+    if not edit_fraction:
+        return train, held
+    before_tail, end = [], 0
+    for i, enc in enumerate(tokenizer.encode_batch(docs)):
+        end += len(enc.ids) + 1
+        if end > len(train):
+            break
+        before_tail.append((f"document {i}", docs[i]))
+    pairs = editing_pairs(before_tail, edit_fraction, seed)
+    if pairs:
+        train = torch.cat([train, encode_documents(tokenizer, pairs, eos_id)])
+    return train, held
 
 
 def write_prompts_jsonl(path: str | Path, prompts: Sequence[dict]) -> None:

@@ -32,6 +32,7 @@ from spectool.train.loop import (
     apply_gradients,
     atomic_save,
     autocast,
+    epoch_steps,
     load_checkpoint,
     lr_at,
     make_optimizer,
@@ -64,6 +65,8 @@ class DraftRecipe:
     eval_steps: int = 5        # EAGLE: chain steps evaluated
     gen_prompts: int = 16      # greedy continuations of held-out prompts for the acceptance estimate
     gen_tokens: int = 128
+    edit_fraction: float = 0.25  # share of the training text that is editing pairs (data.editing_pairs)
+    epochs: float = 0.0  # when > 0, the step count covers this many passes over the training tokens
 
     def __post_init__(self) -> None:
         if self.method not in KINDS:
@@ -78,6 +81,10 @@ class DraftRecipe:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.edit_fraction < 1.0:
+            raise ValueError(f"edit_fraction must be in [0, 1), got {self.edit_fraction}")
+        if self.epochs < 0:
+            raise ValueError(f"epochs must be >= 0, got {self.epochs}")
         if self.gen_tokens < max(self.depth, self.eval_steps) + 1:
             raise ValueError(f"gen_tokens must exceed the evaluated draft depth, got {self.gen_tokens}")
         if self.seq_len < self.depth + 2:
@@ -220,25 +227,17 @@ def evaluate_draft(draft: DraftModel, target: Target, eval_tokens: torch.Tensor,
             "greedy_eval": {"prompts": seqs.shape[0], "prompt_tokens": P, "new_tokens": recipe.gen_tokens}}
 
 
-def _corpus_tokens(corpus: str | Path, target: Target, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    eos = target.eos_token_ids[0] if target.eos_token_ids else 0
-    tok = target.tokenizer
-    train = data.encode_documents(tok, data.read_corpus(corpus), eos)
-    if str(corpus) == "stdlib":
-        return train, data.encode_documents(tok, [t for _, t in data.heldout_named_documents()], eos)
-    return data.split_tail(train, 0.05, seq_len + 1)
-
-
 def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
                 recipe: DraftRecipe | None = None, device: str | None = "auto", resume: bool = False,
                 progress: bool = True, max_seconds: float | None = None,
-                save_dtype: torch.dtype = torch.bfloat16) -> dict:
+                save_dtype: torch.dtype = torch.bfloat16, stdlib: str | Path | None = None) -> dict:
     """Train draft layers for the target in ``target_dir`` on ``corpus``; write them to ``out_dir``.
 
     ``out_dir`` receives the draft checkpoint (config.json + model.safetensors, what
     ``load_draft`` reads), ``eval.json`` (per-layer agreement) and ``train_state.pt`` (for
     ``resume``; an existing one is never overwritten without ``resume``). ``max_seconds`` is a
-    time budget the step count is fitted to; ``save_dtype`` is the dtype of the saved weights.
+    time budget the step count is fitted to; ``save_dtype`` is the dtype of the saved weights;
+    ``stdlib`` the standard library ``"stdlib"`` means (a Lib/ directory or a tar archive of one).
     """
     recipe = recipe or DraftRecipe()
     dev = resolve_device(device)
@@ -261,8 +260,12 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
-    train_tokens, eval_tokens = _corpus_tokens(corpus, target, recipe.seq_len)
-    print(f"corpus: {len(train_tokens):,} training tokens, {len(eval_tokens):,} held-out tokens")
+    eos = target.eos_token_ids[0] if target.eos_token_ids else 0
+    train_tokens, eval_tokens = data.corpus_tokens(corpus, target.tokenizer, eos, recipe.seq_len, stdlib=stdlib,
+                                                   edit_fraction=recipe.edit_fraction, seed=recipe.seed)
+    steps = epoch_steps(recipe.epochs, len(train_tokens), recipe.batch_size, recipe.seq_len) or recipe.steps
+    print(f"corpus: {len(train_tokens):,} training tokens (editing pairs: {recipe.edit_fraction:.0%}), "
+          f"{len(eval_tokens):,} held-out tokens; {steps} steps")
 
     cfg = target.config
     if recipe.intermediate_size:
@@ -290,7 +293,7 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
                      "optimizer": opt.state_dict(), "generator": gen.get_state(), "recipe": asdict(recipe),
                      "target_hash": target.model_hash}, out / CHECKPOINT_NAME)
 
-    run = train_loop(step_fn, save_fn, start=start, steps=recipe.steps,
+    run = train_loop(step_fn, save_fn, start=start, steps=steps,
                      checkpoint_every=recipe.checkpoint_every,
                      batch_size=recipe.batch_size, out_dir=out, desc=recipe.method, progress=progress,
                      max_seconds=max_seconds)

@@ -49,6 +49,11 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def epoch_steps(epochs: float, tokens: int, batch_size: int, seq_len: int) -> int:
+    """Steps of ``batch_size`` x ``seq_len`` tokens that make ``epochs`` passes over ``tokens`` (0 if epochs is 0)."""
+    return max(1, round(epochs * tokens / (batch_size * seq_len))) if epochs > 0 else 0
+
+
 def make_optimizer(params, lr: float, weight_decay: float, fused: bool) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (norm gains and biases are left alone)."""
     params = [p for p in params if p.requires_grad]

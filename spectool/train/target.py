@@ -27,6 +27,7 @@ from spectool.train.loop import (
     apply_gradients,
     atomic_save,
     autocast,
+    epoch_steps,
     load_checkpoint,
     lr_at,
     make_optimizer,
@@ -65,6 +66,8 @@ class TargetRecipe:
     eval_windows: int = 64
     seed: int = 0
     tokenizer_docs: int = 0  # train the tokenizer on every n-th document (0 = all)
+    edit_fraction: float = 0.25  # share of the training text that is editing pairs (data.editing_pairs)
+    epochs: float = 0.0  # when > 0, the step count covers this many passes over the training tokens
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "checkpoint_every", "eval_windows", "num_layers"):
@@ -72,6 +75,10 @@ class TargetRecipe:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.edit_fraction < 1.0:
+            raise ValueError(f"edit_fraction must be in [0, 1), got {self.edit_fraction}")
+        if self.epochs < 0:
+            raise ValueError(f"epochs must be >= 0, got {self.epochs}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of "
                              f"num_heads {self.num_heads}")
@@ -119,18 +126,9 @@ def heldout_loss(model: Transformer, tokens: torch.Tensor, seq_len: int, max_win
     return sum(losses) / len(losses)
 
 
-def _corpus_tokens(corpus: str | Path, tok: Tokenizer, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train, held-out) token streams: the stdlib split by module, any other corpus by its tail."""
-    eos = eos_id(tok)
-    train = data.encode_documents(tok, data.read_corpus(corpus), eos)
-    if str(corpus) == "stdlib":
-        return train, data.encode_documents(tok, [t for _, t in data.heldout_named_documents()], eos)
-    return data.split_tail(train, 0.05, seq_len + 1)
-
-
 def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe | None = None,
                  device: str | None = "auto", resume: bool = False, progress: bool = True,
-                 max_seconds: float | None = None) -> dict:
+                 max_seconds: float | None = None, stdlib: str | Path | None = None) -> dict:
     """Train tokenizer + target on ``corpus`` (``"stdlib"``, a file or a directory) into ``out_dir``.
 
     Args:
@@ -139,6 +137,8 @@ def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe |
         resume: continue from ``out_dir/train_state.pt``. Without it, an existing checkpoint is
             never overwritten (ValueError).
         max_seconds: a time budget: the step count is fitted to it after the first steps.
+        stdlib: the standard library ``"stdlib"`` means: a Lib/ directory or a tar archive of one
+            (default: the running interpreter's).
 
     Returns the evaluation dict also written to ``out_dir/eval.json``.
     """
@@ -163,14 +163,16 @@ def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe |
     if state is not None and (out / "tokenizer.json").is_file():
         tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     else:
-        docs = data.read_corpus(corpus)
+        docs = data.read_corpus(corpus, stdlib)
         step = max(1, recipe.tokenizer_docs)
         tok = train_tokenizer(docs[::step], recipe.vocab_size)
         save_tokenizer(tok, out)
-    train_tokens, eval_tokens = _corpus_tokens(corpus, tok, recipe.seq_len)
+    train_tokens, eval_tokens = data.corpus_tokens(corpus, tok, eos_id(tok), recipe.seq_len, stdlib=stdlib,
+                                                   edit_fraction=recipe.edit_fraction, seed=recipe.seed)
+    steps = epoch_steps(recipe.epochs, len(train_tokens), recipe.batch_size, recipe.seq_len) or recipe.steps
     prep_s = time.perf_counter() - t0
-    print(f"corpus: {len(train_tokens):,} training tokens, {len(eval_tokens):,} held-out tokens "
-          f"({prep_s:.1f}s to tokenize)")
+    print(f"corpus: {len(train_tokens):,} training tokens (editing pairs: {recipe.edit_fraction:.0%}), "
+          f"{len(eval_tokens):,} held-out tokens ({prep_s:.1f}s to tokenize); {steps} steps")
 
     cfg = recipe.model_config(eos_id(tok))
     model = Transformer(cfg)
@@ -195,7 +197,7 @@ def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe |
                      "optimizer": opt.state_dict(), "generator": gen.get_state(), "recipe": asdict(recipe)},
                     out / CHECKPOINT_NAME)
 
-    run = train_loop(step_fn, save_fn, start=start, steps=recipe.steps,
+    run = train_loop(step_fn, save_fn, start=start, steps=steps,
                      checkpoint_every=recipe.checkpoint_every,
                      batch_size=recipe.batch_size, out_dir=out, desc="target", progress=progress,
                      max_seconds=max_seconds)
