@@ -15,8 +15,9 @@
 //
 // Cost: a request keeps the trie nodes of its stream's suffixes between puts, so a new
 // token costs one child lookup per n (max_trie_depth lookups), not a walk from the root
-// per n. Leaf LRU is a queue of (node, stamp) in stamp order plus a small heap for
-// nodes that become leaves after their queue entry went by (see Trie::evict_one).
+// per n. Leaf LRU is a queue indexed by stamp whose entries say whether their node is
+// still a leaf with that stamp, plus a small heap for nodes that become leaves after
+// their queue entry went by (see Trie::evict_one).
 #pragma once
 
 #include <condition_variable>
@@ -56,7 +57,9 @@ struct Child {
 
 class Trie {
  public:
-  Trie(int max_depth, int64_t capacity);
+  // stamp_limit: stamps stay below it; reaching it renumbers them (tests lower it; it
+  // must exceed capacity + 1).
+  Trie(int max_depth, int64_t capacity, uint32_t stamp_limit = UINT32_MAX);
 
   // The trie nodes of a stream's suffixes: id[k] = node of its last k tokens for
   // k <= known (id[0] = root). A node evicted since is detected by its generation.
@@ -89,19 +92,19 @@ class Trie {
   static constexpr int32_t kRoot = 0;
 
  private:
-  struct Node {
+  // 32 bytes, aligned: two nodes per cache line and none straddles two.
+  struct alignas(32) Node {
     int32_t token;
     int32_t parent;
     int32_t first_child, next_sibling, prev_sibling;  // siblings: newest stamp first
     uint32_t gen;    // bumped when the slot is freed
-    int64_t count;
-    uint64_t stamp;  // 0 = free slot (the clock starts at 1)
+    uint32_t count;  // saturates at UINT32_MAX
+    uint32_t stamp;  // 0 = free slot or the root (stamps start at 1)
   };
-  struct Stamped {  // 12 bytes: the queue holds up to two entries per node
-    int32_t id;
-    uint32_t stamp_lo, stamp_hi;
-    uint64_t stamp() const { return (static_cast<uint64_t>(stamp_hi) << 32) | stamp_lo; }
-  };
+  static_assert(sizeof(Node) == 32, "two nodes per cache line");
+  // queue_[i] describes stamp base_ + i: the node id while that node is a leaf stamped
+  // then, ~id while it is not a leaf, kStale once the node was stamped again.
+  static constexpr int32_t kStale = -1;
 
   int32_t create(int32_t parent, int32_t token);
   int32_t ensure_path(const int32_t* tokens, int64_t n);
@@ -110,23 +113,27 @@ class Trie {
   void evict_one();
   void sibling_unlink(int32_t id);
   void sibling_push_front(int32_t id);
+  bool queued(uint32_t stamp) const { return stamp >= base_ + head_; }
   void compact_queue();
+  void renumber_stamps();
 
   int max_depth_;
   int64_t capacity_;
+  uint32_t stamp_limit_;
   std::vector<Node> nodes_;
   std::vector<int32_t> free_;
   FlatMap index_;
-  // Every stamp appends (node, stamp); an entry is stale once the node is stamped again.
-  std::vector<Stamped> queue_;
-  size_t queue_head_ = 0;
-  // Leaves whose queue entry was passed over while they had children.
-  std::priority_queue<std::pair<uint64_t, int32_t>, std::vector<std::pair<uint64_t, int32_t>>,
+  // Every stamp appends an entry, so the next stamp is base_ + queue_.size(); entries
+  // before head_ were consumed by evictions.
+  std::vector<int32_t> queue_;
+  uint32_t base_ = 1;
+  uint32_t head_ = 0;
+  // Leaves whose queue entry was passed over while they had children, by stamp.
+  std::priority_queue<std::pair<uint32_t, int32_t>, std::vector<std::pair<uint32_t, int32_t>>,
                       std::greater<>> orphans_;
   size_t queue_peak_ = 0;  // most entries the queue held (its touched memory)
   int64_t size_ = 0;  // nodes, root excluded
   int64_t evictions_ = 0;
-  uint64_t clock_ = 0;
 };
 
 // Suffix automaton over the token chunks of one external corpus (chunks are joined by a

@@ -6,7 +6,10 @@
 
 namespace spectool {
 
-Trie::Trie(int max_depth, int64_t capacity) : max_depth_(max_depth), capacity_(capacity) { clear(); }
+Trie::Trie(int max_depth, int64_t capacity, uint32_t stamp_limit)
+    : max_depth_(max_depth), capacity_(capacity), stamp_limit_(stamp_limit) {
+  clear();
+}
 
 void Trie::clear() {
   nodes_.clear();
@@ -16,7 +19,8 @@ void Trie::clear() {
   index_.clear();
   queue_.clear();
   queue_.shrink_to_fit();
-  queue_head_ = 0;
+  base_ = 1;
+  head_ = 0;
   queue_peak_ = 0;
   orphans_ = {};
   // Reserved address space is not memory until touched: reserving up to capacity (at
@@ -25,11 +29,10 @@ void Trie::clear() {
   nodes_.reserve(reserve);
   queue_.reserve(2 * reserve + 4096);
   advise_huge_pages(nodes_.data(), nodes_.capacity() * sizeof(Node));
-  advise_huge_pages(queue_.data(), queue_.capacity() * sizeof(Stamped));
+  advise_huge_pages(queue_.data(), queue_.capacity() * sizeof(int32_t));
   nodes_.push_back(Node{-1, -1, -1, -1, -1, 0, 0, 0});  // the root: the empty n-gram
   size_ = 0;
   evictions_ = 0;
-  clock_ = 0;
 }
 
 void Trie::insert(const int32_t* w, int64_t len, int64_t first_new, Suffixes& suf) {
@@ -51,7 +54,7 @@ void Trie::insert(const int32_t* w, int64_t len, int64_t first_new, Suffixes& su
         c = create(parent, t);
       else
         move_to_front(c);
-      ++nodes_[c].count;
+      if (nodes_[c].count < UINT32_MAX) ++nodes_[c].count;
       stamp(c);
       if (n < max_depth_) {
         suf.id[n] = c;
@@ -91,16 +94,21 @@ int32_t Trie::create(int32_t parent, int32_t token) {
   }
   nodes_[id] = Node{token, parent, -1, -1, -1, gen, 0, 0};
   index_.put(FlatMap::key(parent, token), id);
+  const Node& p = nodes_[parent];
+  if (p.first_child < 0 && parent != kRoot && queued(p.stamp)) queue_[p.stamp - base_] = ~parent;  // no longer a leaf
   sibling_push_front(id);
   ++size_;
   return id;
 }
 
 void Trie::stamp(int32_t id) {
-  nodes_[id].stamp = ++clock_;
-  queue_.push_back(Stamped{id, static_cast<uint32_t>(clock_), static_cast<uint32_t>(clock_ >> 32)});
-  queue_peak_ = std::max(queue_peak_, queue_.size());
   if (queue_.size() > 2 * static_cast<size_t>(size_) + 4096) compact_queue();
+  if (base_ + queue_.size() >= stamp_limit_) renumber_stamps();
+  Node& n = nodes_[id];
+  if (queued(n.stamp)) queue_[n.stamp - base_] = kStale;
+  n.stamp = base_ + static_cast<uint32_t>(queue_.size());
+  queue_.push_back(n.first_child < 0 ? id : ~id);
+  queue_peak_ = std::max(queue_peak_, queue_.size());
 }
 
 void Trie::move_to_front(int32_t id) {
@@ -109,29 +117,24 @@ void Trie::move_to_front(int32_t id) {
   sibling_push_front(id);
 }
 
-// Evicts the leaf with the oldest stamp. Queue entries are in stamp order; the first one
-// that is current (the node was not stamped again) and names a leaf is the oldest leaf
-// with an entry. A current entry of a node with children is dropped; if that node later
-// loses its last child, it goes to orphans_, a heap by stamp. Every leaf is thus in
-// exactly one of the two, and the older of their fronts is the victim.
+// Evicts the leaf with the oldest stamp. Queue entries are in stamp order and the
+// first one that still names a node (not kStale, not ~id) is the oldest leaf with an
+// entry, found without touching any node. A node that loses its last child gets its
+// entry back if the entry is still queued, and otherwise goes to orphans_, a heap by
+// stamp: every leaf is thus in exactly one of the two, and the older front is the victim.
 void Trie::evict_one() {
-  while (queue_head_ < queue_.size()) {
-    const Stamped& e = queue_[queue_head_];
-    const Node& n = nodes_[e.id];
-    if (n.stamp == e.stamp() && n.first_child < 0) break;
-    ++queue_head_;
-  }
+  while (head_ < queue_.size() && queue_[head_] < 0) ++head_;
   while (!orphans_.empty()) {
     const Node& n = nodes_[orphans_.top().second];
     if (n.stamp == orphans_.top().first && n.first_child < 0) break;
     orphans_.pop();
   }
   int32_t id;
-  if (!orphans_.empty() && (queue_head_ == queue_.size() || orphans_.top().first < queue_[queue_head_].stamp())) {
+  if (!orphans_.empty() && (head_ == queue_.size() || orphans_.top().first < base_ + head_)) {
     id = orphans_.top().second;
     orphans_.pop();
   } else {
-    id = queue_[queue_head_++].id;
+    id = queue_[head_++];
   }
   Node& n = nodes_[id];
   const int32_t parent = n.parent;
@@ -143,19 +146,47 @@ void Trie::evict_one() {
   --size_;
   ++evictions_;
   const Node& p = nodes_[parent];
-  // The parent is now a leaf; if its current entry already left the queue, it is older
-  // than everything still queued.
-  if (parent != kRoot && p.first_child < 0 &&
-      (queue_head_ == queue_.size() || p.stamp < queue_[queue_head_].stamp()))
-    orphans_.emplace(p.stamp, parent);
+  if (parent != kRoot && p.first_child < 0) {  // the parent is now a leaf
+    if (queued(p.stamp))
+      queue_[p.stamp - base_] = parent;
+    else
+      orphans_.emplace(p.stamp, parent);
+  }
 }
 
+// Drops the consumed and stale entries, giving the queued nodes consecutive stamps from
+// base_ + head_ on. Stamps only decrease and keep their order, and every stamp of a node
+// without a queued entry (orphans, nodes passed over) stays below the new ones.
 void Trie::compact_queue() {
+  const uint32_t first = base_ + head_;
   size_t out = 0;
-  for (size_t i = queue_head_; i < queue_.size(); ++i)
-    if (nodes_[queue_[i].id].stamp == queue_[i].stamp()) queue_[out++] = queue_[i];
+  for (size_t i = head_; i < queue_.size(); ++i) {
+    const int32_t e = queue_[i];
+    if (e == kStale) continue;
+    nodes_[e >= 0 ? e : ~e].stamp = first + static_cast<uint32_t>(out);
+    queue_[out++] = e;
+  }
   queue_.resize(out);
-  queue_head_ = 0;
+  base_ = first;
+  head_ = 0;
+}
+
+// Before the 32-bit clock runs out: gives every node the rank of its stamp (1, 2, ...)
+// and rebuilds the queue over all of them, which also empties orphans_.
+void Trie::renumber_stamps() {
+  std::vector<std::pair<uint32_t, int32_t>> order;
+  order.reserve(static_cast<size_t>(size_));
+  for (size_t id = 1; id < nodes_.size(); ++id)
+    if (nodes_[id].stamp != 0) order.emplace_back(nodes_[id].stamp, static_cast<int32_t>(id));
+  std::sort(order.begin(), order.end());
+  queue_.clear();
+  base_ = 1;
+  head_ = 0;
+  for (const auto& [old, id] : order) {
+    nodes_[id].stamp = base_ + static_cast<uint32_t>(queue_.size());
+    queue_.push_back(nodes_[id].first_child < 0 ? id : ~id);
+  }
+  orphans_ = {};
 }
 
 void Trie::children(int32_t node, std::vector<Child>& out, size_t limit) const {
@@ -185,8 +216,8 @@ double Trie::bytes_per_node() const {
   // Memory in use: vector capacity past the elements ever stored is address space that
   // was never touched, so nodes and queue count by their high-water marks.
   double total = static_cast<double>(nodes_.size() * sizeof(Node) + free_.capacity() * sizeof(int32_t) +
-                                     index_.bytes() + queue_peak_ * sizeof(Stamped) +
-                                     orphans_.size() * sizeof(std::pair<uint64_t, int32_t>));
+                                     index_.bytes() + queue_peak_ * sizeof(int32_t) +
+                                     orphans_.size() * sizeof(std::pair<uint32_t, int32_t>));
   return total / static_cast<double>(std::max<int64_t>(1, size_));
 }
 
