@@ -15,12 +15,14 @@ Plain decoding (``draft=None``) is the same loop with a one-node tree.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from spectool.config import DraftConfig
@@ -29,6 +31,7 @@ from spectool.draft.tree import DraftTree
 from spectool.graphs import GraphRunner
 from spectool.stats import RunStats
 from spectool.timing import PhaseTimer
+from spectool.trace.recorder import PackedRows, Recorder, pack_rows
 from spectool.verify import VerifyResult, commit_kv, verify_greedy, verify_sampling
 
 # Tree tensors the verify step takes as (graph) inputs; max_depth is fixed to N-1 per graph.
@@ -123,6 +126,10 @@ class Engine:
         self.graph_buckets = graph_buckets(max_batch_size)
         scratch = {"slots": max_batch_size}  # padded graph rows write only to the spare slot
         self._greedy_runner = GraphRunner(self._greedy_step, self.graph_buckets, self.cuda_graphs, scratch)
+        # With record=True the greedy graph also packs the iteration's trace fields (see _greedy_step).
+        self._greedy_record_runner = GraphRunner(functools.partial(self._greedy_step, record=True),
+                                                 self.graph_buckets, self.cuda_graphs, scratch)
+        self._record_layouts: dict[tuple, list] = {}
         self._forward_runner = GraphRunner(self._forward_step, self.graph_buckets, self.cuda_graphs, scratch)
         if self.drafter is not None:
             self.drafter.allocate()
@@ -281,8 +288,6 @@ class Engine:
         return self.target.decode(ids) if self.target.tokenizer is not None else ""
 
     def _make_recorder(self, sampling: dict, seed: int):
-        from spectool.trace.recorder import Recorder
-
         tok = self.target.tokenizer
         run_info = {
             "engine": {"max_batch_size": self.max_batch_size, "max_seq_len": self.max_seq_len,
@@ -300,7 +305,7 @@ class Engine:
     def graph_stats(self) -> dict[str, int]:
         """CUDA-graph replays, eager runs and captures of the target steps (and the drafter's)."""
         out = {"replays": 0, "eager": 0, "captures": 0}
-        runners = [self._greedy_runner, self._forward_runner]
+        runners = [self._greedy_runner, self._greedy_record_runner, self._forward_runner]
         runners += getattr(self.drafter, "graph_runners", [])
         for runner in runners:
             for k in out:
@@ -313,9 +318,12 @@ class Engine:
                             kv_len=self._kv_len)
         return hidden, self.model.logits(hidden)
 
-    def _greedy_step(self, slots, **tree_tensors):
+    def _greedy_step(self, slots, record: bool = False, **tree_tensors):
         """Forward, greedy verify and KV commit in one (graph-captured) step.
 
+        With ``record`` the step also packs the iteration's per-request trace fields into one
+        [B, R] byte table (its layout kept in ``_record_layouts``), so recording costs the
+        engine's thread one copy instead of a softmax, a top-k and a pack per field.
         Running it twice on the same inputs gives the same cache: the forward rewrites
         the tree's K/V before the commit moves them, so graph warm-up is harmless.
         """
@@ -324,7 +332,15 @@ class Engine:
         res = verify_greedy(tree, logits)
         if tree.num_nodes > 1:
             commit_kv(self.cache.k, self.cache.v, slots, tree.seq_lens, res.accept_path, res.accept_length)
-        return hidden, logits, res.status, res.accept_path, res.accept_length, res.bonus, res.target_argmax
+        out = (hidden, logits, res.status, res.accept_path, res.accept_length, res.bonus, res.target_argmax)
+        if not record:
+            return out
+        k = min(self.record_topk, logits.shape[-1])
+        top_logit, top_i = logits.topk(k, dim=-1)
+        top_p = torch.exp(top_logit - torch.logsumexp(logits, dim=-1, keepdim=True))
+        packed = pack_rows(_record_tensors(tree, res, top_i, top_p))
+        self._record_layouts[_layout_key(tree.num_nodes, k)] = packed.layout
+        return (*out, packed.data)
 
     def _prefill(self, reqs: list[_Request], sampling: dict, generator, stats: RunStats) -> None:
         """Prefill new requests (right-padded into groups) and sample each one's first token.
@@ -392,7 +408,8 @@ class Engine:
         with timer("verify"):
             if sampling["temperature"] == 0.0:
                 tensors = {name: getattr(tree, name) for name in _TREE_TENSORS}
-                hidden, logits, status, path, length, bonus, argmax = self._greedy_runner(
+                runner = self._greedy_record_runner if recorder is not None else self._greedy_runner
+                hidden, logits, status, path, length, bonus, argmax, *packed_data = runner(
                     b, slots=batch.slots, **tensors)
                 res = VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus,
                                    coins=torch.full(tree.tokens.shape, float("nan"), device=self.device),
@@ -406,7 +423,14 @@ class Engine:
                 if n > 1:
                     commit_kv(self.cache.k, self.cache.v, batch.slots, batch.seq_lens, res.accept_path,
                               res.accept_length)
-        fields = self._record_fields(iteration, batch, tree, res, logits, sampling, why) if recorder else None
+        if recorder is not None:
+            fields = {"iteration": iteration, "method": self.method, "temperature": sampling["temperature"],
+                      "request_id": np.asarray(batch.request_ids, dtype=np.int32), "num_nodes": n, **why}
+            if packed_data:
+                k = min(self.record_topk, logits.shape[-1])
+                packed = PackedRows(self._record_layouts[_layout_key(n, k)], packed_data[0])
+            else:
+                packed = self._pack_sampling_record(tree, res)
 
         # The iteration's one host sync: the engine needs the accepted tokens to stop requests.
         width = res.accept_path.shape[1]
@@ -438,7 +462,7 @@ class Engine:
         stats.add_iteration(iteration, batch.request_ids, accept_length, depth_max, timings)
         if recorder is not None:
             fields.update(timings)
-            recorder.record_batch(fields)
+            recorder.record_batch(fields, packed)
             if live_records:
                 event.records = recorder.iteration_rows()
         return event
@@ -474,32 +498,32 @@ class Engine:
             req.slot = -1
         free_slots.sort()
 
-    def _record_fields(self, iteration: int, batch: Batch, tree: DraftTree, res, logits: torch.Tensor,
-                       sampling: dict, why: dict) -> dict:
-        # Sampling verify already made the distribution it drew from; greedy records plain softmax.
-        probs = res.target_probs if res.target_probs is not None else torch.softmax(logits, dim=-1)
-        k = min(self.record_topk, probs.shape[-1])
-        top_p, top_i = probs.topk(k, dim=-1)
-        fields = {
-            "iteration": iteration,
-            "method": self.method,
-            "temperature": sampling["temperature"],
-            "request_id": torch.tensor(batch.request_ids, dtype=torch.int32),
-            "seq_len": batch.seq_lens,
-            "num_nodes": torch.full((batch.size,), tree.tokens.shape[1], dtype=torch.int32),
-            "tokens": tree.tokens, "parents": tree.parents, "depth": tree.depth, "scores": tree.scores,
-            "valid": tree.valid, "mask": tree.mask, "positions": tree.positions,
-            "retrieve_index": tree.retrieve_index, "retrieve_next_token": tree.retrieve_next_token,
-            "retrieve_next_sibling": tree.retrieve_next_sibling,
-            "target_argmax": top_i[..., 0], "target_argmax_prob": top_p[..., 0],
-            "target_topk_tokens": top_i, "target_topk_probs": top_p,
-            "status": res.status, "accept_path": res.accept_path, "accept_length": res.accept_length,
-            "bonus_token": res.bonus,
-        }
-        if sampling["temperature"] > 0:
-            fields["coins"] = res.coins
-        fields.update(why)
-        return fields
+    def _pack_sampling_record(self, tree: DraftTree, res: VerifyResult) -> PackedRows:
+        """The trace fields of a sampling iteration, whose verify runs eagerly; the top-k is of
+        the distribution it drew from (after temperature, top-k and top-p)."""
+        k = min(self.record_topk, res.target_probs.shape[-1])
+        top_p, top_i = res.target_probs.topk(k, dim=-1)
+        return pack_rows([*_record_tensors(tree, res, top_i, top_p), ("coins", res.coins)])
+
+
+def _record_tensors(tree: DraftTree, res: VerifyResult, top_i: torch.Tensor, top_p: torch.Tensor):
+    """The per-request tensors of one iteration's trace row: its tree, the target's top-k
+    and the verifier's decision (DESIGN.md, "The trace")."""
+    return [
+        ("seq_len", tree.seq_lens), ("tokens", tree.tokens), ("parents", tree.parents), ("depth", tree.depth),
+        ("scores", tree.scores), ("valid", tree.valid), ("mask", tree.mask), ("positions", tree.positions),
+        ("retrieve_index", tree.retrieve_index), ("retrieve_next_token", tree.retrieve_next_token),
+        ("retrieve_next_sibling", tree.retrieve_next_sibling),
+        ("target_argmax", top_i[..., 0]), ("target_argmax_prob", top_p[..., 0]),
+        ("target_topk_tokens", top_i), ("target_topk_probs", top_p),
+        ("status", res.status), ("accept_path", res.accept_path), ("accept_length", res.accept_length),
+        ("bonus_token", res.bonus),
+    ]
+
+
+def _layout_key(num_nodes: int, k: int) -> tuple[int, int]:
+    """What the greedy graph's packed record layout depends on (its accept path is num_nodes wide)."""
+    return num_nodes, k
 
 
 def graph_buckets(max_batch_size: int) -> tuple[int, ...]:

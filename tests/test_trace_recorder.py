@@ -9,7 +9,7 @@ import torch
 from trace_factory import METHODS, VOCAB, ancestors_mask, make_trace, tiny_tokenizer_json
 
 from spectool.trace.reader import Trace
-from spectool.trace.recorder import Recorder
+from spectool.trace.recorder import Recorder, pack_rows
 
 
 def _batch(rng, widths=(5, 3), width=7):
@@ -55,6 +55,24 @@ def test_record_batch_slices_packs_and_derives():
     assert trace.iteration(4, 3).accept_path.tolist() == [0, 1]
     assert trace.iteration(4, 3).accept_length == 1
     assert trace.iteration(4, 8).accept_length == 0
+
+
+def test_packed_rows_record_the_same_trace_as_separate_fields():
+    """The engine's graph packs per-request fields into one byte table; the trace must not change."""
+    rng = np.random.default_rng(1)
+    fields, *_ = _batch(rng)
+    as_tensors = {k: torch.as_tensor(v) for k, v in fields.items() if not np.isscalar(v) and k != "request_id"}
+    as_tensors["positions"] = torch.arange(14).view(2, 7)[:, ::1].t().contiguous().t()  # non-contiguous input
+    as_tensors["bonus_token"] = torch.tensor([5, 6]).view(2, 1)[:, 0]  # a strided [B] view
+    plain = {k: v for k, v in fields.items() if k not in as_tensors}
+    one = Recorder(None, {"method": "ngram"}, tiny_tokenizer_json())
+    one.record_batch({**plain, **as_tensors})
+    two = Recorder(None, {"method": "ngram"}, tiny_tokenizer_json())
+    two.record_batch(plain, pack_rows(list(as_tensors.items())))
+    expected, got = one.close().steps.to_pylist(), two.close().steps.to_pylist()
+    assert got == expected and len(got) == 2
+    with pytest.raises(ValueError, match="both in fields and in packed"):
+        Recorder(None, {}).record_batch(fields, pack_rows([("tokens", as_tensors["tokens"])]))
 
 
 def test_engine_buffers_may_be_reused_after_record_batch():

@@ -14,9 +14,9 @@ that; neither checks the mask (``spectool.draft.tree.validate_tree`` does). The 
 is not returned separately: it is ``positions - seq_lens[:, None]``.
 
 The Triton kernel runs one program per request with the whole mask tile in
-registers (N <= 128 in practice): it loads the tile twice, once as rows and once
-transposed, so that the parent of every node is at hand along both tile axes and
-children and siblings fall out of one compare-and-min each. All outputs are int64.
+registers (N <= 128 in practice): one coalesced load of the tile gives every node's
+parent, and with the parent vector broadcast along both tile axes children and
+siblings fall out of one compare-and-min each. All outputs are int64.
 """
 
 from __future__ import annotations
@@ -89,19 +89,17 @@ def _tree_indices_kernel(
     cols = tl.arange(0, BLOCK)  # node k / j along axis 1
     inside = (rows[:, None] < N) & (cols[None, :] < N)
     base = Mask + b * N * N
-    # m[i, k] = mask[i][k]; mt[k, j] = mask[j][k] (the same tile, transposed).
     m = tl.load(base + rows[:, None] * N + cols[None, :], mask=inside, other=0) != 0
-    mt = tl.load(base + cols[None, :] * N + rows[:, None], mask=inside, other=0) != 0
 
     depth = tl.sum(m.to(tl.int32), axis=1) - 1
-    # Parent of node i along axis 0 and of node j along axis 1.
+    # Parent of node i along axis 0; the same vector laid along axis 1 is the parent of node j
+    # (Triton moves it between layouts), so the tile is loaded once and never transposed.
     parent_row = tl.max(tl.where(m & (cols[None, :] < rows[:, None]), cols[None, :], -1), axis=1)
-    parent_col = tl.max(tl.where(mt & (rows[:, None] < cols[None, :]), rows[:, None], -1), axis=0)
 
     big = BLOCK + N
-    is_child = (parent_col[None, :] == rows[:, None]) & (cols[None, :] < N)
+    is_child = (parent_row[None, :] == rows[:, None]) & (cols[None, :] < N)
     next_token = tl.min(tl.where(is_child, cols[None, :], big), axis=1)
-    sib = (parent_col[None, :] == parent_row[:, None]) & (cols[None, :] > rows[:, None])
+    sib = (parent_row[None, :] == parent_row[:, None]) & (cols[None, :] > rows[:, None])
     sib = sib & (cols[None, :] < N) & (parent_row[:, None] >= 0)
     next_sibling = tl.min(tl.where(sib, cols[None, :], big), axis=1)
 

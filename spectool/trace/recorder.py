@@ -75,12 +75,48 @@ def default_run_info(run_info: dict) -> dict:
 
 @dataclass
 class _Packed:
-    """One device's tensors of one iteration as raw bytes: (name, dtype, shape, offset) each."""
+    """One device's tensors of one iteration as raw bytes: (name, dtype, shape, offset) each.
+
+    ``rows`` 0: the fields lie one after another, shapes in full. ``rows`` B: the bytes are a
+    [B, R] table (see :class:`PackedRows`), shapes and offsets are per row.
+    """
 
     layout: list[tuple[str, torch.dtype, tuple[int, ...], int]]
     data: torch.Tensor            # uint8: host bytes (CPU), or the pinned slot the copy lands in (CUDA)
     nbytes: int
     event: torch.cuda.Event | None = None
+    rows: int = 0
+
+
+@dataclass
+class PackedRows:
+    """Per-request fields already packed as bytes: ``data`` [B, R] uint8, one row per request,
+    and ``layout``: (name, dtype, shape of one row's value, byte offset in the row) per field.
+
+    Made by :func:`pack_rows`. The engine packs inside its CUDA graph, so recording an
+    iteration costs one copy and no per-field work on its thread.
+    """
+
+    layout: list[tuple[str, torch.dtype, tuple[int, ...], int]]
+    data: torch.Tensor
+
+
+def pack_rows(named: list[tuple[str, torch.Tensor]]) -> PackedRows:
+    """Pack [B, ...] tensors into one [B, R] uint8 table (graph safe: fixed shapes, no sync).
+    Widest dtype first, so every field of a row stays aligned."""
+    named = sorted(named, key=lambda nt: -nt[1].element_size())
+    rows = named[0][1].shape[0]
+    layout, parts, offset = [], [], 0
+    for name, t in named:
+        if t.shape[0] != rows:
+            raise ValueError(f"{name} has leading dim {t.shape[0]}, batch has {rows} rows")
+        layout.append((name, t.dtype, tuple(t.shape[1:]), offset))
+        part = t.reshape(rows, -1).contiguous()
+        # A size-1 dim may keep any stride while contiguous; view(dtype) insists on stride 1.
+        part = part.as_strided(part.shape, (part.shape[1], 1))
+        parts.append(part.view(torch.uint8))
+        offset += part.shape[1] * t.element_size()
+    return PackedRows(layout, torch.cat(parts, dim=1))
 
 
 def _pack(named: list[tuple[str, torch.Tensor]]) -> tuple[list, torch.Tensor]:
@@ -100,20 +136,27 @@ def _pack(named: list[tuple[str, torch.Tensor]]) -> tuple[list, torch.Tensor]:
 _NUMPY_DTYPE: dict[torch.dtype, np.dtype] = {}
 
 
+def _view(raw: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Contiguous bytes as a numpy array of ``dtype`` and ``shape``; 16-bit floats become float32."""
+    if dtype == torch.bfloat16:  # numpy has no bfloat16: its bits are the top half of a float32
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    np_dtype = _NUMPY_DTYPE.get(dtype)
+    if np_dtype is None:
+        np_dtype = _NUMPY_DTYPE[dtype] = torch.empty(0, dtype=dtype).numpy().dtype
+    value = raw.view(np_dtype).reshape(shape)
+    return value.astype(np.float32) if np_dtype == np.float16 else value
+
+
 def _unpack(packed: _Packed, host: np.ndarray) -> dict[str, np.ndarray]:
-    """Numpy views of each field in ``host`` (the packed bytes); 16-bit floats become float32."""
+    """Numpy views of each field in ``host`` (the packed bytes)."""
     out = {}
+    table = host[:packed.nbytes].reshape(packed.rows, -1) if packed.rows else None
     for name, dtype, shape, offset in packed.layout:
-        count = int(np.prod(shape, dtype=np.int64))
-        if dtype == torch.bfloat16:  # numpy has no bfloat16: its bits are the top half of a float32
-            raw = host[offset:offset + 2 * count].view(np.uint16)
-            out[name] = (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
-            continue
-        np_dtype = _NUMPY_DTYPE.get(dtype)
-        if np_dtype is None:
-            np_dtype = _NUMPY_DTYPE[dtype] = torch.empty(0, dtype=dtype).numpy().dtype
-        value = host[offset:offset + count * np_dtype.itemsize].view(np_dtype).reshape(shape)
-        out[name] = value.astype(np.float32) if np_dtype == np.float16 else value
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if table is None:
+            out[name] = _view(host[offset:offset + size], dtype, shape)
+        else:
+            out[name] = _view(np.ascontiguousarray(table[:, offset:offset + size]), dtype, (packed.rows, *shape))
     return out
 
 
@@ -155,16 +198,23 @@ class Recorder:
 
     # -- engine thread -------------------------------------------------------------
 
-    def record_batch(self, fields: dict[str, Any]) -> None:
-        """Record one iteration for the whole batch (see the module docstring for shapes)."""
+    def record_batch(self, fields: dict[str, Any], packed: PackedRows | None = None) -> None:
+        """Record one iteration for the whole batch (see the module docstring for shapes).
+
+        ``packed``: more of the iteration's per-request fields, already packed (:func:`pack_rows`).
+        """
         self._check_open()
-        unknown = fields.keys() - ACCEPTED_NAMES
+        names = fields.keys() | {name for name, *_ in packed.layout} if packed is not None else fields.keys()
+        if packed is not None and len(names) != len(fields) + len(packed.layout):
+            raise ValueError("a field is given both in fields and in packed")
+        unknown = names - ACCEPTED_NAMES
         if unknown:
             raise ValueError(f"unknown trace field(s): {', '.join(sorted(unknown))}")
-        if "iteration" not in fields or "request_id" not in fields:
-            missing = "iteration" if "iteration" not in fields else "request_id"
+        if "iteration" not in names or "request_id" not in names:
+            missing = "iteration" if "iteration" not in names else "request_id"
             raise ValueError(f"record_batch needs {missing!r}")
-        rows = np.ndim(fields["request_id"]) and len(fields["request_id"])
+        rows = packed.data.shape[0] if packed is not None else (
+            np.ndim(fields["request_id"]) and len(fields["request_id"]))
         if not rows:
             raise ValueError("request_id must be a non-empty [B] array of request ids")
         plain: dict[str, Any] = {}
@@ -176,20 +226,25 @@ class Recorder:
                     raise ValueError(f"{name} has leading dim {value.shape[0]}, batch has {rows} rows")
                 (on_cuda if value.is_cuda else on_cpu).append((name, value.detach()))
             elif isinstance(value, np.ndarray):
+                if value.ndim and value.shape[0] != rows:
+                    raise ValueError(f"{name} has leading dim {value.shape[0]}, batch has {rows} rows")
                 plain[name] = value.copy()
             elif value is not None:
                 plain[name] = value
-        packed = []
+        packed_now = []
         if on_cpu:
             layout, data = _pack(on_cpu)
-            packed.append(_Packed(layout, data, data.numel()))
+            packed_now.append(_Packed(layout, data, data.numel()))
         if on_cuda:
-            packed.append(self._copy_from_cuda(on_cuda))
-        self._queue.put(("steps", (plain, packed), rows))
+            packed_now.append(self._to_host(*_pack(on_cuda)))
+        if packed is not None:
+            flat = packed.data.reshape(-1)
+            packed_now.append(self._to_host(packed.layout, flat, rows) if flat.is_cuda
+                              else _Packed(packed.layout, flat, flat.numel(), rows=rows))
+        self._queue.put(("steps", (plain, packed_now), rows))
 
-    def _copy_from_cuda(self, named: list[tuple[str, torch.Tensor]]) -> _Packed:
-        """One device-side concatenation, one async copy into a pinned slot, one event."""
-        layout, flat = _pack(named)
+    def _to_host(self, layout: list, flat: torch.Tensor, rows: int = 0) -> _Packed:
+        """One async copy of packed CUDA bytes into a reused pinned slot, one event behind it."""
         nbytes = flat.numel()
         slot = self._free_slots.pop() if self._free_slots else None
         if slot is None or slot.numel() < nbytes:
@@ -198,7 +253,7 @@ class Recorder:
         slot[:nbytes].copy_(flat, non_blocking=True)
         event = torch.cuda.Event()
         event.record()  # on the current stream, behind the copy; the writer waits on it
-        return _Packed(layout, slot, nbytes, event)
+        return _Packed(layout, slot, nbytes, event, rows)
 
     def record_request(self, request_id: int, prompt_tokens, output_tokens, finish_reason: str,
                        prompt_text: str = "") -> None:
