@@ -1,6 +1,7 @@
 """Train the bundled demo model: target + EAGLE layer + K=4 multi-layer EAGLE, prompts and metrics.
 
-    python benchmarks/train_demo.py --out /tmp/demo            # the real recipe, one GPU, <= 6 minutes
+    python benchmarks/pack_stdlib.py                           # .corpus/stdlib-3.11.tar.xz (8.4 M tokens)
+    python benchmarks/train_demo.py --out /tmp/demo --stdlib .corpus/stdlib-3.11.tar.xz   # one GPU, <= 5.5 min
     python benchmarks/train_demo.py --out /tmp/demo --tiny     # the same pipeline on CPU in seconds
 
 Writes OUT/target/ (Hugging Face Llama: config.json, model.safetensors, tokenizer.json),
@@ -9,6 +10,8 @@ and editing prompts) and OUT/metrics.json (held-out loss, per-layer agreement, s
 Weights are stored bf16 and total at most 16 MB. Every phase runs under a time budget: its step
 count is fitted to the budget after the first steps (printed, and recorded in metrics.json).
 With --steps-* given explicitly and --budget-s 0, a run is repeatable step for step.
+--stdlib picks the standard library the corpus, the held-out split and the prompts come from
+(default: the running Python's; the recipe is sized for Python 3.11's).
 If $OUT is set, metrics.json is also copied there.
 """
 
@@ -45,24 +48,27 @@ def recipes(tiny: bool, seed: int) -> tuple[TargetRecipe, DraftRecipe, DraftReci
                  "gen_prompts": 2, "gen_tokens": 16, "intermediate_size": 96, "seed": seed}
         return (target, DraftRecipe(method="eagle", layers=1, **small),
                 DraftRecipe(method="multi_layer_eagle", layers=4, **small))
-    # The stdlib training split is only ~2.3M tokens: 1500 steps of 8 x 1024 tokens is ~5 epochs.
-    # (48 x 1024 x 4000 steps was 86 epochs: train loss 0.13, held-out loss 8.3 — memorised.)
+    # Step counts come from epochs over the training stream (Python 3.11's stdlib: 8.4M tokens,
+    # 11.2M with a quarter editing pairs), so a smaller stdlib gets fewer steps, not more epochs:
+    # 4000 x 48 x 1024 tokens over 3.12's 2.3M (86 epochs) memorised it (held-out loss 8.3).
+    # Batches of 32 x 1024 keep an H200 busy (8 x 1024 left it mostly idle); the time budget caps it.
     # vocab 4096, hidden 256, 5 layers, GQA 4 query / 2 kv heads of 64: 4.5M parameters (9 MB bf16).
     target = TargetRecipe(vocab_size=4096, hidden_size=256, num_layers=5, num_heads=4, num_kv_heads=2,
-                          intermediate_size=640, max_position_embeddings=2048, steps=1500, batch_size=8,
+                          intermediate_size=640, max_position_embeddings=2048, epochs=8, batch_size=32,
                           seq_len=1024, lr=3e-3, warmup=100, weight_decay=0.1, checkpoint_every=500,
-                          eval_windows=128, seed=seed, tokenizer_docs=2)
-    # Draft blocks use a narrower MLP (384) so 5 layers fit in the remaining 7 MB.
+                          eval_windows=128, seed=seed, tokenizer_docs=2, edit_fraction=0.25)
+    # Draft blocks use a narrower MLP (448) so 5 layers fit in the remaining 7 MB.
     # Sequences of 1024 cover the longest prompt (editing: ~520 tokens) plus 256 new tokens.
-    common = {"batch_size": 8, "seq_len": 1024, "lr": 2e-3, "warmup": 50, "checkpoint_every": 500,
-              "eval_windows": 64, "gen_prompts": 32, "gen_tokens": 160, "intermediate_size": 384,
-              "seed": seed}
-    return (target, DraftRecipe(method="eagle", layers=1, steps=1500, unroll=5, **common),
-            DraftRecipe(method="multi_layer_eagle", layers=4, steps=1500, **common))
+    common = {"batch_size": 32, "seq_len": 1024, "lr": 2e-3, "warmup": 50, "checkpoint_every": 500,
+              "eval_windows": 64, "gen_prompts": 32, "gen_tokens": 160, "intermediate_size": 448,
+              "seed": seed, "epochs": 4, "edit_fraction": 0.25}
+    return (target, DraftRecipe(method="eagle", layers=1, unroll=5, **common),
+            DraftRecipe(method="multi_layer_eagle", layers=4, **common))
 
 
 def train_all(out: Path, corpus: str | Path, target_r: TargetRecipe, draft_rs: tuple[DraftRecipe, ...],
-              device: str, budget: float | None, t0: float) -> tuple[dict, dict[str, dict]]:
+              device: str, budget: float | None, t0: float, stdlib: str | Path | None = None
+              ) -> tuple[dict, dict[str, dict]]:
     """Train the target into OUT/target, then each draft recipe into OUT/<method>; returns their evals."""
     progress = sys.stderr.isatty()
 
@@ -71,13 +77,13 @@ def train_all(out: Path, corpus: str | Path, target_r: TargetRecipe, draft_rs: t
 
     print(f"[{time.perf_counter() - t0:6.1f}s] training the target", flush=True)
     target = train_target(corpus, out / "target", target_r, device=device, progress=progress,
-                          max_seconds=phase_budget("target"))
+                          max_seconds=phase_budget("target"), stdlib=stdlib)
     drafts = {}
     for recipe in draft_rs:
         print(f"[{time.perf_counter() - t0:6.1f}s] training {recipe.method}", flush=True)
         drafts[recipe.method] = train_draft(out / "target", corpus, out / recipe.method, recipe,
                                             device=device, progress=progress,
-                                            max_seconds=phase_budget(recipe.method))
+                                            max_seconds=phase_budget(recipe.method), stdlib=stdlib)
     return target, drafts
 
 
@@ -91,10 +97,18 @@ def print_table(target: dict, drafts: dict[str, dict]) -> None:
               f"greedy chain accept {r['greedy_accept_length']:.2f}")
 
 
-def tiny_corpus(path: Path, files: int = 12) -> Path:
+def tiny_corpus(path: Path, stdlib: str | Path | None = None, files: int = 12) -> Path:
     """A small slice of the stdlib training split, for the --tiny smoke run."""
-    docs = [p.read_text(encoding="utf-8", errors="replace") for p in data.stdlib_files()[:files]]
-    path.write_text("\n\n".join(docs))
+    path.write_text("\n\n".join(data.stdlib_documents(stdlib=stdlib)[:files]))
+    return path
+
+
+def write_prompts(out: Path, completion: int, editing: int, seed: int, stdlib: str | Path | None) -> Path:
+    """OUT/prompts.jsonl: completion and editing prompts from the held-out modules (speculative.py reads it)."""
+    named = data.heldout_named_documents(stdlib)
+    path = out / "prompts.jsonl"
+    data.write_prompts_jsonl(path, data.completion_prompts(named, completion, seed=seed)
+                             + data.editing_prompts(named, editing, seed=seed))
     return path
 
 
@@ -106,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="tiny shapes and corpus: the pipeline on CPU in seconds")
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stdlib", default=None,
+                   help="standard library to train on: a Lib/ directory or a .tar.xz of one "
+                        "(benchmarks/pack_stdlib.py); default: this Python's")
     p.add_argument("--budget-s", type=float, default=300.0,
                    help="wall-clock budget for all training (0 = run the full step counts)")
     p.add_argument("--steps-target", type=int, default=None)
@@ -128,15 +145,16 @@ def main(argv: list[str] | None = None) -> int:
         target_r.steps = a.steps_target
     if a.steps_draft:
         eagle_r.steps = mle_r.steps = a.steps_draft
-    corpus = tiny_corpus(out / "tiny_corpus.txt") if a.tiny else "stdlib"
-    budget = a.budget_s if a.budget_s > 0 and not a.tiny else None
-
-    target, drafts = train_all(out, corpus, target_r, (eagle_r, mle_r), a.device, budget, t0)
-
-    named = data.heldout_named_documents()
-    prompts = (data.completion_prompts(named, a.completion_prompts, seed=a.seed)
-               + data.editing_prompts(named, a.editing_prompts, seed=a.seed))
-    data.write_prompts_jsonl(out / "prompts.jsonl", prompts)
+    try:
+        corpus = tiny_corpus(out / "tiny_corpus.txt", a.stdlib) if a.tiny else "stdlib"
+        budget = a.budget_s if a.budget_s > 0 and not a.tiny else None
+        # The tiny corpus is a plain file; --stdlib then only picks the prompts' held-out modules.
+        target, drafts = train_all(out, corpus, target_r, (eagle_r, mle_r), a.device, budget, t0,
+                                   None if a.tiny else a.stdlib)
+        write_prompts(out, a.completion_prompts, a.editing_prompts, a.seed, a.stdlib)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     # The bundle holds weights, tokenizer and eval.json; training state stays out of it.
     for sub in ("target", "eagle", "multi_layer_eagle"):
@@ -150,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         **{m: {k: r[k] for k in ("agreement", "greedy_accept_length", "greedy_eval", "params", "steps",
                                  "planned_steps", "tokens_per_s", "seconds")} for m, r in drafts.items()},
         "held_out_modules": list(data.HELD_OUT_MODULES),
+        "stdlib": a.stdlib or "running interpreter",
+        "edit_fraction": target_r.edit_fraction,
         "prompts": {"completion": a.completion_prompts, "editing": a.editing_prompts},
         "weight_bytes": weight_bytes,
         "device": target["device"],
