@@ -6,12 +6,13 @@
     trace = rec.close()
 
 Where the work happens. The engine's thread only copies: the iteration's tensors
-are concatenated as raw bytes into one flat buffer (one ``torch.cat`` per device).
-On CUDA that buffer goes to a reused pinned host slot with one ``non_blocking``
-copy and one event recorded behind it, so nothing waits for the GPU; on the CPU
-the concatenation itself is the copy (the engine reuses its buffers). A
-background writer thread waits on the event, views the bytes as numpy arrays and
-keeps them until ``flush_every`` rows have gathered; then it converts all of them
+are concatenated as raw bytes into one flat buffer (one ``torch.cat`` per device;
+the engine's greedy CUDA graph does it itself, see :func:`pack_rows`). On CUDA that
+buffer goes to a reused pinned host slot with one ``non_blocking`` copy and one
+event recorded behind it, so nothing waits for the GPU; on the CPU the
+concatenation itself is the copy (the engine reuses its buffers). Every
+``flush_every`` rows the gathered iterations go to a background writer thread in
+one hand-off; it waits on the events, views the bytes as numpy arrays, converts all of them
 at once (numpy over the whole stack of iterations -> Arrow list arrays from flat
 values and offsets, masks packed with one ``packbits`` per tree size) and appends
 one record batch to the file. No Python loop runs per row.
@@ -193,6 +194,10 @@ class Recorder:
         self._error: BaseException | None = None
         self._trace: Trace | None = None
         self._queue: queue.Queue = queue.Queue()
+        # Items wait here until flush_every rows have gathered, then go to the writer in one hand-off:
+        # waking the writer every iteration made it take the GIL from the engine's thread each time.
+        self._outbox: list[tuple[str, Any, int]] = []
+        self._outbox_rows = 0
         self._thread = threading.Thread(target=self._write_loop, name="spectool-trace-writer", daemon=True)
         self._thread.start()
 
@@ -241,7 +246,7 @@ class Recorder:
             flat = packed.data.reshape(-1)
             packed_now.append(self._to_host(packed.layout, flat, rows) if flat.is_cuda
                               else _Packed(packed.layout, flat, flat.numel(), rows=rows))
-        self._queue.put(("steps", (plain, packed_now), rows))
+        self._post("steps", (plain, packed_now), rows)
 
     def _to_host(self, layout: list, flat: torch.Tensor, rows: int = 0) -> _Packed:
         """One async copy of packed CUDA bytes into a reused pinned slot, one event behind it."""
@@ -262,7 +267,18 @@ class Recorder:
         row = {"request_id": int(request_id),
                "prompt_tokens": _int_list(prompt_tokens), "output_tokens": _int_list(output_tokens),
                "finish_reason": str(finish_reason), "prompt_text": prompt_text or ""}
-        self._queue.put(("request", row, 1))
+        self._post("request", row, 1)
+
+    def _post(self, kind: str, payload: Any, rows: int) -> None:
+        self._outbox.append((kind, payload, rows))
+        self._outbox_rows += rows
+        if self._outbox_rows >= self.flush_every:
+            self._send()
+
+    def _send(self) -> None:
+        if self._outbox:
+            self._queue.put(("many", self._outbox, self._outbox_rows))
+            self._outbox, self._outbox_rows = [], 0
 
     def iteration_rows(self) -> list[IterationView]:
         """Step records added since the previous call, as IterationViews (for live views).
@@ -270,6 +286,7 @@ class Recorder:
         Waits for the writer thread to convert everything recorded so far, so it
         synchronises with the GPU: `engine.stream` calls it once per iteration.
         """
+        self._send()
         self._queue.put((_CONVERT, None, 0))
         self._queue.join()
         self._raise_writer_error()
@@ -280,6 +297,7 @@ class Recorder:
     def close(self) -> Trace:
         """Flush everything, stop the writer thread, close the file and return the Trace."""
         if self._trace is None:
+            self._send()
             self._queue.put((_STOP, None, 0))
             self._thread.join()
             if self._file is not None:
@@ -327,13 +345,14 @@ class Recorder:
         elif kind is _CONVERT:
             self._convert()
         else:
-            if kind == "steps":
-                self._pending.append((self._receive(*payload), rows))
-            else:
-                self._requests.append(payload)
-            self._pending_rows += rows
-            if self._pending_rows >= self.flush_every:
-                self._flush()
+            for item_kind, item, item_rows in payload:
+                if item_kind == "steps":
+                    self._pending.append((self._receive(*item), item_rows))
+                else:
+                    self._requests.append(item)
+                self._pending_rows += item_rows
+                if self._pending_rows >= self.flush_every:
+                    self._flush()
 
     def _receive(self, plain: dict[str, Any], packed: list[_Packed]) -> dict[str, Any]:
         """One iteration's fields as numpy arrays / scalars, pinned slots handed back."""
