@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from spectool.draft.tree import DraftTree
+from spectool.kernels.tree_indices import triton_on_cpu
 
 NOT_VISITED, ACCEPTED, REJECTED = 0, 1, 2
 
@@ -90,7 +91,25 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
     Args:
         tree: the batch of draft trees.
         logits: [B, N, V] target logits at every node.
+
+    On CUDA (and on CPU with ``TRITON_INTERPRET=1``) two Triton launches
+    (``spectool.kernels.verify_triton``); elsewhere :func:`verify_greedy_torch`. Both give
+    identical results, argmax ties going to the lowest token id.
     """
+    _check_logits(tree, logits)
+    coins = torch.full(tree.tokens.shape, math.nan, dtype=torch.float32, device=tree.device)
+    if logits.is_cuda or triton_on_cpu():
+        from spectool.kernels.verify_triton import verify_greedy_triton
+
+        status, path, length, bonus, argmax = verify_greedy_triton(
+            tree.tokens, tree.parents, tree.depth, tree.valid, tree.mask, logits, tree.max_depth + 1)
+        return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus, coins=coins,
+                            target_argmax=argmax)
+    return verify_greedy_torch(tree, logits)
+
+
+def verify_greedy_torch(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
+    """Plain-torch reference of :func:`verify_greedy` (what the CPU runs)."""
     _check_logits(tree, logits)
     n = tree.num_nodes
     idx = torch.arange(n, device=tree.device)

@@ -126,7 +126,8 @@ def reconstruct_indices_triton(mask: torch.Tensor, seq_lens: torch.Tensor) -> In
     return tuple(out)
 
 
-def _triton_on_cpu() -> bool:
+def triton_on_cpu() -> bool:
+    """True when Triton kernels should run on CPU tensors (``TRITON_INTERPRET=1``)."""
     # Read per call: the interpreter only works when the variable was set before triton loaded,
     # but reading it late does no harm and lets one process opt in from its environment.
     return os.environ.get("TRITON_INTERPRET") == "1"
@@ -147,6 +148,6 @@ def reconstruct_indices_from_tree_mask(mask: torch.Tensor, seq_lens: torch.Tenso
     Triton on CUDA (and on CPU when ``TRITON_INTERPRET=1``), the torch reference on CPU
     otherwise; both give identical results on valid trees.
     """
-    if mask.is_cuda or _triton_on_cpu():
+    if mask.is_cuda or triton_on_cpu():
         return reconstruct_indices_triton(mask, seq_lens)
     return reconstruct_indices_torch(mask, seq_lens)

@@ -8,7 +8,7 @@ import torch
 from spectool.draft.tree import DraftTree, build_eagle_tree, parents_to_mask
 from spectool.kernels import reconstruct_indices_from_tree_mask
 from spectool.kernels.tree_indices import reconstruct_indices_torch
-from spectool.verify import commit_kv, verify_greedy, verify_sampling
+from spectool.verify import commit_kv, verify_greedy, verify_greedy_torch, verify_sampling
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -63,6 +63,29 @@ def test_verify_on_cuda_matches_cpu():
     for b in range(bs):
         path = res.accept_path[b, : int(res.accept_length[b]) + 1]
         assert torch.equal(k[:, b, :, : len(path)], k_before[:, b, :, path])
+
+
+@pytest.mark.parametrize("bs,n", [(1, 16), (64, 16), (3, 64)])
+def test_greedy_verify_kernels_at_llama3_vocab_match_the_torch_reference(bs, n):
+    """The Triton greedy verify (two launches, replayed from a CUDA graph) against the torch
+    reference, at V = 128256 with tied maxima spread over several argmax chunks."""
+    vocab = 128256
+    parents, g = random_trees(bs, n, seed=bs + n)
+    tokens = torch.randint(0, 3, (bs, n), generator=g)
+    tree = DraftTree.from_parents(tokens.cuda(), parents.cuda(), torch.zeros(bs, n).cuda(), torch.arange(bs).cuda())
+    logits = torch.randn(bs, n, vocab, device="cuda").round()
+    logits[..., :3] += 2.0 * torch.rand(bs, n, 3, device="cuda").round()  # drafts often match
+    logits[..., 100000] = logits.amax(-1)  # a tie in a later chunk: the lower id must win
+    want = verify_greedy_torch(tree, logits)
+    static = logits.clone()
+    graph = torch.cuda.CUDAGraph()
+    verify_greedy(tree, static)  # compile outside the capture
+    with torch.cuda.graph(graph):
+        out = verify_greedy(tree, static)
+    graph.replay()
+    for name in ("status", "accept_path", "accept_length", "bonus", "target_argmax"):
+        assert torch.equal(getattr(want, name), getattr(out, name)), name
+    assert (want.accept_length > 0).any()
 
 
 def test_eagle_tree_on_cuda_matches_cpu():
