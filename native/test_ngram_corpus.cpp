@@ -1,10 +1,12 @@
 // Sanitizer driver for the n-gram corpus (built by tests/test_native_sanitizers.py,
 // not part of the extension): puts on the caller's thread and the worker thread while
 // another thread gets, with eviction, external corpora, erase and reset in between.
+// Also checks that renumbering stamps (forced by a low stamp limit) changes nothing.
 // Exits 0 and prints "ok" when every tree it saw was well formed.
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -125,9 +127,48 @@ void run(Match match) {
   if (s.evictions == 0) fail("expected evictions");
 }
 
+// Whether the subtrees under a and b hold the same tokens and counts, children in the
+// same (recency) order.
+bool same_subtree(const Trie& a, int32_t na, const Trie& b, int32_t nb) {
+  std::vector<Child> ka, kb;
+  a.children(na, ka, std::numeric_limits<size_t>::max());
+  b.children(nb, kb, std::numeric_limits<size_t>::max());
+  if (ka.size() != kb.size()) return false;
+  for (size_t i = 0; i < ka.size(); ++i)
+    if (ka[i].token != kb[i].token || ka[i].count != kb[i].count || !same_subtree(a, ka[i].id, b, kb[i].id))
+      return false;
+  return true;
+}
+
+// A trie whose stamps are renumbered every few hundred stamps (alone, and between queue
+// compactions) must evict exactly what the default one evicts.
+void renumbering_keeps_lru_order() {
+  const int depth = 6;
+  const int64_t capacity = 200;
+  for (uint32_t limit : {400u, 1000u, 6000u}) {
+    Trie plain(depth, capacity), renumbered(depth, capacity, limit);
+    Trie::Suffixes sp, sr;
+    Rng rng{limit};
+    std::vector<int32_t> stream;
+    for (int it = 0; it < 4000; ++it) {
+      int add = 1 + static_cast<int>(rng.next(4));
+      const int64_t first_new = static_cast<int64_t>(stream.size());
+      for (int j = 0; j < add; ++j) stream.push_back(static_cast<int32_t>(rng.next(it % 2000 < 1000 ? 5 : 9)));
+      if (rng.next(10) == 0) sp.known = sr.known = 0;  // a fresh stream now and then
+      plain.insert(stream.data(), static_cast<int64_t>(stream.size()), first_new, sp);
+      renumbered.insert(stream.data(), static_cast<int64_t>(stream.size()), first_new, sr);
+      if (stream.size() > 64) stream.erase(stream.begin(), stream.end() - depth);
+    }
+    if (plain.evictions() == 0 || plain.evictions() != renumbered.evictions() || plain.size() != renumbered.size())
+      fail("renumbering: evictions");
+    if (!same_subtree(plain, Trie::kRoot, renumbered, Trie::kRoot)) fail("renumbering: trie");
+  }
+}
+
 }  // namespace
 
 int main() {
+  renumbering_keeps_lru_order();
   run(Match::kBfs);
   run(Match::kProb);
   std::printf("ok\n");
