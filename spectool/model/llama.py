@@ -93,10 +93,26 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerCache,
                 slots: torch.Tensor | None = None, starts: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, kv_len: int | None = None) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(x), cos, sin, kv, slots, starts, tree_mask, kv_len)
+        mlp_out, h = self.forward_residual(x, None, cos, sin, kv, slots, starts, tree_mask, kv_len)
+        return h + mlp_out
+
+    def forward_residual(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                         sin: torch.Tensor, kv: LayerCache, slots: torch.Tensor | None,
+                         starts: torch.Tensor | None, tree_mask: torch.Tensor | None,
+                         kv_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block with its residual stream kept apart: the input is ``x + residual`` (``x``
+        when residual is None) and the output the pair ``(mlp_out, h)`` whose sum is the
+        block's output. The next block adds the pair inside its first norm (one fused
+        launch), which saves the separate residual add of every layer."""
+        norm = self.input_layernorm
+        if residual is None:
+            normed = norm(x)
+        else:
+            normed, x = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+        attn = self.self_attn(normed, cos, sin, kv, slots, starts, tree_mask, kv_len)
         norm = self.post_attention_layernorm
         normed, h = ops.add_rms_norm(attn, x, norm.weight, norm.eps)
-        return h + self.mlp(normed)
+        return self.mlp(normed), h
 
 
 def check_forward_args(tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
@@ -152,12 +168,12 @@ class Transformer(nn.Module):
         """
         check_forward_args(tokens, positions, cache, slots, starts, tree_mask,
                            self.config.vocab_size, self.rope.max_position)
-        x = self.embed_tokens(tokens)
+        x, residual = self.embed_tokens(tokens), None
         cos, sin = self.rope(positions, x.dtype)
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else cache.layer(i)
-            x = layer(x, cos, sin, kv, slots, starts, tree_mask, kv_len)
-        return x
+            x, residual = layer.forward_residual(x, residual, cos, sin, kv, slots, starts, tree_mask, kv_len)
+        return x + residual
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + lm_head, as float32 [B, T, V]."""
