@@ -206,12 +206,14 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--quick", action="store_true", help="64 new tokens, transformers 16")
+    ap.add_argument("--hf-tokens", type=int, default=None,
+                    help="new tokens for transformers generate (default: as spectool; its rate is per token)")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers generate")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     device = torch.device(args.device)
     new_tokens = 64 if args.quick else args.new_tokens
-    hf_tokens = 16 if args.quick else args.new_tokens
+    hf_tokens = args.hf_tokens or (16 if args.quick else args.new_tokens)
     bandwidth = copy_bandwidth(device)
     rows = []
     for shape in args.shapes.split(","):
