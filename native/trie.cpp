@@ -152,6 +152,13 @@ void Trie::evict_one() {
     else
       orphans_.emplace(p.stamp, parent);
   }
+  // The next victim is likely the next named entry: start loading its node now, so the
+  // next eviction (often after the next position's lookups) finds it in cache.
+  for (size_t i = head_, end = std::min(queue_.size(), size_t{head_} + 16); i < end; ++i)
+    if (queue_[i] >= 0) {
+      __builtin_prefetch(&nodes_[queue_[i]]);
+      break;
+    }
 }
 
 // Drops the consumed and stale entries, giving the queued nodes consecutive stamps from
@@ -191,8 +198,12 @@ void Trie::renumber_stamps() {
 
 void Trie::children(int32_t node, std::vector<Child>& out, size_t limit) const {
   out.clear();
-  for (int32_t c = nodes_[node].first_child; c >= 0 && out.size() < limit; c = nodes_[c].next_sibling)
+  for (int32_t c = nodes_[node].first_child; c >= 0 && out.size() < limit; c = nodes_[c].next_sibling) {
+    // A tree builder expands children next: load their first children meanwhile, as
+    // the walk along this sibling list cannot be overlapped with itself.
+    if (nodes_[c].first_child >= 0) __builtin_prefetch(&nodes_[nodes_[c].first_child]);
     out.push_back(Child{c, nodes_[c].token, nodes_[c].count});
+  }
 }
 
 void Trie::sibling_unlink(int32_t id) {
