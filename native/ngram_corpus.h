@@ -6,6 +6,8 @@
 //   (n <= max_trie_depth, inside the window) goes up by one, longest n first. A prefix
 //   w[j-n+1..j-1] that is missing (evicted, or never put) is recreated with count 1.
 //   Every node created or counted is stamped with the next value of a global clock.
+//   Counts saturate at UINT32_MAX; stamps are 32-bit and renumbered (order kept)
+//   before they run out.
 // - recency: siblings are ordered by stamp, newest first (an n-gram's stamp is the last
 //   time it was counted, so "recent" means "occurred recently").
 // - eviction: after each position, while the trie holds more than capacity nodes, the

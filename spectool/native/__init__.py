@@ -19,6 +19,8 @@ Semantics that callers rely on (tests/ngram_reference.py is the executable versi
   For each new position, n-grams are counted longest first; a missing prefix of one
   (evicted, or before the window's first new token and never put) is recreated with
   count 1. Every node created or counted takes the next value of a global clock.
+  Counts are 32-bit and stop at ``2**32 - 1`` (the reference's do not; no test or
+  realistic stream gets there).
 - Recency: siblings are ordered by that clock, newest first, i.e. by when the n-gram
   last occurred.
 - Capacity (trie nodes, the root excluded): after each new position, while the trie
