@@ -58,19 +58,24 @@ def test_record_batch_slices_packs_and_derives():
 
 
 def test_packed_rows_record_the_same_trace_as_separate_fields():
-    """The engine's graph packs per-request fields into one byte table; the trace must not change."""
+    """The engine's graph packs per-request fields into one byte table and the writer stacks
+    runs of such iterations at once; the trace must equal the one recorded field by field."""
     rng = np.random.default_rng(1)
-    fields, *_ = _batch(rng)
-    as_tensors = {k: torch.as_tensor(v) for k, v in fields.items() if not np.isscalar(v) and k != "request_id"}
-    as_tensors["positions"] = torch.arange(14).view(2, 7)[:, ::1].t().contiguous().t()  # non-contiguous input
-    as_tensors["bonus_token"] = torch.tensor([5, 6]).view(2, 1)[:, 0]  # a strided [B] view
-    plain = {k: v for k, v in fields.items() if k not in as_tensors}
-    one = Recorder(None, {"method": "ngram"}, tiny_tokenizer_json())
-    one.record_batch({**plain, **as_tensors})
-    two = Recorder(None, {"method": "ngram"}, tiny_tokenizer_json())
-    two.record_batch(plain, pack_rows(list(as_tensors.items())))
+    one = Recorder(None, {"method": "ngram"}, tiny_tokenizer_json(), flush_every=1000)
+    two = Recorder(None, {"method": "ngram"}, tiny_tokenizer_json(), flush_every=1000)
+    for it, widths in enumerate([(5, 3), (4, 4), (2, 6), (1, 1)]):
+        fields, *_ = _batch(rng, widths=widths)
+        fields["iteration"] = it
+        fields["request_id"] = np.array([3, 8]) + it
+        as_tensors = {k: torch.as_tensor(v) for k, v in fields.items() if not np.isscalar(v)}
+        as_tensors.pop("request_id")
+        as_tensors["positions"] = torch.arange(14).view(2, 7).t().contiguous().t()  # non-contiguous
+        as_tensors["bonus_token"] = torch.tensor([5, 6]).view(2, 1)[:, 0]  # a strided [B] view
+        plain = {k: v for k, v in fields.items() if k not in as_tensors}
+        one.record_batch({**plain, **as_tensors})
+        two.record_batch(plain, pack_rows(list(as_tensors.items())))
     expected, got = one.close().steps.to_pylist(), two.close().steps.to_pylist()
-    assert got == expected and len(got) == 2
+    assert got == expected and len(got) == 8
     with pytest.raises(ValueError, match="both in fields and in packed"):
         Recorder(None, {}).record_batch(fields, pack_rows([("tokens", as_tensors["tokens"])]))
 

@@ -32,6 +32,7 @@ Field conventions for `record_batch` (names from STEP_FIELDS, plus ``mask``):
 from __future__ import annotations
 
 import datetime
+import math
 import platform
 import queue
 import threading
@@ -59,6 +60,8 @@ ROW_SCALARS = frozenset(name for name, (typ, _) in STEP_FIELDS.items()
                         if not isinstance(typ, pa.ListType) and name != "mask_packed")
 _DEFAULT_MINUS_ONE = ("ngram_match_len", "ngram_breadth")
 _STOP, _CONVERT = object(), object()
+HANDOFF_ROWS = 64  # rows the engine's thread gathers before waking the writer (which frees their pinned slots)
+_TABLE = "_packed_rows"  # a received iteration's still-packed [B, R] byte table: (layout, table)
 
 
 def default_run_info(run_info: dict) -> dict:
@@ -153,7 +156,7 @@ def _unpack(packed: _Packed, host: np.ndarray) -> dict[str, np.ndarray]:
     out = {}
     table = host[:packed.nbytes].reshape(packed.rows, -1) if packed.rows else None
     for name, dtype, shape, offset in packed.layout:
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        size = math.prod(shape) * dtype.itemsize
         if table is None:
             out[name] = _view(host[offset:offset + size], dtype, shape)
         else:
@@ -170,7 +173,9 @@ class Recorder:
             start time and versions are added when absent.
         tokenizer_json: the tokenizer's JSON string, so token text works without the model.
         flush_every: rows (of either kind) gathered before they are converted and
-            written as one record batch (the unit a crash can lose).
+            written as one record batch (the unit a crash can lose). Each conversion has a
+            fixed cost of a few ms, so a long run records cheaper with a larger unit (the
+            engine uses 1024).
     """
 
     def __init__(self, path: str | Path | None, run_info: dict, tokenizer_json: str | None = None,
@@ -194,8 +199,8 @@ class Recorder:
         self._error: BaseException | None = None
         self._trace: Trace | None = None
         self._queue: queue.Queue = queue.Queue()
-        # Items wait here until flush_every rows have gathered, then go to the writer in one hand-off:
-        # waking the writer every iteration made it take the GIL from the engine's thread each time.
+        # Items wait here until HANDOFF_ROWS (or flush_every) rows have gathered, then go to the writer
+        # in one hand-off: waking it every iteration made it take the GIL from the engine each time.
         self._outbox: list[tuple[str, Any, int]] = []
         self._outbox_rows = 0
         self._thread = threading.Thread(target=self._write_loop, name="spectool-trace-writer", daemon=True)
@@ -272,7 +277,7 @@ class Recorder:
     def _post(self, kind: str, payload: Any, rows: int) -> None:
         self._outbox.append((kind, payload, rows))
         self._outbox_rows += rows
-        if self._outbox_rows >= self.flush_every:
+        if self._outbox_rows >= min(self.flush_every, HANDOFF_ROWS):
             self._send()
 
     def _send(self) -> None:
@@ -355,22 +360,49 @@ class Recorder:
                     self._flush()
 
     def _receive(self, plain: dict[str, Any], packed: list[_Packed]) -> dict[str, Any]:
-        """One iteration's fields as numpy arrays / scalars, pinned slots handed back."""
+        """One iteration's fields as numpy arrays / scalars, pinned slots handed back. A packed
+        row table stays packed (under ``_TABLE``) until its run of iterations is converted."""
         fields = dict(plain)
         for p in packed:
             if p.event is None:
-                fields.update(_unpack(p, p.data.numpy()))
+                host = p.data.numpy()
             else:
                 p.event.synchronize()
                 host = p.data[:p.nbytes].numpy().copy()  # frees the slot for the engine's next copy
                 self._free_slots.append(p.data)
+            if p.rows:
+                fields[_TABLE] = (p.layout, host[:p.nbytes].reshape(p.rows, -1))
+            else:
                 fields.update(_unpack(p, host))
         return fields
 
     def _convert(self) -> None:
-        """Turn the pending iterations into record batches, one per run of like-shaped iterations."""
+        """Turn the pending iterations into record batches.
+
+        The engine's iterations (a packed table plus scalars and [B] arrays, the same keys
+        every time) are stacked a whole run at once: one concatenation per field, whatever
+        the number of iterations. Anything else goes through the general path, which
+        normalises each iteration and stacks runs of like-shaped ones.
+        """
         pending, self._pending = self._pending, []
-        for group in _like_shaped_runs([_normalise(f, rows) for f, rows in pending]):
+        runs: list[tuple[tuple | None, list[tuple[dict, int]]]] = []
+        for item in pending:
+            key = _table_key(item[0])
+            if runs and runs[-1][0] == key:
+                runs[-1][1].append(item)
+            else:
+                runs.append((key, [item]))
+        for key, items in runs:
+            if key is not None:
+                try:
+                    self._steps.append(steps_batch(*_stack_tables(items)))
+                    continue
+                except (ValueError, TypeError, IndexError, pa.ArrowException):
+                    pass  # the general path below keeps every good iteration and names the bad one
+            self._convert_general([(_expand_table(f), rows) for f, rows in items])
+
+    def _convert_general(self, items: list[tuple[dict, int]]) -> None:
+        for group in _like_shaped_runs([_normalise(f, rows) for f, rows in items]):
             try:
                 self._steps.append(steps_batch(_stack(group), sum(rows for _, rows in group)))
             except (ValueError, TypeError, IndexError, pa.ArrowException):
@@ -397,6 +429,51 @@ def _int_list(values) -> list[int]:
 
 
 # -- iterations -> Arrow (writer thread) ----------------------------------------------
+
+def _table_key(f: dict[str, Any]) -> tuple | None:
+    """Equal for iterations that :func:`_stack_tables` can stack: the same keys, the same packed
+    layout, and only scalars, [B] arrays and arrays of equal trailing shape besides; else None."""
+    table = f.get(_TABLE)
+    if table is None:
+        return None
+    shapes = []
+    for name, value in f.items():
+        if isinstance(value, np.ndarray):
+            shapes.append(value.shape[1:])
+        elif name == _TABLE or isinstance(value, int | float | str | np.generic):
+            shapes.append(None)
+        else:
+            return None
+    return tuple(f), tuple(table[0]), tuple(shapes)
+
+
+def _stack_tables(items: list[tuple[dict, int]]) -> tuple[dict[str, Any], int]:
+    """One run of like-keyed engine iterations as one dict of stacked arrays, and its row count."""
+    rows = [r for _, r in items]
+    first = items[0][0]
+    layout = first[_TABLE][0]
+    table = np.concatenate([f[_TABLE][1] for f, _ in items])
+    out = _unpack(_Packed(layout, table.reshape(-1), table.size, rows=table.shape[0]), table.reshape(-1))
+    for name, value in first.items():
+        if name == _TABLE:
+            continue
+        values = [f[name] for f, _ in items]
+        if isinstance(value, np.ndarray) and value.ndim:
+            out[name] = np.concatenate(values)
+        else:  # a scalar for the whole iteration: one value per row
+            out[name] = np.repeat(np.asarray(values), rows)
+    return out, sum(rows)
+
+
+def _expand_table(f: dict[str, Any]) -> dict[str, Any]:
+    """An iteration with its packed table unpacked into fields (the general path)."""
+    if _TABLE not in f:
+        return f
+    f = dict(f)
+    layout, table = f.pop(_TABLE)
+    f.update(_unpack(_Packed(layout, table.reshape(-1), table.size, rows=table.shape[0]), table.reshape(-1)))
+    return f
+
 
 def _normalise(f: dict[str, Any], rows: int) -> tuple[dict[str, Any], int]:
     """Give one iteration an explicit [B] num_nodes and [B] arrays for every per-row scalar."""
