@@ -30,14 +30,17 @@ def _run(target, config, prompt: str):
 
 @pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
 def test_external_corpus_is_lossless_and_helps(target, held_out_source, tmp_path, suffix):
-    path = tmp_path / f"corpus{suffix}"
-    if suffix == ".jsonl":
-        half = len(held_out_source) // 2
-        path.write_text(json.dumps({"text": held_out_source[:half]}) + "\n" + json.dumps(held_out_source[half:]) + "\n")
-    else:
-        path.write_text(held_out_source)
     prompt = held_out_source[:1200]
     plain = _run(target, None, prompt)
+    # The corpus holds the text the target goes on to write (as a document it quotes would),
+    # which the request itself has not seen: drafts from it must be accepted more often.
+    text = held_out_source[:600] + prompt + target.decode(plain.token_ids[0])
+    path = tmp_path / f"corpus{suffix}"
+    if suffix == ".jsonl":
+        half = len(text) // 2
+        path.write_text(json.dumps({"text": text[:half]}) + "\n" + json.dumps(text[half:]) + "\n")
+    else:
+        path.write_text(text)
     without = _run(target, st.NgramConfig(), prompt)
     with_corpus = _run(target, st.NgramConfig(external_corpus=path), prompt)
     assert without.token_ids == plain.token_ids
