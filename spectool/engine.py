@@ -27,7 +27,7 @@ import torch
 
 from spectool.config import DraftConfig
 from spectool.draft import Batch, make_drafter
-from spectool.draft.tree import DraftTree
+from spectool.draft.tree import DraftTree, chain_tree
 from spectool.graphs import GraphRunner
 from spectool.stats import RunStats
 from spectool.timing import PhaseTimer
@@ -547,28 +547,9 @@ def _prefill_groups(reqs: list[_Request], budget: int) -> list[list[_Request]]:
     return groups
 
 
-_ROOT_SHAPES: dict[tuple[int, torch.device], dict[str, torch.Tensor]] = {}
-
-
 def _root_tree(roots: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
-    """The one-node tree of plain decoding (and of the first token after prefill).
-
-    Its structure never changes, so the constant arrays are made once per batch size and
-    device: building them every iteration cost plain decoding a dozen small kernels.
-    """
-    key = (roots.shape[0], roots.device)
-    if key not in _ROOT_SHAPES:
-        b, dev = key
-        minus_one = torch.full((b, 1), -1, dtype=torch.long, device=dev)
-        _ROOT_SHAPES[key] = dict(
-            parents=minus_one, depth=torch.zeros((b, 1), dtype=torch.long, device=dev),
-            scores=torch.ones((b, 1), device=dev), valid=torch.ones((b, 1), dtype=torch.bool, device=dev),
-            mask=torch.ones((b, 1, 1), dtype=torch.bool, device=dev),
-            retrieve_index=torch.arange(b, device=dev)[:, None], retrieve_next_token=minus_one,
-            retrieve_next_sibling=minus_one)
-    seq_lens = seq_lens.long()
-    return DraftTree(tokens=roots.long()[:, None], positions=seq_lens[:, None], seq_lens=seq_lens, max_depth=0,
-                     **_ROOT_SHAPES[key])
+    """The one-node tree of plain decoding (and of the first token after prefill)."""
+    return chain_tree(roots[:, None], torch.ones_like(roots, dtype=torch.float32)[:, None], seq_lens)
 
 
 def _version() -> str:

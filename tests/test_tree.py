@@ -14,6 +14,7 @@ from spectool.draft.tree import (
     DraftTree,
     TreeError,
     build_eagle_tree,
+    chain_tree,
     mask_to_parents,
     parents_to_mask,
     validate_tree,
@@ -280,3 +281,19 @@ def test_eagle_tree_pads_when_too_few_candidates():
     assert tree.valid.tolist() == [[True, True, True, False, False]] * 2
     assert tree.parents.tolist() == [[-1, 0, 0, 0, 0]] * 2
     assert tree.scores[1, 2].item() == -math.inf
+
+
+def test_chain_tree_equals_the_tree_built_from_its_parents():
+    g = torch.Generator().manual_seed(2)
+    for b, n in ((1, 1), (3, 5), (2, 2)):
+        tokens = torch.randint(0, 50, (b, n), generator=g)
+        scores = torch.rand(b, n, generator=g)
+        seq_lens = torch.randint(0, 100, (b,), generator=g)
+        parents = torch.arange(-1, n - 1).expand(b, n)
+        want = DraftTree.from_parents(tokens, parents, scores, seq_lens)
+        for _ in range(2):  # the second call reuses the cached structure
+            got = chain_tree(tokens, scores, seq_lens)
+            for name in ("tokens", "parents", "depth", "scores", "valid", "mask", "positions", "retrieve_index",
+                         "retrieve_next_token", "retrieve_next_sibling", "seq_lens"):
+                assert torch.equal(getattr(got, name), getattr(want, name)), (b, n, name)
+            assert got.max_depth == want.max_depth

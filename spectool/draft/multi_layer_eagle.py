@@ -20,7 +20,7 @@ import torch
 
 from spectool.config import MultiLayerEagleConfig
 from spectool.draft import Batch, gained_tokens, path_hidden
-from spectool.draft.tree import DraftTree
+from spectool.draft.tree import DraftTree, chain_tree
 from spectool.graphs import GraphRunner
 
 
@@ -115,10 +115,8 @@ class MultiLayerEagleDrafter:
         """Slots are overwritten by the next prefill; nothing to free."""
 
     def draft(self, batch: Batch, timer) -> tuple[DraftTree, dict]:
-        b, s = batch.size, self.steps
-        tokens = torch.cat([batch.roots[:, None], self.chain[batch.slots]], dim=1)
-        parents = torch.arange(-1, s, device=self.device).expand(b, -1)
-        scores = torch.cat([torch.ones(b, 1, device=self.device), self.chain_p[batch.slots]], dim=1)
         with timer("index"):
-            tree = DraftTree.from_parents(tokens, parents, scores, batch.seq_lens, max_depth=s, check=False)
+            p = self.chain_p[batch.slots]
+            tokens = torch.cat([batch.roots[:, None], self.chain[batch.slots]], dim=1)
+            tree = chain_tree(tokens, torch.cat([torch.ones_like(p[:, :1]), p], dim=1), batch.seq_lens)
         return tree, {}

@@ -28,6 +28,7 @@ __all__ = [
     "DraftTree",
     "TreeError",
     "build_eagle_tree",
+    "chain_tree",
     "mask_to_parents",
     "parents_to_mask",
     "validate_tree",
@@ -280,6 +281,31 @@ class DraftTree:
             retrieve_next_token=next_token, retrieve_next_sibling=next_sibling, seq_lens=seq_lens,
             max_depth=int(depth.max()) if max_depth is None else max_depth,
         )
+
+
+_CHAIN_SHAPES: dict[tuple[int, int, torch.device], dict[str, torch.Tensor]] = {}
+
+
+def chain_tree(tokens: torch.Tensor, scores: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
+    """A batch of chains (node i's parent is i - 1): plain decoding's one-node tree and
+    multi-layer EAGLE's draft. Only tokens, scores and positions change between
+    iterations, so the structure's arrays are made once per shape and device: building
+    them every iteration cost a few dozen small launches of host time."""
+    b, n = tokens.shape
+    key = (b, n, tokens.device)
+    if key not in _CHAIN_SHAPES:
+        dev = tokens.device
+        parents = torch.arange(-1, n - 1, device=dev).expand(b, n).contiguous()
+        next_token = torch.where(parents + 2 < n, parents + 2, -1)
+        _CHAIN_SHAPES[key] = dict(
+            parents=parents, depth=torch.arange(n, device=dev).expand(b, n).contiguous(),
+            valid=torch.ones(b, n, dtype=torch.bool, device=dev), mask=parents_to_mask(parents),
+            retrieve_index=torch.arange(b * n, device=dev).view(b, n), retrieve_next_token=next_token,
+            retrieve_next_sibling=torch.full((b, n), -1, dtype=torch.long, device=dev))
+    shapes = _CHAIN_SHAPES[key]
+    seq_lens = seq_lens.long()
+    return DraftTree(tokens=tokens.long(), scores=scores.float(), positions=seq_lens[:, None] + shapes["depth"],
+                     seq_lens=seq_lens, max_depth=n - 1, **shapes)
 
 
 def _common_checks(tokens, scores, seq_lens, valid, shape) -> torch.Tensor:
