@@ -25,9 +25,9 @@ def test_reference_equals_indices_from_parents():
         seq_lens = torch.randint(0, 5000, (bs,), generator=g)
         tree = DraftTree.from_parents(torch.zeros(bs, n, dtype=torch.long), parents, torch.zeros(bs, n),
                                       seq_lens, valid)
-        got = reconstruct_indices_from_tree_mask(parents_to_mask(parents), seq_lens)
+        got = reconstruct_indices_from_tree_mask(parents_to_mask(parents), seq_lens, with_parents=True)
         for name, value in zip(("positions", "retrieve_index", "retrieve_next_token",
-                                "retrieve_next_sibling"), got):
+                                "retrieve_next_sibling", "parents"), got):
             assert value.dtype == torch.int64
             assert torch.equal(value, getattr(tree, name)), name
 
@@ -66,6 +66,8 @@ INTERPRETED = textwrap.dedent(
         # With TRITON_INTERPRET=1 the public entry point takes the Triton path on CPU too.
         for w, t in zip(want, reconstruct_indices_from_tree_mask(mask, seq_lens)):
             assert torch.equal(w, t)
+        # The parents the kernel finds on the way are the tree's parents.
+        assert torch.equal(reconstruct_indices_triton(mask, seq_lens, with_parents=True)[4], parents)
         cases += 1
     print("triton-interpreted cases:", cases)
     """

@@ -272,11 +272,11 @@ class DraftTree:
         if check:
             validate_tree(mask=mask, valid=valid, scores=scores)
         seq_lens = seq_lens.long()
-        positions, retrieve_index, next_token, next_sibling = reconstruct_indices_from_tree_mask(
-            mask, seq_lens)
+        positions, retrieve_index, next_token, next_sibling, parents = reconstruct_indices_from_tree_mask(
+            mask, seq_lens, with_parents=True)
         depth = positions - seq_lens[:, None]
         return cls(
-            tokens=tokens.long(), parents=mask_to_parents(mask), depth=depth, scores=scores.float(),
+            tokens=tokens.long(), parents=parents, depth=depth, scores=scores.float(),
             valid=valid, mask=mask, positions=positions, retrieve_index=retrieve_index,
             retrieve_next_token=next_token, retrieve_next_sibling=next_sibling, seq_lens=seq_lens,
             max_depth=int(depth.max()) if max_depth is None else max_depth,

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-IndexArrays = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+IndexArrays = tuple[torch.Tensor, ...]  # the four index arrays (and parents when asked)
 
 
 def _check(mask: torch.Tensor, seq_lens: torch.Tensor) -> None:
@@ -66,7 +66,8 @@ def next_token_and_sibling(parents: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return torch.where(next_token == n, -1, next_token), torch.where(next_sibling == n, -1, next_sibling)
 
 
-def reconstruct_indices_torch(mask: torch.Tensor, seq_lens: torch.Tensor) -> IndexArrays:
+def reconstruct_indices_torch(mask: torch.Tensor, seq_lens: torch.Tensor,
+                              with_parents: bool = False) -> IndexArrays:
     """Plain-torch reference of :func:`reconstruct_indices_from_tree_mask`."""
     _check(mask, seq_lens)
     bs, n, _ = mask.shape
@@ -75,13 +76,15 @@ def reconstruct_indices_torch(mask: torch.Tensor, seq_lens: torch.Tensor) -> Ind
     positions = seq_lens.to(torch.int64)[:, None] + depth
     retrieve_index = torch.arange(bs * n, device=dev).view(bs, n)
 
-    next_token, next_sibling = next_token_and_sibling(mask_to_parents(mask))
-    return positions, retrieve_index, next_token, next_sibling
+    parents = mask_to_parents(mask)
+    next_token, next_sibling = next_token_and_sibling(parents)
+    out = positions, retrieve_index, next_token, next_sibling
+    return (*out, parents) if with_parents else out
 
 
 @triton.jit
 def _tree_indices_kernel(
-    Mask, SeqLens, Positions, RetIndex, NextToken, NextSibling,
+    Mask, SeqLens, Positions, RetIndex, NextToken, NextSibling, Parents,
     N, BLOCK: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -110,20 +113,22 @@ def _tree_indices_kernel(
     tl.store(RetIndex + offs, offs, mask=out)
     tl.store(NextToken + offs, tl.where(next_token == big, -1, next_token).to(tl.int64), mask=out)
     tl.store(NextSibling + offs, tl.where(next_sibling == big, -1, next_sibling).to(tl.int64), mask=out)
+    tl.store(Parents + offs, parent_row.to(tl.int64), mask=out)
 
 
-def reconstruct_indices_triton(mask: torch.Tensor, seq_lens: torch.Tensor) -> IndexArrays:
+def reconstruct_indices_triton(mask: torch.Tensor, seq_lens: torch.Tensor,
+                               with_parents: bool = False) -> IndexArrays:
     """Triton version of :func:`reconstruct_indices_from_tree_mask` (CUDA, or CPU under
     ``TRITON_INTERPRET=1``). One launch, no host sync, so it can sit in a CUDA graph."""
     _check(mask, seq_lens)
     bs, n, _ = mask.shape
     mask_u8 = mask.contiguous().view(torch.uint8)
-    out = [torch.empty(bs, n, dtype=torch.int64, device=mask.device) for _ in range(4)]
+    out = [torch.empty(bs, n, dtype=torch.int64, device=mask.device) for _ in range(5)]
     if bs > 0:
         block = max(16, triton.next_power_of_2(n))
         _tree_indices_kernel[(bs,)](mask_u8, seq_lens.contiguous(), *out, n, BLOCK=block,
                                     num_warps=4 if block <= 64 else 8)
-    return tuple(out)
+    return tuple(out) if with_parents else tuple(out[:4])
 
 
 def triton_on_cpu() -> bool:
@@ -133,7 +138,8 @@ def triton_on_cpu() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def reconstruct_indices_from_tree_mask(mask: torch.Tensor, seq_lens: torch.Tensor) -> IndexArrays:
+def reconstruct_indices_from_tree_mask(mask: torch.Tensor, seq_lens: torch.Tensor,
+                                       with_parents: bool = False) -> IndexArrays:
     """Rebuild a batch's tree index arrays from its tree masks.
 
     Args:
@@ -141,13 +147,17 @@ def reconstruct_indices_from_tree_mask(mask: torch.Tensor, seq_lens: torch.Tenso
             topological order (node 0 the root).
         seq_lens: [B] integer, tokens in the cache before the tree.
 
+        with_parents: also return each node's parent (-1 for the root), the kernel finds
+            it anyway.
+
     Returns:
         ``(positions, retrieve_index, retrieve_next_token, retrieve_next_sibling)``, each
-        [B, N] int64 on the mask's device (see the module docstring for their meaning).
+        [B, N] int64 on the mask's device (see the module docstring for their meaning),
+        then ``parents`` when asked.
 
     Triton on CUDA (and on CPU when ``TRITON_INTERPRET=1``), the torch reference on CPU
     otherwise; both give identical results on valid trees.
     """
     if mask.is_cuda or triton_on_cpu():
-        return reconstruct_indices_triton(mask, seq_lens)
-    return reconstruct_indices_torch(mask, seq_lens)
+        return reconstruct_indices_triton(mask, seq_lens, with_parents)
+    return reconstruct_indices_torch(mask, seq_lens, with_parents)
