@@ -76,3 +76,18 @@ def test_outputs_are_sliced_and_padding_uses_pad_values():
     assert torch.equal(out["y"], (x[:2] + 1) * 2) and out["s"].tolist() == [5, 6]
     assert seen[0].tolist() == [0, 1, 2, 9]  # warm-up already sees the padding value
     assert runner.stats == {"replays": 2, "eager": 0, "captures": 1}
+
+
+def test_an_input_passed_again_is_copied_only_when_it_changed():
+    """The runner skips copying an input that is the very same, unmodified tensor as in the last
+    call at that batch size; an in-place change or another batch size must still reach the graph."""
+    runner = GraphRunner(lambda x, y: x * 2 + y, buckets=(4,))
+    x = torch.arange(3.0, device="cuda")
+    y = torch.ones(3, device="cuda")
+    assert runner(3, x=x, y=y).tolist() == [1.0, 3.0, 5.0]
+    assert runner(3, x=x, y=y).tolist() == [1.0, 3.0, 5.0]
+    x.add_(10)  # in place: same object, new version
+    assert runner(3, x=x, y=y).tolist() == [21.0, 23.0, 25.0]
+    assert runner(2, x=x[:2], y=y[:2]).tolist() == [21.0, 23.0]
+    assert runner(3, x=x, y=torch.zeros(3, device="cuda")).tolist() == [20.0, 22.0, 24.0]
+    assert runner.stats["captures"] == 1 and runner.stats["replays"] == 5
