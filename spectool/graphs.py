@@ -62,7 +62,8 @@ class _Graph:
     ``filled[name]`` = (tensor, its version, batch size) of the last copy into that buffer:
     a later call passing the very same, unmodified tensor at the same batch size skips the
     copy (the engine passes cached constant tree arrays every iteration). Holding the
-    tensor keeps its identity from being reused by a new one.
+    tensor keeps its identity from being reused by a new one. Inference-mode tensors keep
+    no version counter, so they are always copied.
     """
 
     def __init__(self, graph: torch.cuda.CUDAGraph, inputs: dict[str, torch.Tensor], outputs: Outputs):
@@ -140,7 +141,7 @@ class GraphRunner:
     def _fill(self, static: dict[str, torch.Tensor], batch_size: int,
               tensors: dict[str, torch.Tensor], filled: dict | None = None) -> None:
         for name, t in tensors.items():
-            if filled is not None:
+            if filled is not None and not t.is_inference():
                 last = filled.get(name)
                 if last is not None and last[0] is t and last[1] == t._version and last[2] == batch_size:
                     continue
