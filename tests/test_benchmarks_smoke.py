@@ -89,3 +89,14 @@ def test_vs_transformers_pairs(tmp_path):
         assert len(counts) == 1
         assert r["ratio"] == pytest.approx(r["spectool"]["tokens_per_s"] / r["hf"]["tokens_per_s"])
         assert r["hf_plain"]["mean_accept_length"] == pytest.approx(0.0)  # one forward per token
+
+
+def test_accept_lengths_cover_every_method_and_workload(tmp_path):
+    rows = run_script("accept_lengths", tmp_path)["rows"]
+    assert {(r["workload"], r["method"]) for r in rows} == {
+        (w, m) for w in ("completion", "editing") for m in ("ngram", "eagle", "multi_layer_eagle")}
+    for r in rows:
+        # a chain of 4 (multi-layer) or a tree of depth 5 (EAGLE) or 11 (N-gram) bounds the mean
+        depth = {"ngram": 11, "eagle": 5, "multi_layer_eagle": 4}[r["method"]]
+        assert 0 <= r["per_prompt_min"] <= r["per_prompt_mean"] <= r["per_prompt_max"] <= depth
+        assert r["per_prompt_min"] <= r["mean_accept_length"] <= r["per_prompt_max"]
