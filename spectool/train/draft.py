@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -170,33 +171,124 @@ def draft_loss(draft: DraftModel, target: Target, view: TargetView, recipe: Draf
 
 
 @torch.no_grad()
-def greedy_continuations(target: Target, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """[B, P + new_tokens]: each prompt row followed by the target's greedy continuation."""
-    model, (B, P) = target.model, prompts.shape
-    dev = prompts.device
-    cache = KVCache.for_model(target.config, B, P + new_tokens, next(model.parameters()).dtype, dev)
-    slots = torch.arange(B, device=dev)
-    out = [prompts]
-    tokens, start = prompts, 0
-    for _ in range(new_tokens):
-        T = tokens.shape[1]
-        positions = (start + torch.arange(T, device=dev)).expand(B, T)
-        starts = torch.full((B,), start, device=dev)
-        hidden = model(tokens, positions, cache=cache, slots=slots, starts=starts, kv_len=start + T)
-        tokens = model.logits(hidden[:, -1:]).argmax(-1)
+def greedy_continuations(target: Target, prompts: Sequence[Sequence[int]], new_tokens: int) -> list[torch.Tensor]:
+    """Each prompt followed by the target's greedy continuation of ``new_tokens`` tokens (1-D int64).
+
+    Prompts may differ in length: each is prefilled alone into its own cache slot, then all rows
+    decode together, each at its own position (the cache's per-row ``starts``).
+    """
+    model = target.model
+    param = next(model.parameters())
+    dev = param.device
+    lens = [len(p) for p in prompts]
+    cache = KVCache.for_model(target.config, len(prompts), max(lens) + new_tokens, param.dtype, dev)
+    last = []
+    for b, p in enumerate(prompts):
+        tokens = torch.tensor([list(p)], device=dev)
+        positions = torch.arange(len(p), device=dev)[None]
+        hidden = model(tokens, positions, cache=cache, slots=torch.tensor([b], device=dev),
+                       starts=torch.zeros(1, dtype=torch.long, device=dev), kv_len=len(p))
+        last.append(model.logits(hidden[:, -1:]).argmax(-1))
+    tokens = torch.cat(last)
+    out = [tokens]
+    slots = torch.arange(len(prompts), device=dev)
+    starts = torch.tensor(lens, device=dev)  # where each row's latest token goes
+    for step in range(new_tokens - 1):
+        hidden = model(tokens, starts[:, None], cache=cache, slots=slots, starts=starts,
+                       kv_len=max(lens) + step + 1)
+        tokens = model.logits(hidden).argmax(-1)
         out.append(tokens)
-        start += T
-    return torch.cat(out, dim=1)
+        starts = starts + 1
+    generated = torch.cat(out, dim=1).cpu()
+    return [torch.cat([torch.tensor(list(p), dtype=torch.long), row]) for p, row in zip(prompts, generated)]
+
+
+def iteration_accepts(accepted: Sequence[int]) -> list[int]:
+    """Accept lengths of the engine's iterations, from per-position chain accept counts.
+
+    ``accepted[j]`` is how many leading chain drafts match the target when a draft starts j
+    tokens into the greedy continuation. The engine accepts a drafts, commits a + 1 tokens and
+    starts its next draft there, so only those positions are iterations: where drafting fails
+    the engine spends more iterations than a mean over every position counts.
+    """
+    walks, j = [], 0
+    while j < len(accepted):
+        walks.append(int(accepted[j]))
+        j += int(accepted[j]) + 1
+    return walks
+
+
+@torch.no_grad()
+def greedy_accept_estimate(draft: DraftModel, target: Target, prompts: Sequence[Sequence[int]],
+                           new_tokens: int, depth: int, device: torch.device) -> dict:
+    """What greedy top-1 chain drafting of ``depth`` steps accepts while the engine decodes ``prompts``.
+
+    The target continues every prompt greedily; the draft then runs teacher-forced over each
+    whole sequence (``draft_chain``), and at every generated position the count of leading chain
+    steps that equal the target's tokens is taken. ``greedy_accept_length`` walks those counts
+    the way the engine's iterations do (``iteration_accepts``) for ``new_tokens`` output tokens,
+    as in ``Engine.generate(prompts, max_new_tokens=new_tokens, ignore_eos=True)``: exact for
+    multi-layer EAGLE (tests/test_mle_alignment.py), an estimate for EAGLE, whose steps read
+    their own features and whose engine tree (top-k) accepts more than a chain.
+    ``greedy_accept_length_per_position`` is the plain mean over positions (higher: it counts
+    easy, repetitive stretches once per token instead of once per iteration).
+    """
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens must be >= 2 for at least one drafting iteration, got {new_tokens}")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("the accept-length estimate needs at least one non-empty prompt")
+    # The last iteration's drafts reach up to depth tokens past the output's end.
+    seqs = greedy_continuations(target, prompts, new_tokens + depth)
+    lens = torch.tensor([len(p) for p in prompts])
+    tokens = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True).to(device)  # right padding: causal
+    # Iteration j starts with the cache holding P + j tokens, i.e. at index P - 1 + j; the engine
+    # runs iterations while fewer than new_tokens tokens are out (the first comes from prefill).
+    idx = ((lens - 1)[:, None] + torch.arange(new_tokens - 1)).to(device)
+    with autocast(device):
+        view = target_view(target, tokens)
+        run = torch.ones(idx.shape, dtype=torch.bool, device=device)
+        accepted = torch.zeros(idx.shape, dtype=torch.long, device=device)
+        for s, _, logits in draft_chain(draft, target, view, depth):
+            run &= logits.argmax(-1).gather(1, idx) == view.argmax.gather(1, idx + s + 1)
+            accepted += run
+    walks = [a for row in accepted.tolist() for a in iteration_accepts(row)]
+    return {"greedy_accept_length": sum(walks) / len(walks),
+            "greedy_accept_length_per_position": float(accepted.float().mean()),
+            "iterations": len(walks)}
+
+
+def estimate_prompts(target: Target, corpus: str | Path, eval_tokens: torch.Tensor, recipe: DraftRecipe,
+                     stdlib: str | Path | None = None) -> tuple[list[list[int]], str]:
+    """(token-id prompts, what they are) for the accept-length estimate.
+
+    For the stdlib corpus: the benchmark's own completion prompts (``data.completion_prompts``
+    of the held-out modules, same seed, so the first ones equal those in the demo's
+    prompts.jsonl). A user corpus has no named held-out files: windows of its held-out tail.
+    Prompts keep their last tokens when the continuation would pass the target's positions.
+    """
+    if str(corpus) == "stdlib":
+        named = data.heldout_named_documents(stdlib)
+        texts = [p["prompt"] for p in data.completion_prompts(named, recipe.gen_prompts, seed=recipe.seed)]
+        prompts, source = [target.encode(t) for t in texts], "completion prompts of the held-out modules"
+    else:
+        P = min(recipe.seq_len // 2, 128)
+        prompts = [w[0].tolist() for w in data.eval_windows(eval_tokens, P, recipe.gen_prompts)]
+        source = f"{P}-token windows of the held-out tail"
+    room = target.config.max_position_embeddings - recipe.gen_tokens - max(recipe.depth, recipe.eval_steps)
+    if room < 1:
+        raise ValueError(f"gen_tokens={recipe.gen_tokens} leaves no room for a prompt within the target's "
+                         f"{target.config.max_position_embeddings} positions")
+    return [p[-room:] for p in prompts], source
 
 
 @torch.no_grad()
 def evaluate_draft(draft: DraftModel, target: Target, eval_tokens: torch.Tensor, recipe: DraftRecipe,
-                   device: torch.device) -> dict:
+                   device: torch.device, prompts: Sequence[Sequence[int]], prompt_source: str = "") -> dict:
     """Held-out agreement of each draft layer/step with the target, and a greedy accept-length estimate.
 
     ``agreement[s]``: top-1 of draft step s equals the target's top-1, on held-out text.
-    ``greedy_accept_length``: on the target's own greedy continuations of held-out prompts, the
-    mean count of leading chain steps that match (what greedy top-1 chain drafting accepts).
+    ``greedy_accept_length`` (per engine iteration) and ``greedy_accept_length_per_position``:
+    ``greedy_accept_estimate`` over ``prompts`` with ``recipe.gen_tokens`` new tokens each.
     """
     depth = recipe.layers if draft.kind == "multi_layer_eagle" else recipe.eval_steps
     hits, counts = [0.0] * depth, [0] * depth
@@ -206,25 +298,14 @@ def evaluate_draft(draft: DraftModel, target: Target, eval_tokens: torch.Tensor,
             for s, _, logits in draft_chain(draft, target, view, depth):
                 hits[s] += float((logits.argmax(-1) == view.argmax[:, s + 1:]).sum())
                 counts[s] += logits.shape[0] * logits.shape[1]
-
-    P = min(recipe.seq_len // 2, 128)
-    windows = list(data.eval_windows(eval_tokens, P, recipe.gen_prompts))
-    prompts = torch.cat(windows).to(device)
-    # Generation runs in the weights' dtype: the cached attention path expects q and cache to agree.
-    seqs = greedy_continuations(target, prompts, recipe.gen_tokens)
-    with autocast(device):
-        view = target_view(target, seqs)
-        T = seqs.shape[1]
-        # Indices i >= P-1 have the root x[i+1] and all later tokens produced by the target itself.
-        idx = torch.arange(P - 1, T - depth - 1, device=device)
-        run = torch.ones(seqs.shape[0], len(idx), dtype=torch.bool, device=device)
-        accepted = torch.zeros(seqs.shape[0], len(idx), device=device)
-        for s, _, logits in draft_chain(draft, target, view, depth):
-            run &= logits[:, idx].argmax(-1) == view.argmax[:, idx + s + 1]
-            accepted += run
+    estimate = greedy_accept_estimate(draft, target, prompts, recipe.gen_tokens, depth, device)
     return {"agreement": [h / max(1, c) for h, c in zip(hits, counts)],
-            "greedy_accept_length": float(accepted.mean()),
-            "greedy_eval": {"prompts": seqs.shape[0], "prompt_tokens": P, "new_tokens": recipe.gen_tokens}}
+            "greedy_accept_length": estimate["greedy_accept_length"],
+            "greedy_accept_length_per_position": estimate["greedy_accept_length_per_position"],
+            "greedy_eval": {"prompts": len(prompts), "prompt_source": prompt_source,
+                            "prompt_tokens": sum(map(len, prompts)) / len(prompts),
+                            "new_tokens": recipe.gen_tokens, "chain_steps": depth,
+                            "iterations": estimate["iterations"]}}
 
 
 def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
@@ -301,7 +382,8 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
     export.load_state_dict(draft.state_dict())
     save_draft(export.to(save_dtype), out)
     # Evaluate what was saved, loaded the way the engine loads it.
-    result = evaluate_draft(load_draft(out, target), target, eval_tokens, recipe, dev)
+    prompts, prompt_source = estimate_prompts(target, corpus, eval_tokens, recipe, stdlib)
+    result = evaluate_draft(load_draft(out, target), target, eval_tokens, recipe, dev, prompts, prompt_source)
     result |= {
         "method": recipe.method, "layers": recipe.layers,
         "heldout_source": "held-out stdlib modules" if str(corpus) == "stdlib" else "last 5% of the corpus",
@@ -313,5 +395,6 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
     (out / "eval.json").write_text(json.dumps(result, indent=2))
     agree = ", ".join(f"{a:.3f}" for a in result["agreement"])
     print(f"{recipe.method}: per-step top-1 agreement [{agree}], greedy chain accept length "
-          f"{result['greedy_accept_length']:.2f}; saved to {out}")
+          f"{result['greedy_accept_length']:.2f} per iteration "
+          f"({result['greedy_accept_length_per_position']:.2f} per position); saved to {out}")
     return result
