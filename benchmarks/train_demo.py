@@ -165,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     metrics = {
         "target": {k: target[k] for k in ("heldout_loss", "heldout_source", "params", "steps",
                                           "planned_steps", "tokens_per_s", "train_tokens", "seconds")},
-        **{m: {k: r[k] for k in ("agreement", "greedy_accept_length", "greedy_eval", "params", "steps",
-                                 "planned_steps", "tokens_per_s", "seconds")} for m, r in drafts.items()},
+        **{m: {k: r[k] for k in ("agreement", "greedy_accept_length", "greedy_accept_length_per_position",
+                                 "greedy_eval", "params", "steps", "planned_steps", "tokens_per_s", "seconds")}
+           for m, r in drafts.items()},
         "held_out_modules": list(data.HELD_OUT_MODULES),
         "stdlib": a.stdlib or "running interpreter",
         "edit_fraction": target_r.edit_fraction,
