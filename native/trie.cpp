@@ -24,10 +24,14 @@ void Trie::clear() {
   queue_peak_ = 0;
   orphans_ = {};
   // Reserved address space is not memory until touched: reserving up to capacity (at
-  // most 16M nodes) spares the trie the copies of vector doubling.
-  const size_t reserve = static_cast<size_t>(std::min<int64_t>(capacity_, int64_t{1} << 24)) + 1;
-  nodes_.reserve(reserve);
-  queue_.reserve(2 * reserve + 4096);
+  // most 16M nodes) spares the trie the copies of vector doubling and keeps the arrays
+  // in the huge pages advised below (a reallocation would lose them). Within a position
+  // the trie goes over capacity before evicting, by at most what one position creates:
+  // n nodes for each n-gram length n (its missing prefix path and itself).
+  const size_t most = static_cast<size_t>(std::min<int64_t>(capacity_, int64_t{1} << 24)) + 1 +
+                      static_cast<size_t>(max_depth_) * static_cast<size_t>(max_depth_ + 1) / 2;
+  nodes_.reserve(most);
+  queue_.reserve(2 * most + 4097);  // compact_queue keeps it within 2 * size_ + 4096 before a push
   advise_huge_pages(nodes_.data(), nodes_.capacity() * sizeof(Node));
   advise_huge_pages(queue_.data(), queue_.capacity() * sizeof(int32_t));
   nodes_.push_back(Node{-1, -1, -1, -1, -1, 0, 0, 0});  // the root: the empty n-gram
@@ -45,7 +49,7 @@ void Trie::insert(const int32_t* w, int64_t len, int64_t first_new, Suffixes& su
     const int m = static_cast<int>(std::min<int64_t>(max_depth_, j + 1));
     // The lookups of one position are independent: start their cache misses together.
     for (int n = 1; n <= m; ++n)
-      if (n - 1 <= known) index_.prefetch(FlatMap::key(suf.id[n - 1], t));
+      if (n - 1 <= known) index_.prefetch(NodeIndex::hash(suf.id[n - 1], t));
     // Longest n first, so suf.id[n-1] (the old suffix) is read before id[n] is replaced.
     for (int n = m; n >= 1; --n) {
       int32_t parent = n - 1 <= known && alive(suf, n - 1) ? suf.id[n - 1] : ensure_path(w + j - n + 1, n - 1);
@@ -93,7 +97,7 @@ int32_t Trie::create(int32_t parent, int32_t token) {
     nodes_.emplace_back();
   }
   nodes_[id] = Node{token, parent, -1, -1, -1, gen, 0, 0};
-  index_.put(FlatMap::key(parent, token), id);
+  index_.insert(NodeIndex::hash(parent, token), id);
   const Node& p = nodes_[parent];
   if (p.first_child < 0 && parent != kRoot && queued(p.stamp)) queue_[p.stamp - base_] = ~parent;  // no longer a leaf
   sibling_push_front(id);
@@ -139,7 +143,7 @@ void Trie::evict_one() {
   Node& n = nodes_[id];
   const int32_t parent = n.parent;
   sibling_unlink(id);
-  index_.erase(FlatMap::key(parent, n.token));
+  index_.erase(NodeIndex::hash(parent, n.token), id);
   n.stamp = 0;
   ++n.gen;
   free_.push_back(id);
