@@ -1,7 +1,8 @@
 // Open-addressing hash map from a (parent id, token) pair to a node id.
 //
-// The trie and the suffix automaton look up one child per step of every walk, so the
-// lookup must be a few loads, not a node-based std::unordered_map. Linear probing with
+// The suffix automaton looks up one transition per step of every walk, so the lookup
+// must be a few loads, not a node-based std::unordered_map (the trie has its own,
+// smaller index: node_index.h). Linear probing with
 // backward-shift deletion keeps the table free of tombstones under LRU eviction.
 #pragma once
 

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "flat_map.h"
+#include "node_index.h"
 
 namespace spectool {
 
@@ -76,7 +77,9 @@ class Trie {
   // is left holding those of w[0..len).
   void insert(const int32_t* w, int64_t len, int64_t first_new, Suffixes& suf);
   int32_t child(int32_t node, int32_t token) const {
-    return node < 0 ? -1 : index_.find(FlatMap::key(node, token));
+    if (node < 0) return -1;
+    return index_.find(NodeIndex::hash(node, token),
+                       [&](int32_t id) { return nodes_[id].parent == node && nodes_[id].token == token; });
   }
   // Whether the suffix node suf.id[k] is still the node it was when stored.
   bool alive(const Suffixes& suf, int k) const {
@@ -124,7 +127,7 @@ class Trie {
   uint32_t stamp_limit_;
   std::vector<Node> nodes_;
   std::vector<int32_t> free_;
-  FlatMap index_;
+  NodeIndex index_;
   // Every stamp appends an entry, so the next stamp is base_ + queue_.size(); entries
   // before head_ were consumed by evictions.
   std::vector<int32_t> queue_;
