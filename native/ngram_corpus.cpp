@@ -46,24 +46,22 @@ struct Tree {
 
 // Breadth-first: the first `breadth` children of every node, in the source's order;
 // score = 1 / (rank among the siblings taken + 1). A tree node that already has
-// `breadth` children (from earlier passes) takes no new ones, only reuses.
+// `breadth` children (from earlier passes) takes no new ones, only reuses. Children are
+// read only until the tree is full (what follows could only be queued, never expanded).
 template <class Source>
-void bfs_pass(const Source& src, int32_t start, int breadth, Tree& tree, std::vector<Child>& kids,
+void bfs_pass(const Source& src, int32_t start, int breadth, Tree& tree,
               std::vector<std::pair<int32_t, int>>& queue) {
   queue.clear();
   queue.emplace_back(start, 0);
   for (size_t head = 0; head < queue.size() && !tree.full(); ++head) {
     auto [id, at] = queue[head];
-    src.children(id, kids, static_cast<size_t>(breadth));
-    for (size_t r = 0; r < kids.size(); ++r) {
-      int idx = tree.find(at, kids[r].token);
-      if (idx < 0) {
-        if (tree.full()) return;
-        if (tree.fanout[at] >= breadth) continue;
-        idx = tree.add(kids[r].token, at, 1.0 / static_cast<double>(r + 1));
-      }
-      queue.emplace_back(kids[r].id, idx);
-    }
+    int rank = 0;
+    src.for_each_child(id, [&](const Child& c) {
+      int idx = tree.find(at, c.token);
+      if (idx < 0 && tree.fanout[at] < breadth) idx = tree.add(c.token, at, 1.0 / static_cast<double>(rank + 1));
+      if (idx >= 0) queue.emplace_back(c.id, idx);
+      return ++rank < breadth && !tree.full();
+    });
   }
 }
 
@@ -243,7 +241,7 @@ void NgramCorpus::build_tree(const int32_t* tail, int64_t len, int64_t row, cons
   auto run_pass = [&](const auto& src, int32_t start, int m) {
     int b = breadth_for(m);
     if (bfs)
-      bfs_pass(src, start, b, tree, kids, bfs_queue_);
+      bfs_pass(src, start, b, tree, bfs_queue_);
     else
       prob_pass(src, start, tree, kids);
     if (match_len == 0) {

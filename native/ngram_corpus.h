@@ -86,7 +86,20 @@ class Trie {
     return k == 0 || nodes_[suf.id[k]].gen == suf.gen[k];
   }
   bool has_children(int32_t node) const { return nodes_[node].first_child >= 0; }
-  // The first `limit` children in recency order (most recently stamped first).
+  // Calls visit(const Child&) for the children in recency order (most recently stamped
+  // first) until it returns false. Each step of the sibling list waits for the previous
+  // node, so a caller that needs fewer children than there are should stop early.
+  template <class Visit>
+  void for_each_child(int32_t node, Visit&& visit) const {
+    for (int32_t c = nodes_[node].first_child; c >= 0; c = nodes_[c].next_sibling) {
+      const Node& n = nodes_[c];
+      // A tree builder expands children next: load their first children meanwhile, as
+      // the walk along this sibling list cannot be overlapped with itself.
+      if (n.first_child >= 0) __builtin_prefetch(&nodes_[n.first_child]);
+      if (!visit(Child{c, n.token, n.count})) return;
+    }
+  }
+  // The first `limit` children in recency order.
   void children(int32_t node, std::vector<Child>& out, size_t limit) const;
   void clear();
 
@@ -153,7 +166,17 @@ class SuffixAutomaton {
   bool has_children(int32_t state) const {
     return states_[state].draft_end > states_[state].draft_begin;
   }
-  // The first `limit` children by occurrence count, descending, then token ascending.
+  // Calls visit(const Child&) for the children by occurrence count, descending, then
+  // token ascending, until it returns false.
+  template <class Visit>
+  void for_each_child(int32_t state, Visit&& visit) const {
+    const State& s = states_[state];
+    for (int64_t i = s.draft_begin; i < s.draft_end; ++i) {
+      const Edge& e = edges_[draft_order_[i]];
+      if (!visit(Child{e.target, e.token, states_[e.target].occ})) return;
+    }
+  }
+  // The first `limit` children in that order.
   void children(int32_t state, std::vector<Child>& out, size_t limit) const;
   int64_t tokens() const { return tokens_; }
 

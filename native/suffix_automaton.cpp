@@ -115,11 +115,11 @@ int32_t SuffixAutomaton::next(int32_t state, int32_t token) const {
 
 void SuffixAutomaton::children(int32_t state, std::vector<Child>& out, size_t limit) const {
   out.clear();
-  const State& s = states_[state];
-  for (int64_t i = s.draft_begin; i < s.draft_end && out.size() < limit; ++i) {
-    const Edge& e = edges_[draft_order_[i]];
-    out.push_back(Child{e.target, e.token, states_[e.target].occ});
-  }
+  if (limit == 0) return;
+  for_each_child(state, [&](const Child& c) {
+    out.push_back(c);
+    return out.size() < limit;
+  });
 }
 
 }  // namespace spectool

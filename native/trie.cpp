@@ -202,12 +202,11 @@ void Trie::renumber_stamps() {
 
 void Trie::children(int32_t node, std::vector<Child>& out, size_t limit) const {
   out.clear();
-  for (int32_t c = nodes_[node].first_child; c >= 0 && out.size() < limit; c = nodes_[c].next_sibling) {
-    // A tree builder expands children next: load their first children meanwhile, as
-    // the walk along this sibling list cannot be overlapped with itself.
-    if (nodes_[c].first_child >= 0) __builtin_prefetch(&nodes_[nodes_[c].first_child]);
-    out.push_back(Child{c, nodes_[c].token, nodes_[c].count});
-  }
+  if (limit == 0) return;
+  for_each_child(node, [&](const Child& c) {
+    out.push_back(c);
+    return out.size() < limit;
+  });
 }
 
 void Trie::sibling_unlink(int32_t id) {
