@@ -128,6 +128,7 @@ class Trie {
   int32_t ensure_path(const int32_t* tokens, int64_t n);
   void stamp(int32_t id);
   void move_to_front(int32_t id);
+  void evict_over_capacity();
   void evict_one();
   void sibling_unlink(int32_t id);
   void sibling_push_front(int32_t id);
@@ -141,6 +142,7 @@ class Trie {
   std::vector<Node> nodes_;
   std::vector<int32_t> free_;
   NodeIndex index_;
+  std::vector<std::pair<uint32_t, int32_t>> unindexed_;  // (hash, id) of nodes evict_one freed
   // Every stamp appends an entry, so the next stamp is base_ + queue_.size(); entries
   // before head_ were consumed by evictions.
   std::vector<int32_t> queue_;

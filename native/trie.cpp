@@ -66,7 +66,7 @@ void Trie::insert(const int32_t* w, int64_t len, int64_t first_new, Suffixes& su
       }
     }
     known = std::min(m, max_depth_ - 1);
-    while (size_ > capacity_) evict_one();
+    evict_over_capacity();
   }
   suf.known = known;
 }
@@ -121,7 +121,17 @@ void Trie::move_to_front(int32_t id) {
   sibling_push_front(id);
 }
 
-// Evicts the leaf with the oldest stamp. Queue entries are in stamp order and the
+// Victims mostly come in chains (a leaf, then its parent, which just became the oldest
+// leaf, ...), so finding each one waits for the previous one's node. Their index slots
+// are independent of that chain: evict_one only starts loading them, and they are erased
+// together once the trie is back within capacity (nothing looks them up in between).
+void Trie::evict_over_capacity() {
+  while (size_ > capacity_) evict_one();
+  for (const auto& [h, id] : unindexed_) index_.erase(h, id);
+  unindexed_.clear();
+}
+
+// Evicts the leaf with the oldest stamp (erasing its index entry is left to the caller). Queue entries are in stamp order and the
 // first one that still names a node (not kStale, not ~id) is the oldest leaf with an
 // entry, found without touching any node. A node that loses its last child gets its
 // entry back if the entry is still queued, and otherwise goes to orphans_, a heap by
@@ -143,7 +153,9 @@ void Trie::evict_one() {
   Node& n = nodes_[id];
   const int32_t parent = n.parent;
   sibling_unlink(id);
-  index_.erase(NodeIndex::hash(parent, n.token), id);
+  const uint32_t h = NodeIndex::hash(parent, n.token);
+  index_.prefetch(h);
+  unindexed_.emplace_back(h, id);
   n.stamp = 0;
   ++n.gen;
   free_.push_back(id);
