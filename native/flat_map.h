@@ -13,6 +13,12 @@
 
 namespace spectool {
 
+// Backward-shift deletion, shared by FlatMap and NodeIndex: may the entry at slot j, whose home
+// slot is `home`, move into the hole at slot `hole` (earlier in j's probe run, wrapping)?
+inline bool fills_hole(size_t hole, size_t j, size_t home) {
+  return hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
+}
+
 class FlatMap {
  public:
   static uint64_t key(int32_t parent, int32_t token) {
@@ -63,9 +69,7 @@ class FlatMap {
     // slot allows it, so every remaining key stays reachable from its home slot.
     size_t hole = i;
     for (size_t j = (i + 1) & mask_; slots_[j].key != kEmpty; j = (j + 1) & mask_) {
-      size_t home = slot_of(slots_[j].key);
-      bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
-      if (movable) {
+      if (fills_hole(hole, j, slot_of(slots_[j].key))) {
         slots_[hole] = slots_[j];
         hole = j;
       }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "flat_map.h"
 #include "huge_pages.h"
 
 namespace spectool {
@@ -19,7 +20,7 @@ namespace spectool {
 class NodeIndex {
  public:
   static uint32_t hash(int32_t parent, int32_t token) {
-    uint64_t k = (static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) | static_cast<uint32_t>(token);
+    uint64_t k = FlatMap::key(parent, token);
     k ^= k >> 33;
     k *= 0xff51afd7ed558ccdULL;
     k ^= k >> 33;
@@ -65,9 +66,7 @@ class NodeIndex {
     // slot allows it, so every remaining entry stays reachable from its home slot.
     size_t hole = i;
     for (size_t j = (i + 1) & mask_; slots_[j].id >= 0; j = (j + 1) & mask_) {
-      const size_t home = slots_[j].hash & mask_;
-      const bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
-      if (movable) {
+      if (fills_hole(hole, j, slots_[j].hash & mask_)) {
         slots_[hole] = slots_[j];
         hole = j;
       }
