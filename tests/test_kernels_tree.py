@@ -1,13 +1,9 @@
-"""The tree-index kernel: the Triton kernel (run on CPU through the Triton interpreter in a
-subprocess, since TRITON_INTERPRET must be set before triton loads) against the torch
-reference, and both against indices built straight from parents."""
+"""The tree-index kernel: the Triton kernel (run on CPU through the Triton interpreter: unless
+this process started with TRITON_INTERPRET=1, the file re-runs itself in a child pytest that
+does, conftest.py) against the torch reference, and both against indices built straight from
+parents."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -15,7 +11,7 @@ from test_tree import random_parents
 
 from spectool.draft.tree import DraftTree, parents_to_mask
 from spectool.kernels import reconstruct_indices_from_tree_mask
-from spectool.kernels.tree_indices import reconstruct_indices_torch
+from spectool.kernels.tree_indices import reconstruct_indices_torch, reconstruct_indices_triton
 
 
 def test_reference_equals_indices_from_parents():
@@ -41,19 +37,13 @@ def test_bad_input_is_a_value_error():
         reconstruct_indices_torch(torch.ones(2, 3, 3, dtype=torch.bool), torch.zeros(3, dtype=torch.long))
 
 
-INTERPRETED = textwrap.dedent(
-    """
-    import os, sys
-    assert os.environ["TRITON_INTERPRET"] == "1"
-    sys.path.insert(0, {tests!r})
-    import torch
-    from test_tree import random_parents
-    from spectool.draft.tree import parents_to_mask
-    from spectool.kernels import reconstruct_indices_from_tree_mask
-    from spectool.kernels.tree_indices import reconstruct_indices_torch, reconstruct_indices_triton
+def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
+    triton_interpreter_child()
 
+
+@pytest.mark.triton_interpreter
+def test_triton_kernel_matches_reference():
     g = torch.Generator().manual_seed(11)
-    cases = 0
     for bs, n in ((1, 1), (3, 2), (5, 7), (256, 8), (17, 16), (4, 33), (256, 64)):
         parents, _ = random_parents(bs, n, g, pad_max=3)
         mask = parents_to_mask(parents)
@@ -68,16 +58,3 @@ INTERPRETED = textwrap.dedent(
             assert torch.equal(w, t)
         # The parents the kernel finds on the way are the tree's parents.
         assert torch.equal(reconstruct_indices_triton(mask, seq_lens, with_parents=True)[4], parents)
-        cases += 1
-    print("triton-interpreted cases:", cases)
-    """
-)
-
-
-def test_triton_kernel_under_interpreter_matches_reference():
-    tests = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", INTERPRETED.format(tests=tests)], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "triton-interpreted cases: 7" in proc.stdout
