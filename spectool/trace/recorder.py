@@ -115,11 +115,9 @@ def pack_rows(named: list[tuple[str, torch.Tensor]]) -> PackedRows:
         if t.shape[0] != rows:
             raise ValueError(f"{name} has leading dim {t.shape[0]}, batch has {rows} rows")
         layout.append((name, t.dtype, tuple(t.shape[1:]), offset))
-        part = t.reshape(rows, -1).contiguous()
-        # A size-1 dim may keep any stride while contiguous; view(dtype) insists on stride 1.
-        part = part.as_strided(part.shape, (part.shape[1], 1))
-        parts.append(part.view(torch.uint8))
-        offset += part.shape[1] * t.element_size()
+        part = _as_bytes(t.reshape(rows, -1))
+        parts.append(part)
+        offset += part.shape[1]
     return PackedRows(layout, torch.cat(parts, dim=1))
 
 
@@ -129,12 +127,16 @@ def _pack(named: list[tuple[str, torch.Tensor]]) -> tuple[list, torch.Tensor]:
     layout, parts, offset = [], [], 0
     for name, t in named:
         layout.append((name, t.dtype, tuple(t.shape), offset))
-        flat = t.contiguous().view(-1)
-        if flat.stride(0) != 1:  # a 0/1-element tensor may keep any stride; view(dtype) insists on 1
-            flat = flat.as_strided((flat.numel(),), (1,))
-        parts.append(flat.view(torch.uint8))
+        parts.append(_as_bytes(t.reshape(-1)))
         offset += t.numel() * t.element_size()
     return layout, torch.cat(parts)
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D or 2-D tensor, made contiguous, as raw bytes along its last dim. A size-1 dim may
+    keep any stride while contiguous; view(dtype) insists on stride 1, so the strides are reset."""
+    t = t.contiguous()
+    return t.as_strided(t.shape, (t.shape[-1], 1)[-t.dim():]).view(torch.uint8)
 
 
 _NUMPY_DTYPE: dict[torch.dtype, np.dtype] = {}
