@@ -129,7 +129,7 @@ class Engine:
         # With record=True the greedy graph also packs the iteration's trace fields (see _greedy_step).
         self._greedy_record_runner = GraphRunner(functools.partial(self._greedy_step, record=True),
                                                  self.graph_buckets, self.cuda_graphs, scratch)
-        self._record_layouts: dict[tuple, list] = {}
+        self._record_layouts: dict[int, list] = {}  # per tree size N: the greedy graph's packed layout
         self._forward_runner = GraphRunner(self._forward_step, self.graph_buckets, self.cuda_graphs, scratch)
         if self.drafter is not None:
             self.drafter.allocate()
@@ -341,7 +341,7 @@ class Engine:
         top_logit, top_i = logits.topk(k, dim=-1)
         top_p = torch.exp(top_logit - torch.logsumexp(logits, dim=-1, keepdim=True))
         packed = pack_rows(_record_tensors(tree, res, top_i, top_p))
-        self._record_layouts[_layout_key(tree.num_nodes, k)] = packed.layout
+        self._record_layouts[tree.num_nodes] = packed.layout  # top-k and accept-path width follow from N
         return (*out, packed.data)
 
     def _prefill(self, reqs: list[_Request], sampling: dict, generator, stats: RunStats) -> None:
@@ -429,8 +429,7 @@ class Engine:
             fields = {"iteration": iteration, "method": self.method, "temperature": sampling["temperature"],
                       "request_id": np.asarray(batch.request_ids, dtype=np.int32), "num_nodes": n, **why}
             if packed_data:
-                k = min(self.record_topk, logits.shape[-1])
-                packed = PackedRows(self._record_layouts[_layout_key(n, k)], packed_data[0])
+                packed = PackedRows(self._record_layouts[n], packed_data[0])
             else:
                 packed = self._pack_sampling_record(tree, res)
 
@@ -521,11 +520,6 @@ def _record_tensors(tree: DraftTree, res: VerifyResult, top_i: torch.Tensor, top
         ("status", res.status), ("accept_path", res.accept_path), ("accept_length", res.accept_length),
         ("bonus_token", res.bonus),
     ]
-
-
-def _layout_key(num_nodes: int, k: int) -> tuple[int, int]:
-    """What the greedy graph's packed record layout depends on (its accept path is num_nodes wide)."""
-    return num_nodes, k
 
 
 def graph_buckets(max_batch_size: int) -> tuple[int, ...]:
