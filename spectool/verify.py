@@ -96,16 +96,16 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
     (``spectool.kernels.verify_triton``); elsewhere :func:`verify_greedy_torch`. Both give
     identical results, argmax ties going to the lowest token id.
     """
-    _check_logits(tree, logits)
-    coins = torch.full(tree.tokens.shape, math.nan, dtype=torch.float32, device=tree.device)
-    if logits.is_cuda or triton_on_cpu():
-        from spectool.kernels.verify_triton import verify_greedy_triton
+    if not (logits.is_cuda or triton_on_cpu()):
+        return verify_greedy_torch(tree, logits)
+    from spectool.kernels.verify_triton import verify_greedy_triton
 
-        status, path, length, bonus, argmax = verify_greedy_triton(
-            tree.tokens, tree.parents, tree.depth, tree.valid, tree.mask, logits, tree.max_depth + 1)
-        return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus, coins=coins,
-                            target_argmax=argmax)
-    return verify_greedy_torch(tree, logits)
+    _check_logits(tree, logits)
+    status, path, length, bonus, argmax = verify_greedy_triton(
+        tree.tokens, tree.parents, tree.depth, tree.valid, tree.mask, logits, tree.max_depth + 1)
+    coins = torch.full(tree.tokens.shape, math.nan, dtype=torch.float32, device=tree.device)
+    return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus, coins=coins,
+                        target_argmax=argmax)
 
 
 def verify_greedy_torch(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
