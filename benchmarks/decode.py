@@ -23,6 +23,7 @@ import time
 import torch
 
 from spectool.graphs import GraphRunner
+from spectool.kernels import ops
 from spectool.kernels.fused import argmax_reference, argmax_triton
 from spectool.model.config import ModelConfig
 from spectool.model.kv_cache import KVCache
@@ -154,7 +155,7 @@ def transformers_decode(shape: str, batch: int, prompt_len: int, new_tokens: int
 
 
 def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, hf_tokens: int,
-              device: torch.device, bandwidth: float, with_hf: bool) -> list[dict]:
+              device: torch.device, bandwidth: float, with_hf: bool, unfused: bool = False) -> list[dict]:
     torch.manual_seed(0)
     cfg = model_config(shape, prompt_len + new_tokens + 64)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -170,6 +171,11 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
         eager_s, eager_tokens = spectool_decode(model, cache, prompt, new_tokens, graphs=False)
         graph_s, graph_tokens = spectool_decode(model, cache, prompt, new_tokens,
                                                 graphs=device.type == "cuda")
+        unfused_s = None
+        if unfused:  # the same graphs without the fused one-row GEMVs (kernels/gemv.py)
+            ops.FUSED_GEMV = False
+            unfused_s = spectool_decode(model, cache, prompt, new_tokens, graphs=device.type == "cuda")[0]
+            ops.FUSED_GEMV = True
         peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
         del cache
         row = {
@@ -178,6 +184,7 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
             "floor_tok_s": batch * bandwidth / wbytes,
             "spectool_eager_tok_s": batch * new_tokens / eager_s,
             "spectool_graphs_tok_s": batch * new_tokens / graph_s,
+            "spectool_graphs_unfused_tok_s": None if unfused_s is None else batch * new_tokens / unfused_s,
             "eager_graph_same_tokens": bool(torch.equal(eager_tokens, graph_tokens)),
             "peak_gpu_gb": peak,
         }
@@ -209,6 +216,8 @@ def main() -> None:
     ap.add_argument("--hf-tokens", type=int, default=None,
                     help="new tokens for transformers generate (default: as spectool; its rate is per token)")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers generate")
+    ap.add_argument("--unfused", action="store_true",
+                    help="also time the graphs without the fused one-row GEMVs (kernels/gemv.py)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -219,7 +228,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         batches = [int(b) for b in args.batches.split(",")]
         rows += run_shape(shape, batches, args.prompt, new_tokens, hf_tokens, device, bandwidth,
-                          with_hf=not args.no_hf)
+                          with_hf=not args.no_hf, unfused=args.unfused)
 
     head = (f"{'shape':>5} {'B':>2} {'floor':>7} {'eager':>7} {'graphs':>7} {'%floor':>6} {'hf':>6} "
             f"{'hf-stat':>7} {'same':>5} {'peakGB':>6}")
@@ -230,7 +239,8 @@ def main() -> None:
         print(f"{r['shape']:>5} {r['batch']:>2} {r['floor_tok_s']:7.0f} {r['spectool_eager_tok_s']:7.0f} "
               f"{r['spectool_graphs_tok_s']:7.0f} {r['graphs_pct_floor']:6.1f} "
               f"{fmt(r['hf_default_tok_s']):>6} {fmt(r['hf_static_tok_s']):>7} "
-              f"{str(r['eager_graph_same_tokens']):>5} {fmt(r['peak_gpu_gb'], '.1f'):>6}")
+              f"{str(r['eager_graph_same_tokens']):>5} {fmt(r['peak_gpu_gb'], '.1f'):>6}"
+              + (f"  unfused graphs {r['spectool_graphs_unfused_tok_s']:.0f}" if args.unfused else ""))
     if os.environ.get("OUT"):
         meta = {"torch": torch.__version__, "device": str(device), "quick": args.quick,
                 "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}

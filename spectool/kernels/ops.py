@@ -42,6 +42,33 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return rms_norm(s, weight, eps), s
 
 
+# benchmarks/decode.py --no-fused-gemv turns this off to time the unfused path in the same run.
+FUSED_GEMV = True
+
+
+def _one_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    # One token in all (batch-1 decode): the fused GEMV beats a launch per glue op; more rows go to cuBLAS.
+    return FUSED_GEMV and _triton(x) and x.numel() == x.shape[-1] and weight.dtype == x.dtype and weight.stride(-1) == 1
+
+
+def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                    weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual`` (``x`` when residual is None); returns ``(linear(rms_norm(s)), s)``.
+
+    One fused launch on CUDA for a single row (kernels/gemv.py); the norm's rounding is
+    skipped there, so it agrees with the unfused path to the activation dtype's precision.
+    """
+    if _one_row(x, weight) and (residual is None or residual.stride(-1) == 1):
+        from spectool.kernels.gemv import gemv_triton
+        y, s = gemv_triton(x, weight, bias, "rms_norm", residual, norm_weight, eps)
+        return y, x if s is None else s
+    if residual is None:
+        normed, s = rms_norm(x, norm_weight, eps), x
+    else:
+        normed, s = add_rms_norm(x, residual, norm_weight, eps)
+    return F.linear(normed, weight, bias), s
+
+
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
          sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [B,T,Hq,D] and k [B,T,Hkv,D] by cos/sin [B,T,D/2] (half-split layout, as Llama)."""
@@ -64,6 +91,15 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return silu_mul_triton(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``linear(silu_mul(gate_up), weight)`` (the MLP's down projection); one launch on CUDA for
+    a single row, with the same roundings as the unfused path."""
+    if _one_row(gate_up, weight):
+        from spectool.kernels.gemv import gemv_triton
+        return gemv_triton(gate_up, weight, prologue="silu_mul")[0]
+    return F.linear(silu_mul(gate_up), weight)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -49,11 +49,13 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerCache,
+    def forward(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerCache,
                 slots: torch.Tensor | None, starts: torch.Tensor | None,
                 tree_mask: torch.Tensor | None, kv_len: int | None) -> torch.Tensor:
-        B, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        """Attention from the fused q/k/v projection ``qkv`` [B, T, ...] (the Block computes it,
+        fused with the norm before it) to the output projection."""
+        B, T, _ = qkv.shape
+        q, k, v = qkv.split(self.split, dim=-1)
         q = self.q_norm(q.view(B, T, self.num_heads, self.head_dim))
         k = self.k_norm(k.view(B, T, self.num_kv_heads, self.head_dim))
         v = v.view(B, T, self.num_kv_heads, self.head_dim)
@@ -76,8 +78,10 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """Down projection of SiLU(gate) * up, from the gate_up projection (the Block computes it,
+        fused with the norm before it)."""
+        return ops.silu_mul_linear(gate_up, self.down_proj.weight)
 
 
 class Block(nn.Module):
@@ -104,15 +108,20 @@ class Block(nn.Module):
         when residual is None) and the output the pair ``(mlp_out, h)`` whose sum is the
         block's output. The next block adds the pair inside its first norm (one fused
         launch), which saves the separate residual add of every layer."""
-        norm = self.input_layernorm
-        if residual is None:
-            normed = norm(x)
-        else:
-            normed, x = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
-        attn = self.self_attn(normed, cos, sin, kv, slots, starts, tree_mask, kv_len)
-        norm = self.post_attention_layernorm
-        normed, h = ops.add_rms_norm(attn, x, norm.weight, norm.eps)
-        return self.mlp(normed), h
+        qkv, x = _norm_linear(self.input_layernorm, x, residual, self.self_attn.qkv_proj)
+        attn = self.self_attn(qkv, cos, sin, kv, slots, starts, tree_mask, kv_len)
+        gate_up, h = _norm_linear(self.post_attention_layernorm, attn, x, self.mlp.gate_up_proj)
+        return self.mlp(gate_up), h
+
+
+def _norm_linear(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None,
+                 linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(linear(norm(s)), s)`` with ``s = x + residual``: one launch at batch 1 on CUDA. A draft
+    layer's block may have no input norm (an Identity)."""
+    if isinstance(norm, RMSNorm):
+        return ops.rms_norm_linear(x, residual, norm.weight, norm.eps, linear.weight, linear.bias)
+    s = x if residual is None else x + residual
+    return linear(s), s
 
 
 def check_forward_args(tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,

@@ -1,0 +1,150 @@
+"""One-row GEMV at the decoder's weight shapes: cuBLAS vs the fused Triton kernels.
+
+    python3 benchmarks/gemv.py                 # H200: 8B shapes, a sweep of kernel configs
+    python3 benchmarks/gemv.py --shapes 8B 1B --configs default
+
+For each projection of a decoder layer at batch 1 (and the lm_head) it times, inside a
+CUDA graph of back-to-back calls (weights rotated over copies so that nothing stays in
+the 50 MB L2):
+
+* ``cublas``: ``F.linear`` alone (the floor for the unfused path's matmul);
+* ``unfused``: the glue kernel the model ran before it (residual + RMSNorm, or SiLU·mul)
+  followed by ``F.linear``;
+* ``triton``: ``gemv_triton`` with the prologue fused, for every config of the sweep.
+
+µs per call, achieved GB/s (weight bytes / time) and the best config. Prints a table;
+writes gemv.json to $OUT when it is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from decode import SHAPES
+
+from spectool.kernels import ops
+from spectool.kernels.gemv import DEFAULT_CONFIG, gemv_triton
+
+# projection -> (N, K, prologue) as functions of the shape's hidden size H, MLP width I, vocab V.
+PROJECTIONS = {
+    "qkv": lambda H, I, V, kv: (H + 2 * kv, H, "rms_norm"),
+    "o": lambda H, I, V, kv: (H, H, "none"),
+    "gate_up": lambda H, I, V, kv: (2 * I, H, "rms_norm"),
+    "down": lambda H, I, V, kv: (H, I, "silu_mul"),
+    "lm_head": lambda H, I, V, kv: (V, H, "rms_norm"),
+}
+SWEEP = [c for c in itertools.product((8, 16, 32), (256, 512), (4, 8), (2, 4)) if c[0] * c[1] <= 8192]
+
+
+def graph_time_us(fn, calls: int, device: torch.device) -> float:
+    """µs per call of ``fn(i)`` for i in range(calls), replayed as one CUDA graph (median of 5)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(calls):  # warm-up (compiles Triton kernels outside the capture)
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return sorted(times)[2]
+
+
+def bench_projection(name: str, n: int, k: int, prologue: str, configs: list, calls: int,
+                     device: torch.device, dtype: torch.dtype) -> dict:
+    copies = max(2, min(16, (400 << 20) // (n * k * 2) + 1))  # > 400 MB in all: past the L2
+    weights = [torch.randn(n, k, device=device, dtype=dtype) / k**0.5 for _ in range(copies)]
+    width = 2 * k if prologue == "silu_mul" else k
+    x = torch.randn(1, 1, width, device=device, dtype=dtype)
+    res = torch.randn(1, 1, k, device=device, dtype=dtype)
+    nw = torch.ones(k, device=device, dtype=dtype)
+    out_dtype = torch.float32 if name == "lm_head" else dtype
+    residual = None if name == "lm_head" else res
+
+    def unfused(i):
+        if prologue == "rms_norm":
+            h = ops.rms_norm(x, nw, 1e-5) if residual is None else ops.add_rms_norm(x, residual, nw, 1e-5)[0]
+        elif prologue == "silu_mul":
+            h = ops.silu_mul(x)
+        else:
+            h = x
+        y = F.linear(h, weights[i % copies])
+        return y.float() if out_dtype == torch.float32 else y
+
+    def fused(config):
+        return lambda i: gemv_triton(x, weights[i % copies], None, prologue, residual, nw, 1e-5, out_dtype,
+                                     config)
+
+    bytes_ = n * k * 2
+    row = {"projection": name, "N": n, "K": k, "prologue": prologue, "MB": bytes_ / 2**20}
+    with torch.inference_mode():
+        row["cublas_us"] = graph_time_us(lambda i: F.linear(x[..., :k], weights[i % copies]), calls, device)
+        row["unfused_us"] = graph_time_us(unfused, calls, device)
+        results = {}
+        for config in configs:
+            try:
+                results[config] = graph_time_us(fused(config), calls, device)
+            except Exception as exc:  # a config the compiler rejects (e.g. out of registers)
+                results[config] = float("inf")
+                row.setdefault("failed", []).append(f"{config}: {type(exc).__name__}")
+    best = min(results, key=results.get)
+    row.update(triton_default_us=results.get(DEFAULT_CONFIG), triton_best_us=results[best], best_config=best,
+               all={str(c): t for c, t in results.items()})
+    for key in ("cublas", "unfused", "triton_best"):
+        row[f"{key}_gb_s"] = bytes_ / (row[f"{key}_us"] * 1e-6) / 1e9
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--shapes", nargs="+", default=["8B"], choices=sorted(SHAPES))
+    parser.add_argument("--configs", choices=("sweep", "default"), default="sweep")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type != "cuda":
+        raise SystemExit("benchmarks/gemv.py times CUDA kernels: it needs a GPU")
+    configs = [DEFAULT_CONFIG] if args.configs == "default" else sorted(set(SWEEP) | {DEFAULT_CONFIG})
+    rows = []
+    for shape in args.shapes:
+        s = SHAPES[shape]
+        H, I, V = s["hidden_size"], s["intermediate_size"], s["vocab_size"]
+        kv = H // s["num_heads"] * s["num_kv_heads"]
+        for name, make in PROJECTIONS.items():
+            n, k, prologue = make(H, I, V, kv)
+            row = bench_projection(name, n, k, prologue, configs, 8 if args.quick else 32, device,
+                                   torch.bfloat16)
+            row["shape"] = shape
+            rows.append(row)
+            print(f"{shape} {name:8s} {n}x{k} {prologue:9s} cublas {row['cublas_us']:7.1f} µs "
+                  f"({row['cublas_gb_s']:5.0f} GB/s) | unfused {row['unfused_us']:7.1f} | triton best "
+                  f"{row['triton_best_us']:7.1f} ({row['triton_best_gb_s']:5.0f} GB/s) {row['best_config']} | "
+                  f"default {row['triton_default_us']}", flush=True)
+    print("\n| shape | projection | N×K | prologue | cuBLAS µs | glue + cuBLAS µs | fused Triton µs | "
+          "config (BLOCK_N, BLOCK_K, warps, stages) |")
+    print("|---|---|---|---|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['shape']} | {r['projection']} | {r['N']}×{r['K']} | {r['prologue']} | "
+              f"{r['cublas_us']:.1f} | {r['unfused_us']:.1f} | {r['triton_best_us']:.1f} | {r['best_config']} |")
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "gemv.json"), "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
