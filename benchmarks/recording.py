@@ -1,6 +1,6 @@
 """What recording costs: the recorder alone, then the engine's tokens/s with record on vs off.
 
-    python benchmarks/recording.py [--device cuda] [--quick] [--part recorder|engine|both]
+    python benchmarks/recording.py [--device cuda] [--quick] [--part recorder|host|engine|both]
 
 (a) Recorder microbenchmark. For bs 1 and 16 and tree size N 16 and 64 it records
 synthetic iterations shaped like the engine's (every trace field, mask [B,N,N]
@@ -9,6 +9,11 @@ GPU) and reports, per iteration:
 - record_us: median time of `Recorder.record_batch` on the calling (engine) thread;
 - writer_us: CPU time of the background writer thread (Linux thread clock);
 - bytes: file bytes per iteration (whole batch) and per record (one request).
+(h) Host cost (``--part host``, bs 1, each method, demo model): what recording adds to the
+engine's thread per iteration, as medians over a greedy run: record_us, the recorder's calls
+(`record_batch` and `record_timings`); step_extra_us, the greedy step with record=True minus
+the same step without (re-run on the run's last inputs; on CUDA with a sync each, so it is the
+record graph's extra GPU time).
 (b) Engine. tokens/s of `Engine.generate` on the bundled demo model with
 record=True vs record=False, at bs 1 and 16, for each method (none, ngram, eagle,
 multi_layer_eagle); on and off runs alternate ``--repeats`` times and the table
@@ -92,6 +97,79 @@ def measure_recorder(batch: int, n: int, iterations: int, device: str) -> dict:
             "bytes_per_iteration": size / iterations, "bytes_per_record": size / (iterations * batch)}
 
 
+def _timed(fn, samples: list[float]):
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        samples.append(time.perf_counter() - t)
+        return out
+    return wrapper
+
+
+def _keeping_inputs(runner, last: dict):
+    def wrapper(batch_size, **tensors):
+        last.update(tensors, batch_size=batch_size)
+        return runner(batch_size, **tensors)
+    wrapper.stats = runner.stats  # the engine sums its runners' stats
+    return wrapper
+
+
+def _step_us(runner, inputs: dict, device: str) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    runner(**inputs)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def measure_host(device: str, new_tokens: int, steps: int) -> list[dict]:
+    """Per method at bs 1: the recorder's calls and the record step's extra cost, µs per iteration."""
+    import spectool as st
+    from spectool.prompts import load_prompts
+
+    demo = Path(st.demo_model())
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    target = st.load(str(demo / "target"), device=device, dtype=dtype)
+    prompt = load_prompts(demo / "prompts.jsonl")[0]
+    results = []
+    for method in METHODS:
+        engine = st.Engine(target, draft=_draft_config(method, demo), max_batch_size=1, max_seq_len=2048)
+        engine.generate([prompt], max_new_tokens=16, ignore_eos=True)  # warm-up: captures, JIT
+        calls: dict[str, list[float]] = {}
+        last: dict = {}
+        record_runner = engine._greedy_record_runner
+
+        engine._greedy_record_runner = _keeping_inputs(record_runner, last)
+        originals = {name: getattr(Recorder, name) for name in ("record_batch", "record_timings")
+                     if hasattr(Recorder, name)}
+        for name, fn in originals.items():
+            setattr(Recorder, name, _timed(fn, calls.setdefault(name, [])))
+        try:
+            res = engine.generate([prompt], max_new_tokens=new_tokens, ignore_eos=True)
+        finally:
+            for name, fn in originals.items():
+                setattr(Recorder, name, fn)
+            engine._greedy_record_runner = record_runner
+        iterations = len(calls["record_batch"])
+        record_us = sum(statistics.median(v) for v in calls.values()) * 1e6
+        with torch.inference_mode():  # the engine's step runs under no_grad; re-running it is idempotent
+            times = {False: [], True: []}
+            for _ in range(steps):
+                for record, runner in ((False, engine._greedy_runner), (True, record_runner)):
+                    times[record].append(_step_us(runner, last, device))
+        plain, with_record = (statistics.median(times[r]) * 1e6 for r in (False, True))
+        row = {"method": method, "device": device, "iterations": iterations,
+               "record_us": record_us, **{f"{k}_us": statistics.median(v) * 1e6 for k, v in calls.items()},
+               "step_us": plain, "step_record_us": with_record, "step_extra_us": with_record - plain,
+               "tokens_per_s": res.stats.tokens_per_s}
+        results.append(row)
+        print(f"{method:>18} {iterations:>5} {record_us:>10.1f} {plain:>9.1f} {with_record - plain:>14.1f}",
+              flush=True)
+    return results
+
+
 def _draft_config(method: str, demo: Path):
     import spectool as st
 
@@ -146,7 +224,7 @@ def _engine_line(r: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--part", choices=("recorder", "engine", "both"), default="both")
+    parser.add_argument("--part", choices=("recorder", "host", "engine", "both"), default="both")
     parser.add_argument("--iterations", type=int, default=None, help="recorder iterations per shape")
     parser.add_argument("--repeats", type=int, default=None, help="on/off engine run pairs")
     parser.add_argument("--max-new-tokens", type=int, default=None)
@@ -163,6 +241,9 @@ def main() -> None:
         for r in out["recorder"]:
             print(f"{r['batch']:>5} {r['N']:>3} {r['record_us']:>10.1f} {r['writer_us']:>10.1f} "
                   f"{r['bytes_per_iteration']:>11.0f} {r['bytes_per_record']:>12.0f}")
+    if args.part == "host":
+        print(f"{'method':>18} {'iters':>5} {'record_us':>10} {'step_us':>9} {'step_extra_us':>14}")
+        out["host"] = measure_host(args.device, 128 if args.quick else 512, iterations)
     if args.part in ("engine", "both"):
         print(f"{'method':>18} {'batch':>5} {'tok/s off':>10} {'tok/s on':>10} {'on/off':>6}")
         out["engine"] = measure_engine(args.device, (1, 16), repeats, max_new)
