@@ -38,7 +38,7 @@ PROJECTIONS = {
     "down": lambda H, I, V, kv: (H, I, "silu_mul"),
     "lm_head": lambda H, I, V, kv: (V, H, "rms_norm"),
 }
-SWEEP = [c for c in itertools.product((8, 16, 32), (256, 512), (4, 8), (2, 4)) if c[0] * c[1] <= 8192]
+SWEEP = [c for c in itertools.product((4, 8, 16, 32), (256, 512, 1024), (4, 8), (3, 4)) if c[0] * c[1] <= 8192]
 
 
 def graph_time_us(fn, calls: int, device: torch.device) -> float:
@@ -73,7 +73,7 @@ def bench_projection(name: str, n: int, k: int, prologue: str, configs: list, ca
     res = torch.randn(1, 1, k, device=device, dtype=dtype)
     nw = torch.ones(k, device=device, dtype=dtype)
     out_dtype = torch.float32 if name == "lm_head" else dtype
-    residual = None if name == "lm_head" else res
+    residual = res if prologue == "rms_norm" and name != "lm_head" else None
 
     def unfused(i):
         if prologue == "rms_norm":

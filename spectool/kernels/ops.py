@@ -51,22 +51,34 @@ def _one_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return FUSED_GEMV and _triton(x) and x.numel() == x.shape[-1] and weight.dtype == x.dtype and weight.stride(-1) == 1
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``; a single row on CUDA goes to the Triton GEMV (kernels/gemv.py), which reads
+    small weights faster than cuBLAS's split-K kernels."""
+    if _one_row(x, weight):
+        from spectool.kernels.gemv import gemv_triton
+        return gemv_triton(x, weight, bias)[0]
+    return F.linear(x, weight, bias)
+
+
 def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                    weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``s = x + residual`` (``x`` when residual is None); returns ``(linear(rms_norm(s)), s)``.
+                    weight: torch.Tensor, bias: torch.Tensor | None,
+                    out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual`` (``x`` when residual is None); returns ``(linear(rms_norm(s)), s)``,
+    the first in ``out_dtype`` (default x's).
 
     One fused launch on CUDA for a single row (kernels/gemv.py); the norm's rounding is
     skipped there, so it agrees with the unfused path to the activation dtype's precision.
     """
     if _one_row(x, weight) and (residual is None or residual.stride(-1) == 1):
         from spectool.kernels.gemv import gemv_triton
-        y, s = gemv_triton(x, weight, bias, "rms_norm", residual, norm_weight, eps)
+        y, s = gemv_triton(x, weight, bias, "rms_norm", residual, norm_weight, eps, out_dtype)
         return y, x if s is None else s
     if residual is None:
         normed, s = rms_norm(x, norm_weight, eps), x
     else:
         normed, s = add_rms_norm(x, residual, norm_weight, eps)
-    return F.linear(normed, weight, bias), s
+    y = F.linear(normed, weight, bias)
+    return y if out_dtype is None else y.to(out_dtype), s
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,

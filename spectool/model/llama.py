@@ -69,7 +69,7 @@ class Attention(nn.Module):
         else:
             q = ops.rope_write_kv(q, k, v, cos, sin, kv[0], kv[1], slots, starts)  # one launch on CUDA
             out = ops.cached_attention(q, kv[0], kv[1], slots, starts, tree_mask, kv_len)
-        return self.o_proj(out.reshape(B, T, -1))
+        return ops.linear(out.reshape(B, T, -1), self.o_proj.weight)
 
 
 class MLP(nn.Module):
@@ -185,5 +185,6 @@ class Transformer(nn.Module):
         return x + residual
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm + lm_head, as float32 [B, T, V]."""
-        return self.lm_head(self.norm(hidden)).float()
+        """Final norm + lm_head, as float32 [B, T, V] (one launch at batch 1 on CUDA)."""
+        return ops.rms_norm_linear(hidden, None, self.norm.weight, self.norm.eps, self.lm_head.weight, None,
+                                   torch.float32)[0]
