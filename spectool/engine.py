@@ -338,10 +338,12 @@ class Engine:
         if not record:
             return out
         k = min(self.record_topk, logits.shape[-1])
-        top_logit, top_i = logits.topk(k, dim=-1)
-        top_p = torch.exp(top_logit - torch.logsumexp(logits, dim=-1, keepdim=True))
+        top_i = logits.topk(k, dim=-1).indices
+        # One fused softmax and a gather: logsumexp alone is about nine kernels.
+        top_p = torch.softmax(logits, dim=-1).gather(-1, top_i)
         packed = pack_rows(_record_tensors(tree, res, top_i, top_p))
-        self._record_layouts[tree.num_nodes] = packed.layout  # top-k and accept-path width follow from N
+        # Top-k and accept-path width follow from N; one layout object per N lets the recorder check it once.
+        self._record_layouts.setdefault(tree.num_nodes, packed.layout)
         return (*out, packed.data)
 
     def _prefill(self, reqs: list[_Request], sampling: dict, generator, stats: RunStats) -> None:
@@ -426,12 +428,13 @@ class Engine:
                     commit_kv(self.cache.k, self.cache.v, batch.slots, batch.seq_lens, res.accept_path,
                               res.accept_length)
         if recorder is not None:
-            fields = {"iteration": iteration, "method": self.method, "temperature": sampling["temperature"],
-                      "request_id": np.asarray(batch.request_ids, dtype=np.int32), "num_nodes": n, **why}
-            if packed_data:
-                packed = PackedRows(self._record_layouts[n], packed_data[0])
-            else:
-                packed = self._pack_sampling_record(tree, res)
+            # Before the host sync below, so on CUDA this host work overlaps the step on the GPU.
+            packed = (PackedRows(self._record_layouts[n], packed_data[0]) if sampling["temperature"] == 0.0
+                      else self._pack_sampling_record(tree, res))
+            recorder.record_batch({"iteration": iteration, "method": self.method,
+                                   "temperature": sampling["temperature"],
+                                   "request_id": np.asarray(batch.request_ids, dtype=np.int32),
+                                   "num_nodes": n, **why}, packed)
 
         # The iteration's one host sync: the engine needs the accepted tokens to stop requests.
         width = res.accept_path.shape[1]
@@ -462,8 +465,7 @@ class Engine:
         timings["iteration_us"] = (time.perf_counter() - began) * 1e6
         stats.add_iteration(iteration, batch.request_ids, accept_length, depth_max, timings)
         if recorder is not None:
-            fields.update(timings)
-            recorder.record_batch(fields, packed)
+            recorder.record_timings(timings)
             if live_records:
                 event.records = recorder.iteration_rows()
         return event
@@ -515,7 +517,7 @@ def _record_tensors(tree: DraftTree, res: VerifyResult, top_i: torch.Tensor, top
         ("scores", tree.scores), ("valid", tree.valid), ("mask", tree.mask), ("positions", tree.positions),
         ("retrieve_index", tree.retrieve_index), ("retrieve_next_token", tree.retrieve_next_token),
         ("retrieve_next_sibling", tree.retrieve_next_sibling),
-        ("target_argmax", top_i[..., 0]), ("target_argmax_prob", top_p[..., 0]),
+        # target_argmax(_prob) is the top-1: the recorder derives it (two copies fewer in the graph).
         ("target_topk_tokens", top_i), ("target_topk_probs", top_p),
         ("status", res.status), ("accept_path", res.accept_path), ("accept_length", res.accept_length),
         ("bonus_token", res.bonus),

@@ -2,17 +2,21 @@
 
     with Recorder("run.sptrace", run_info, tokenizer_json) as rec:
         rec.record_batch({"iteration": it, "request_id": ids, "tokens": tokens, "mask": mask, ...})
+        rec.record_timings({"verify_us": 80.0, ...})   # optional: scalars known only at the end
         rec.record_request(0, prompt_ids, output_ids, "length")
     trace = rec.close()
 
 Where the work happens. The engine's thread only copies: the iteration's tensors
 are concatenated as raw bytes into one flat buffer (one ``torch.cat`` per device;
 the engine's greedy CUDA graph does it itself, see :func:`pack_rows`). On CUDA that
-buffer goes to a reused pinned host slot with one ``non_blocking`` copy and one
-event recorded behind it, so nothing waits for the GPU; on the CPU the
-concatenation itself is the copy (the engine reuses its buffers). Every
-``flush_every`` rows the gathered iterations go to a background writer thread in
-one hand-off; it waits on the events, views the bytes as numpy arrays, converts all of them
+buffer goes to pinned host memory without waiting for the GPU; on the CPU the
+concatenation itself is the copy (the engine reuses its buffers). On CUDA the
+buffer is copied with one ``non_blocking`` copy into a pinned host page shared by
+every iteration of one hand-off, so the engine's thread never syncs and creates no
+event per iteration. Every ``HANDOFF_ROWS`` rows the gathered iterations go to a
+background writer thread in one hand-off with one event recorded behind their copies;
+it waits on that event, copies the page once, views the bytes as numpy arrays and
+every ``flush_every`` rows converts all of them
 at once (numpy over the whole stack of iterations -> Arrow list arrays from flat
 values and offsets, masks packed with one ``packbits`` per tree size) and appends
 one record batch to the file. No Python loop runs per row.
@@ -25,8 +29,9 @@ Field conventions for `record_batch` (names from STEP_FIELDS, plus ``mask``):
 - ``mask`` is a [B, W, W] bool tensor, packed per row into ``mask_packed``;
 - ``target_topk_*`` are [B, W, k]; ``step_topk_*`` are [B, S, K] (the shape is
   recorded); ``accept_path`` is [B, D] padded with -1;
-- ``depth`` and ``accept_length`` are derived from parents / accept_path when
-  absent; other absent fields are null (ngram_* default to -1, coins to []).
+- ``depth``, ``accept_length``, ``target_argmax`` and ``target_argmax_prob`` are
+  derived from parents, accept_path and the target top-k when absent; other absent
+  fields are null (ngram_* default to -1, coins to []).
 """
 
 from __future__ import annotations
@@ -60,7 +65,9 @@ ROW_SCALARS = frozenset(name for name, (typ, _) in STEP_FIELDS.items()
                         if not isinstance(typ, pa.ListType) and name != "mask_packed")
 _DEFAULT_MINUS_ONE = ("ngram_match_len", "ngram_breadth")
 _STOP, _CONVERT = object(), object()
-HANDOFF_ROWS = 64  # rows the engine's thread gathers before waking the writer (which frees their pinned slots)
+HANDOFF_ROWS = 64  # rows the engine's thread gathers before waking the writer (which frees their pinned page)
+PAGE_BYTES = 1 << 20  # pinned host memory per hand-off (more when one iteration needs it)
+_SCALARS = (int, float, str, bool)
 _TABLE = "_packed_rows"  # a received iteration's still-packed [B, R] byte table: (layout, table)
 
 
@@ -86,10 +93,10 @@ class _Packed:
     """
 
     layout: list[tuple[str, torch.dtype, tuple[int, ...], int]]
-    data: torch.Tensor            # uint8: host bytes (CPU), or the pinned slot the copy lands in (CUDA)
+    data: torch.Tensor | None     # uint8 host bytes (CPU); None: at ``page_offset`` in its hand-off's page (CUDA)
     nbytes: int
-    event: torch.cuda.Event | None = None
     rows: int = 0
+    page_offset: int = 0
 
 
 @dataclass
@@ -196,7 +203,10 @@ class Recorder:
         self._flushed_requests = 0
         self._pending_rows = 0
         self._viewed_steps = 0                     # batches handed out by iteration_rows()
-        self._free_slots: deque[torch.Tensor] = deque()  # pinned host slots the writer has released
+        self._page: torch.Tensor | None = None     # pinned page the current hand-off's CUDA bytes go to
+        self._page_used = 0
+        self._free_pages: deque[torch.Tensor] = deque()  # pages the writer has copied out
+        self._layouts: dict[int, tuple[list, frozenset[str]]] = {}  # id(packed layout) -> (layout, names)
         self._text = TokenText(tokenizer_json)
         self._error: BaseException | None = None
         self._trace: Trace | None = None
@@ -205,6 +215,8 @@ class Recorder:
         # in one hand-off: waking it every iteration made it take the GIL from the engine each time.
         self._outbox: list[tuple[str, Any, int]] = []
         self._outbox_rows = 0
+        self._handoff_rows = min(flush_every, HANDOFF_ROWS)
+        self._last: dict | None = None  # the newest iteration's scalars, still in the outbox (record_timings)
         self._thread = threading.Thread(target=self._write_loop, name="spectool-trace-writer", daemon=True)
         self._thread.start()
 
@@ -216,15 +228,16 @@ class Recorder:
         ``packed``: more of the iteration's per-request fields, already packed (:func:`pack_rows`).
         """
         self._check_open()
-        names = fields.keys() | {name for name, *_ in packed.layout} if packed is not None else fields.keys()
-        if packed is not None and len(names) != len(fields) + len(packed.layout):
-            raise ValueError("a field is given both in fields and in packed")
-        unknown = names - ACCEPTED_NAMES
+        self._maybe_send()
+        unknown = fields.keys() - ACCEPTED_NAMES
         if unknown:
             raise ValueError(f"unknown trace field(s): {', '.join(sorted(unknown))}")
-        if "iteration" not in names or "request_id" not in names:
-            missing = "iteration" if "iteration" not in names else "request_id"
-            raise ValueError(f"record_batch needs {missing!r}")
+        packed_names = self._layout_names(packed.layout) if packed is not None else frozenset()
+        if not packed_names.isdisjoint(fields):
+            raise ValueError("a field is given both in fields and in packed")
+        for name in ("iteration", "request_id"):
+            if name not in fields and name not in packed_names:
+                raise ValueError(f"record_batch needs {name!r}")
         rows = packed.data.shape[0] if packed is not None else (
             np.ndim(fields["request_id"]) and len(fields["request_id"]))
         if not rows:
@@ -233,7 +246,9 @@ class Recorder:
         on_cpu: list[tuple[str, torch.Tensor]] = []
         on_cuda: list[tuple[str, torch.Tensor]] = []
         for name, value in fields.items():
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, _SCALARS):  # most of the engine's fields: take them as they are
+                plain[name] = value
+            elif isinstance(value, torch.Tensor):
                 if value.ndim and value.shape[0] != rows:
                     raise ValueError(f"{name} has leading dim {value.shape[0]}, batch has {rows} rows")
                 (on_cuda if value.is_cuda else on_cpu).append((name, value.detach()))
@@ -243,34 +258,73 @@ class Recorder:
                 plain[name] = value.copy()
             elif value is not None:
                 plain[name] = value
-        packed_now = []
+        parts = []
         if on_cpu:
             layout, data = _pack(on_cpu)
-            packed_now.append(_Packed(layout, data, data.numel()))
-        if on_cuda:
-            packed_now.append(self._to_host(*_pack(on_cuda)))
+            parts.append(_Packed(layout, data, data.numel()))
+        to_copy = [(*_pack(on_cuda), 0)] if on_cuda else []
         if packed is not None:
             flat = packed.data.reshape(-1)
-            packed_now.append(self._to_host(packed.layout, flat, rows) if flat.is_cuda
-                              else _Packed(packed.layout, flat, flat.numel(), rows=rows))
-        self._post("steps", (plain, packed_now), rows)
+            if flat.is_cuda:
+                to_copy.append((packed.layout, flat, rows))
+            else:
+                parts.append(_Packed(packed.layout, flat, flat.numel(), rows=rows))
+        if to_copy:
+            parts += self._copy_to_page(to_copy)
+        self._post("steps", (plain, parts), rows)
+        self._last = plain
 
-    def _to_host(self, layout: list, flat: torch.Tensor, rows: int = 0) -> _Packed:
-        """One async copy of packed CUDA bytes into a reused pinned slot, one event behind it."""
-        nbytes = flat.numel()
-        slot = self._free_slots.pop() if self._free_slots else None
-        if slot is None or slot.numel() < nbytes:
-            # A new slot only while the writer lags or the tree grows; released slots are reused.
-            slot = torch.empty(max(2 * nbytes, 1 << 16), dtype=torch.uint8, pin_memory=True)
-        slot[:nbytes].copy_(flat, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()  # on the current stream, behind the copy; the writer waits on it
-        return _Packed(layout, slot, nbytes, event, rows)
+    def record_timings(self, timings: dict[str, float]) -> None:
+        """Add per-row scalars known only when the iteration ends (its phase timings) to the
+        iteration recorded last. The engine records an iteration before its host sync, so that
+        work overlaps the GPU's, and its timings after."""
+        if self._last is None:
+            raise ValueError("record_timings must follow record_batch")
+        unknown = timings.keys() - ACCEPTED_NAMES
+        if unknown:
+            raise ValueError(f"unknown trace field(s): {', '.join(sorted(unknown))}")
+        self._last.update(timings)
+
+    def _layout_names(self, layout: list) -> frozenset[str]:
+        """The field names of a packed layout, checked once per layout (the engine reuses one per tree size)."""
+        known = self._layouts.get(id(layout))
+        if known is not None and known[0] is layout:
+            return known[1]
+        names = frozenset(name for name, *_ in layout)
+        if len(names) != len(layout):
+            raise ValueError("a field is packed twice")
+        unknown = names - ACCEPTED_NAMES
+        if unknown:
+            raise ValueError(f"unknown trace field(s): {', '.join(sorted(unknown))}")
+        if len(self._layouts) >= 64:  # a caller packing afresh every iteration: keep the cache small
+            self._layouts.clear()
+        self._layouts[id(layout)] = (layout, names)  # holding the layout keeps its id from being reused
+        return names
+
+    def _copy_to_page(self, to_copy: list[tuple[list, torch.Tensor, int]]) -> list[_Packed]:
+        """Async copies of packed CUDA bytes into the hand-off's pinned page (16-byte aligned);
+        the event behind them is recorded once, when the hand-off goes to the writer."""
+        sizes = [-(-flat.numel() // 16) * 16 for _, flat, _ in to_copy]
+        if self._page is not None and self._page_used + sum(sizes) > self._page.numel():
+            self._send()  # this page is full: it goes to the writer with the iterations on it
+        if self._page is None:
+            page = self._free_pages.pop() if self._free_pages else None
+            if page is None or page.numel() < sum(sizes):
+                page = torch.empty(max(PAGE_BYTES, 2 * sum(sizes)), dtype=torch.uint8, pin_memory=True)
+            self._page, self._page_used = page, 0
+        out = []
+        for (layout, flat, rows), size in zip(to_copy, sizes):
+            start = self._page_used
+            self._page[start:start + flat.numel()].copy_(flat, non_blocking=True)
+            self._page_used += size
+            out.append(_Packed(layout, None, flat.numel(), rows=rows, page_offset=start))
+        return out
 
     def record_request(self, request_id: int, prompt_tokens, output_tokens, finish_reason: str,
                        prompt_text: str = "") -> None:
         """Record a finished request: its prompt, every output token (the first comes from prefill)."""
         self._check_open()
+        self._maybe_send()
         row = {"request_id": int(request_id),
                "prompt_tokens": _int_list(prompt_tokens), "output_tokens": _int_list(output_tokens),
                "finish_reason": str(finish_reason), "prompt_text": prompt_text or ""}
@@ -279,13 +333,24 @@ class Recorder:
     def _post(self, kind: str, payload: Any, rows: int) -> None:
         self._outbox.append((kind, payload, rows))
         self._outbox_rows += rows
-        if self._outbox_rows >= min(self.flush_every, HANDOFF_ROWS):
+
+    def _maybe_send(self) -> None:
+        """Hand the outbox to the writer once it holds enough rows. Checked before an item is added,
+        never after, so the newest iteration stays here for :meth:`record_timings`."""
+        if self._outbox_rows >= self._handoff_rows:
             self._send()
 
     def _send(self) -> None:
-        if self._outbox:
-            self._queue.put(("many", self._outbox, self._outbox_rows))
-            self._outbox, self._outbox_rows = [], 0
+        if not self._outbox:
+            return
+        page = None
+        if self._page is not None and self._page_used:
+            event = torch.cuda.Event()
+            event.record()  # on the current stream, behind every copy onto the page
+            page = (self._page, self._page_used, event)
+            self._page = None
+        self._queue.put(("many", (self._outbox, page), self._outbox_rows))
+        self._outbox, self._outbox_rows, self._last = [], 0, None
 
     def iteration_rows(self) -> list[IterationView]:
         """Step records added since the previous call, as IterationViews (for live views).
@@ -352,26 +417,29 @@ class Recorder:
         elif kind is _CONVERT:
             self._convert()
         else:
-            for item_kind, item, item_rows in payload:
+            items, page = payload
+            host_page = None
+            if page is not None:
+                data, used, event = page
+                event.synchronize()
+                host_page = data[:used].numpy().copy()
+                self._free_pages.append(data)  # the engine's thread may reuse it now
+            for item_kind, item, item_rows in items:
                 if item_kind == "steps":
-                    self._pending.append((self._receive(*item), item_rows))
+                    self._pending.append((self._receive(*item, host_page), item_rows))
                 else:
                     self._requests.append(item)
                 self._pending_rows += item_rows
                 if self._pending_rows >= self.flush_every:
                     self._flush()
 
-    def _receive(self, plain: dict[str, Any], packed: list[_Packed]) -> dict[str, Any]:
-        """One iteration's fields as numpy arrays / scalars, pinned slots handed back. A packed
-        row table stays packed (under ``_TABLE``) until its run of iterations is converted."""
+    def _receive(self, plain: dict[str, Any], packed: list[_Packed], host_page: np.ndarray | None
+                 ) -> dict[str, Any]:
+        """One iteration's fields as numpy arrays / scalars. A packed row table stays packed
+        (under ``_TABLE``) until its run of iterations is converted."""
         fields = dict(plain)
         for p in packed:
-            if p.event is None:
-                host = p.data.numpy()
-            else:
-                p.event.synchronize()
-                host = p.data[:p.nbytes].numpy().copy()  # frees the slot for the engine's next copy
-                self._free_slots.append(p.data)
+            host = p.data.numpy() if p.data is not None else host_page[p.page_offset:p.page_offset + p.nbytes]
             if p.rows:
                 fields[_TABLE] = (p.layout, host[:p.nbytes].reshape(p.rows, -1))
             else:
@@ -541,6 +609,10 @@ def steps_batch(fields: dict[str, Any], rows: int) -> pa.RecordBatch:
         f["depth"] = depth_from_parents(np.asarray(f["parents"]))
     if "accept_length" not in f and "accept_path" in f and np.ndim(f["accept_path"]) == 2:
         f["accept_length"] = (np.asarray(f["accept_path"]) >= 0).sum(1) - 1
+    for name, topk in (("target_argmax", "target_topk_tokens"), ("target_argmax_prob", "target_topk_probs")):
+        value = f.get(topk)
+        if name not in f and isinstance(value, np.ndarray) and value.ndim == 3:  # the target's best is its top-1
+            f[name] = value[:, :, 0]
 
     cols = []
     for fl in STEP_SCHEMA:
