@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from decode import SHAPES
 
 from spectool.kernels import ops
-from spectool.kernels.gemv import DEFAULT_CONFIG, gemv_triton
+from spectool.kernels.gemv import default_config, gemv_triton
 
 # projection -> (N, K, prologue) as functions of the shape's hidden size H, MLP width I, vocab V.
 PROJECTIONS = {
@@ -102,7 +102,7 @@ def bench_projection(name: str, n: int, k: int, prologue: str, configs: list, ca
                 results[config] = float("inf")
                 row.setdefault("failed", []).append(f"{config}: {type(exc).__name__}")
     best = min(results, key=results.get)
-    row.update(triton_default_us=results.get(DEFAULT_CONFIG), triton_best_us=results[best], best_config=best,
+    row.update(triton_default_us=results.get(default_config(k)), triton_best_us=results[best], best_config=best,
                all={str(c): t for c, t in results.items()})
     for key in ("cublas", "unfused", "triton_best"):
         row[f"{key}_gb_s"] = bytes_ / (row[f"{key}_us"] * 1e-6) / 1e9
@@ -119,7 +119,7 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type != "cuda":
         raise SystemExit("benchmarks/gemv.py times CUDA kernels: it needs a GPU")
-    configs = [DEFAULT_CONFIG] if args.configs == "default" else sorted(set(SWEEP) | {DEFAULT_CONFIG})
+    configs = None if args.configs == "default" else SWEEP
     rows = []
     for shape in args.shapes:
         s = SHAPES[shape]
@@ -127,8 +127,8 @@ def main() -> None:
         kv = H // s["num_heads"] * s["num_kv_heads"]
         for name, make in PROJECTIONS.items():
             n, k, prologue = make(H, I, V, kv)
-            row = bench_projection(name, n, k, prologue, configs, 8 if args.quick else 32, device,
-                                   torch.bfloat16)
+            row = bench_projection(name, n, k, prologue, configs or [default_config(k)],
+                                   8 if args.quick else 32, device, torch.bfloat16)
             row["shape"] = shape
             rows.append(row)
             print(f"{shape} {name:8s} {n}x{k} {prologue:9s} cublas {row['cublas_us']:7.1f} µs "

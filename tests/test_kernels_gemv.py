@@ -26,7 +26,7 @@ from spectool.kernels import gemv  # noqa: E402  (after the importorskip)
 DTYPES = [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)]
 # N and K off the block sizes on purpose: masks at both edges.
 SHAPES = [(40, 72), (16, 256), (33, 300)]
-CONFIGS = [(16, 64, 4, 2), (8, 128, 2, 1)]
+CONFIGS = [(16, 64, 4, 2), (8, 128, 2, 1), None]  # None: the shape's default config
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
