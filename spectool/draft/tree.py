@@ -29,6 +29,7 @@ __all__ = [
     "TreeError",
     "build_eagle_tree",
     "chain_tree",
+    "eagle_tree_from_candidates",
     "mask_to_parents",
     "parents_to_mask",
     "validate_tree",
@@ -39,25 +40,42 @@ class TreeError(ValueError):
     """An invalid draft tree; the message names the first faulty node ("node 3: ...")."""
 
 
-def parents_to_mask(parents: torch.Tensor) -> torch.Tensor:
+def parents_to_mask(parents: torch.Tensor, max_depth: int | None = None) -> torch.Tensor:
     """Tree masks [B, N, N] bool from parents [B, N] (-1 for the root):
     mask[b, q, k] = node k is q itself or an ancestor of q.
 
     Expects a valid tree (see :func:`validate_tree`); out-of-range parents are ignored.
-    Ancestry is the transitive closure of the parent relation, found by squaring the
-    one-step matrix ceil(log2 N) times: a fixed number of batched matmuls, no
-    per-node loop.
+    ``max_depth`` (a bound on every node's depth; default N-1) sets how many matmuls run.
+    Ancestry is the transitive closure of the parent relation: entry (q, k) of
+    (I + P)^L counts the ways to climb from q to k in L steps, so it is positive exactly
+    when k is q or an ancestor at most L levels up. Squaring ceil(log2 depth) times gives
+    a fixed number of batched matmuls and no per-node loop.
     """
     if parents.dim() != 2:
         raise ValueError(f"parents must be [B, N], got shape {tuple(parents.shape)}")
-    bs, n = parents.shape
-    idx = torch.arange(n, device=parents.device)
-    step = (parents[:, :, None] == idx[None, None, :]) | (idx[:, None] == idx[None, :])
-    reach = step.float()
-    for _ in range(math.ceil(math.log2(n)) if n > 1 else 0):
-        # 0/1 entries and sums <= N are exact in float32 (and in TF32, which rounds inputs only).
-        reach = (torch.bmm(reach, reach) > 0).float()
+    n = parents.shape[1]
+    idx, eye = _index_constants(n, parents.device)
+    reach = eye + (parents[:, :, None] == idx)  # I + P, float32
+    bound = n - 1 if max_depth is None else min(max_depth, n - 1)
+    for i in range(math.ceil(math.log2(bound)) if bound > 1 else 0):
+        reach = torch.bmm(reach, reach)
+        # Counts up to C(32, 16) ~ 6e8 stay far inside float32 (and only their sign matters, so
+        # rounding, TF32 included, does no harm); deeper trees go back to 0/1 every squaring.
+        if i >= 4:
+            reach = (reach > 0).float()
     return reach > 0
+
+
+_INDEX_CONSTANTS: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _index_constants(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(arange(n), float32 identity [n, n]) on ``device``, made once: inside a drafter's CUDA
+    graph every constant built per call would be one more kernel."""
+    key = (n, device)
+    if key not in _INDEX_CONSTANTS:
+        _INDEX_CONSTANTS[key] = (torch.arange(n, device=device), torch.eye(n, device=device))
+    return _INDEX_CONSTANTS[key]
 
 
 def _fault(bad: torch.Tensor, order: int, message) -> tuple[int, int, int, str] | None:
@@ -376,43 +394,72 @@ def build_eagle_tree(
                 raise ValueError(f"{name}[{s}] must be [B={bs}, C] on {dev} matching step_tokens[{s}], "
                                  f"got {tuple(t.shape)} on {t.device}")
 
-    # Flatten all candidates; parent = index in the flat list, -1 for the root.
-    eff, parents, offset = [], [], 0
+    # Flatten: the root, then every step's candidates; parent = index in the flat list.
+    scores, parents, offset = [], [], 1
     for s in range(steps):
-        score = step_scores[s].float()
-        score = torch.where(score.isnan(), -math.inf, score)  # (nan_to_num would also clip +-inf)
+        score = torch.nan_to_num(step_scores[s].float(), nan=-math.inf, posinf=math.inf, neginf=-math.inf)
         if s == 0:
-            parent = torch.full_like(step_tokens[0], -1, dtype=torch.long)
+            parent = torch.zeros_like(step_tokens[0], dtype=torch.long)
         else:
             local = step_parents[s].long()
-            score = torch.minimum(score, eff[-1].gather(1, local))
-            prev_width = step_tokens[s - 1].shape[1]
-            parent = local + (offset - prev_width)
-        eff.append(score)
+            score = torch.minimum(score, scores[-1].gather(1, local))
+            parent = local + (offset - step_tokens[s - 1].shape[1])
+        scores.append(score)
         parents.append(parent)
         offset += step_tokens[s].shape[1]
-    flat_tokens = torch.cat([t.long() for t in step_tokens], 1)
-    flat_eff = torch.cat(eff, 1)
-    flat_parent = torch.cat(parents, 1)
-    total = flat_tokens.shape[1]
+    root_score = torch.zeros(bs, 1, device=dev)  # ignored: the root always comes first
+    return eagle_tree_from_candidates(
+        torch.cat([root_tokens.long()[:, None], *(t.long() for t in step_tokens)], 1),
+        torch.cat([root_score, *scores], 1),
+        torch.cat([torch.full((bs, 1), -1, dtype=torch.long, device=dev), *parents], 1),
+        num_nodes, seq_lens, max_depth=steps)
 
-    keep = min(num_nodes - 1, total)
-    # Stable descending sort: equal scores keep candidate order (parents before children).
-    best = torch.sort(flat_eff, dim=1, descending=True, stable=True).indices[:, :keep]
-    chosen = torch.sort(best, dim=1).values  # topological: by step, then index
-    # Node number (1..keep) of every chosen candidate; parent candidates are always chosen.
-    node_of = torch.zeros(bs, total, dtype=torch.long, device=dev)
-    node_of.scatter_(1, chosen, torch.arange(1, keep + 1, device=dev).expand(bs, keep))
-    cand_parent = flat_parent.gather(1, chosen)
-    node_parent = torch.where(cand_parent < 0, 0, node_of.gather(1, cand_parent.clamp(min=0)))
 
-    pad = num_nodes - 1 - keep
-    zeros = torch.zeros(bs, pad, dtype=torch.long, device=dev)
-    tokens = torch.cat([root_tokens.long()[:, None], flat_tokens.gather(1, chosen), zeros], 1)
-    parents_out = torch.cat([torch.full((bs, 1), -1, dtype=torch.long, device=dev), node_parent, zeros], 1)
-    scores = torch.cat([torch.ones(bs, 1, device=dev), flat_eff.gather(1, chosen),
-                        torch.zeros(bs, pad, device=dev)], 1)
-    valid = torch.ones(bs, num_nodes, dtype=torch.bool, device=dev)
-    valid[:, num_nodes - pad:] = False
-    return DraftTree.from_parents(tokens, parents_out, scores, seq_lens, valid,
-                                  max_depth=steps, check=False)
+def eagle_tree_from_candidates(
+    tokens: torch.Tensor,
+    scores: torch.Tensor,
+    parents: torch.Tensor,
+    num_nodes: int,
+    seq_lens: torch.Tensor,
+    max_depth: int,
+) -> DraftTree:
+    """The EAGLE-2 selection of :func:`build_eagle_tree` over candidates already flattened.
+
+    Args:
+        tokens, scores, parents: [B, 1 + C]; index 0 is the root (its score and parent are
+            ignored), then the candidates in topological order, ``parents`` as indices into
+            this flat list. Scores must not increase down a path (path-probability products
+            do not); NaN counts as -inf.
+        num_nodes, seq_lens: as in :func:`build_eagle_tree`.
+        max_depth: a bound on the depth of every candidate (the number of draft steps).
+
+    A drafter fills these buffers step by step inside its CUDA graph; the selection is
+    then a fixed, small number of kernels (the index arrays come from the mask through
+    the tree-index kernel).
+    """
+    bs, total = tokens.shape
+    keep = min(num_nodes, total)  # root included
+    key = torch.nan_to_num(scores.float(), nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+    key[:, 0] = math.inf  # the root sorts first
+    # Stable descending sort: equal scores keep candidate order (parents before children),
+    # so the best are closed under ancestors; sorted back by index they are topological.
+    best = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :keep]
+    chosen = torch.sort(best, dim=1).values
+    node_tokens = tokens.gather(1, chosen)
+    node_scores = key.gather(1, chosen)
+    node_scores[:, 0] = 1.0
+    # A parent's node number is its rank among the chosen indices (the root's -1 ranks before all).
+    node_parents = torch.searchsorted(chosen, parents.gather(1, chosen), right=True) - 1
+    valid = None
+    pad = num_nodes - keep
+    if pad:
+        dev = tokens.device
+        zeros = torch.zeros(bs, pad, dtype=torch.long, device=dev)
+        node_tokens = torch.cat([node_tokens, zeros], 1)
+        node_parents = torch.cat([node_parents, zeros], 1)
+        node_scores = torch.cat([node_scores, torch.zeros(bs, pad, device=dev)], 1)
+        valid = torch.ones(bs, num_nodes, dtype=torch.bool, device=dev)
+        valid[:, keep:] = False
+    mask = parents_to_mask(node_parents, max_depth)
+    return DraftTree.from_mask(node_tokens, mask, node_scores, seq_lens, valid, max_depth=max_depth,
+                               check=False)
