@@ -17,7 +17,7 @@ import torch
 
 from spectool.config import EagleConfig
 from spectool.draft import Batch, gained_tokens, path_hidden
-from spectool.draft.tree import DraftTree, build_eagle_tree
+from spectool.draft.tree import DraftTree, eagle_tree_from_candidates
 from spectool.graphs import GraphRunner
 
 # DraftTree tensors the graphed draft step returns (max_depth is num_steps).
@@ -54,10 +54,28 @@ class EagleDrafter:
         self.root_p = torch.zeros(e.num_slots, self.config.topk, device=self.device)
         self.root_i = torch.zeros(e.num_slots, self.config.topk, dtype=torch.long, device=self.device)
         self._kv_len: int | None = None
+        self._make_draft_constants()
         scratch = {"slots": e.max_batch_size}
         self._extend_runner = GraphRunner(self._extend_step, e.graph_buckets, e.cuda_graphs, scratch)
         self._draft_runner = GraphRunner(self._draft_step, e.graph_buckets, e.cuda_graphs, scratch)
         self.graph_runners = [self._extend_runner, self._draft_runner]
+
+    def _make_draft_constants(self) -> None:
+        """What the draft step needs that depends only on (num_steps, topk): building it inside
+        the graph would cost a kernel per tensor per draft."""
+        k, steps, dev = self.config.topk, self.config.num_steps, self.device
+        fed = (steps - 1) * k  # frontier nodes fed to the layer: those of every step but the last
+        self._fed_depth = 1 + torch.arange(fed, device=dev) // k
+        self._fed_eye = torch.eye(fed, dtype=torch.bool, device=dev)
+        # Fed index of the parent of each of step s's k*k candidates: step s-1's frontier block.
+        self._parent_fed = [(s - 1) * k + torch.arange(k * k, device=dev) // k for s in range(1, steps)]
+        # Flat candidate parents (root first, see eagle_tree_from_candidates): the root's top-k hang
+        # off the root and step 1's candidates off the root's top-k in order; later steps are filled in.
+        self._num_candidates = 1 + k + (steps - 1) * k * k
+        self._flat_parents = torch.zeros(self._num_candidates, dtype=torch.long, device=dev)
+        self._flat_parents[0] = -1
+        if steps > 1:
+            self._flat_parents[1 + k:1 + k + k * k] = 1 + torch.arange(k * k, device=dev) // k
 
     # ------------------------------------------------------------ extend
 
@@ -75,12 +93,12 @@ class EagleDrafter:
         """Feed (tokens[b], hidden[b]) at draft-cache index starts[b]; keep the feature and the
         root's top-k children from position ``last[b]`` (later entries are padding)."""
         t = tokens.shape[1]
-        positions = starts[:, None] + 1 + torch.arange(t, device=self.device)
+        positions = starts[:, None] + torch.arange(1, t + 1, device=self.device)
         kv_len = None if self._kv_len is None else self._kv_len + t
         feature, normed = self._run(tokens, hidden, positions, slots, starts, None, kv_len)
-        rows = torch.arange(tokens.shape[0], device=self.device)
-        self.feature[slots] = feature[rows, last]
-        p, i = self._probs(normed[rows, last]).topk(self.config.topk, dim=-1)
+        at = last[:, None, None].expand(-1, 1, feature.shape[-1])
+        self.feature[slots] = feature.gather(1, at)[:, 0]
+        p, i = self._probs(normed.gather(1, at)[:, 0]).topk(self.config.topk, dim=-1)
         self.root_p[slots], self.root_i[slots] = p, i
         return p
 
@@ -116,57 +134,55 @@ class EagleDrafter:
         return tree, {"step_topk_tokens": out[-2], "step_topk_probs": out[-1]}
 
     def _draft_step(self, slots, seq_lens, roots):
-        """Grow the tree (all steps) and return its tensors plus the per-step top-k."""
-        k, steps = self.config.topk, self.config.num_steps
-        b = slots.shape[0]
-        dev = self.device
-        scores = self.root_p[slots]  # [B, K] path scores of step-0 candidates
-        tokens = self.root_i[slots]
-        step_tokens, step_scores, step_parents = [tokens], [scores], [torch.full_like(tokens, -1)]
-        frontier_tok, frontier_score = tokens, scores
-        frontier_hidden = self.feature[slots][:, None].expand(-1, k, -1)
-        frontier_depth = 1
-        fed_tok = torch.empty(b, 0, dtype=torch.long, device=dev)
-        fed_hidden = self.feature.new_empty(b, 0, self.feature.shape[-1])
-        fed_pos = torch.empty(b, 0, dtype=torch.long, device=dev)
-        fed_mask = torch.zeros(b, 0, 0, dtype=torch.bool, device=dev)
-        frontier_parent_fed = torch.full((b, k), -1, dtype=torch.long, device=dev)
-        frontier_index = torch.arange(k, device=dev).expand(b, -1)  # into the latest step's candidates
-        chosen_tok, chosen_p = [tokens], [scores]
-        for _ in range(1, steps):
-            # Append the frontier to the fed nodes; each sees its fed ancestors and itself.
-            n_fed = fed_tok.shape[1]
-            parent_rows = torch.zeros(b, k, n_fed + k, dtype=torch.bool, device=dev)
-            if n_fed:
-                has_parent = frontier_parent_fed >= 0
-                rows = fed_mask.gather(1, frontier_parent_fed.clamp(min=0)[..., None].expand(-1, -1, n_fed))
-                parent_rows[..., :n_fed] = rows & has_parent[..., None]
-            parent_rows[:, :, n_fed:] = torch.eye(k, dtype=torch.bool, device=dev)  # each sees itself
-            fed_mask = torch.cat([torch.nn.functional.pad(fed_mask, (0, k)), parent_rows], dim=1)
-            fed_tok = torch.cat([fed_tok, frontier_tok], 1)
-            fed_hidden = torch.cat([fed_hidden, frontier_hidden], 1)
-            fed_pos = torch.cat([fed_pos, seq_lens[:, None] + frontier_depth + fed_tok.new_zeros(b, k)], 1)
-            kv_len = None if self._kv_len is None else self._kv_len + fed_tok.shape[1]
-            feature, normed = self._run(fed_tok, fed_hidden, fed_pos, slots, seq_lens, fed_mask, kv_len)
-            feat, logp = feature[:, -k:], self._probs(normed[:, -k:])
-            p, i = logp.topk(k, dim=-1)  # [B, K(frontier), K(children)]
-            cand_score = (frontier_score[..., None] * p).reshape(b, k * k)
-            cand_tok = i.reshape(b, k * k)
-            cand_parent = torch.arange(k, device=dev).repeat_interleave(k).expand(b, -1)
-            step_tokens.append(cand_tok)
-            step_scores.append(cand_score)
-            step_parents.append(frontier_index.gather(1, cand_parent))  # index into the previous step
-            best = torch.nan_to_num(cand_score, nan=-1.0).topk(k, dim=-1).indices
-            frontier_index = best
-            frontier_tok = cand_tok.gather(1, best)
-            frontier_score = cand_score.gather(1, best)
-            parent_of_best = best // k
-            frontier_hidden = feat.gather(1, parent_of_best[..., None].expand(-1, -1, feat.shape[-1]))
-            frontier_parent_fed = n_fed + parent_of_best
-            frontier_depth += 1
-            chosen_tok.append(frontier_tok)
-            chosen_p.append(frontier_score)
-        tree = build_eagle_tree(roots, step_tokens, step_scores, step_parents, self.num_draft_tokens, seq_lens)
-        return (*(getattr(tree, name) for name in _TREE_FIELDS), torch.stack(chosen_tok, 1),
-                torch.stack(chosen_p, 1))
+        """Grow the tree (all steps) and return its tensors plus the per-step top-k.
 
+        Every step's results go straight into buffers sized for the whole draft (the fed
+        frontier, its mask, the flat candidate list) instead of being concatenated step by
+        step: at batch 1 on the GPU each small op is a kernel launch that costs more than
+        its work.
+        """
+        k, steps = self.config.topk, self.config.num_steps
+        b, dev = slots.shape[0], self.device
+        kk, fed = k * k, (steps - 1) * k
+        # Frontier per step (step 0: the root's top-k); steps 0..S-2 are the fed nodes, in order.
+        chosen_tok = torch.empty(b, steps, k, dtype=torch.long, device=dev)
+        chosen_p = torch.empty(b, steps, k, device=dev)
+        fed_tok = chosen_tok.view(b, steps * k)
+        fed_hidden = self.feature.new_empty(b, fed, self.feature.shape[-1])
+        fed_mask = self._fed_eye.expand(b, -1, -1).clone()  # a fed node sees its fed ancestors and itself
+        fed_pos = seq_lens[:, None] + self._fed_depth
+        # All candidates, the root first (see eagle_tree_from_candidates).
+        cand_tok = torch.empty(b, self._num_candidates, dtype=torch.long, device=dev)
+        cand_score = torch.empty(b, self._num_candidates, device=dev)
+        cand_parent = self._flat_parents.expand(b, -1).clone()
+        cand_tok[:, 0] = roots
+        torch.index_select(self.root_i, 0, slots, out=chosen_tok[:, 0])
+        torch.index_select(self.root_p, 0, slots, out=chosen_p[:, 0])
+        cand_tok[:, 1:1 + k] = chosen_tok[:, 0]
+        cand_score[:, 1:1 + k] = chosen_p[:, 0]
+        if fed:
+            fed_hidden[:, :k] = self.feature[slots][:, None]
+        block = 1 + k  # flat index of this step's candidates
+        for s in range(1, steps):
+            n = s * k  # fed nodes this step: every earlier frontier (each sees only its ancestors)
+            kv_len = None if self._kv_len is None else self._kv_len + n
+            feature, normed = self._run(fed_tok[:, :n], fed_hidden[:, :n], fed_pos[:, :n], slots, seq_lens,
+                                        fed_mask[:, :n, :n], kv_len)
+            tok, score = cand_tok[:, block:block + kk], cand_score[:, block:block + kk]
+            p = torch.empty(b, k, k, device=dev)
+            torch.topk(self._probs(normed[:, -k:]), k, dim=-1, out=(p, tok.view(b, k, k)))
+            torch.mul(chosen_p[:, s - 1, :, None], p, out=score.view(b, k, k))  # path scores
+            best = torch.nan_to_num(score, nan=-1.0).topk(k, dim=-1).indices
+            torch.gather(tok, 1, best, out=chosen_tok[:, s])
+            torch.gather(score, 1, best, out=chosen_p[:, s])
+            if s < steps - 1:  # the next step expands this frontier: its nodes' flat index, hidden, mask rows
+                nxt = block + kk
+                torch.add(best[:, :, None].expand(-1, -1, k), block, out=cand_parent[:, nxt:nxt + kk].view(b, k, k))
+                parent = self._parent_fed[s - 1][best]  # fed index of each frontier node's parent
+                torch.gather(feature, 1, parent[..., None].expand(-1, -1, feature.shape[-1]),
+                             out=fed_hidden[:, n:n + k])
+                fed_mask[:, n:n + k] |= fed_mask.gather(1, parent[..., None].expand(-1, -1, fed))
+            block += kk
+        tree = eagle_tree_from_candidates(cand_tok, cand_score, cand_parent, self.num_draft_tokens, seq_lens,
+                                          max_depth=steps)
+        return (*(getattr(tree, name) for name in _TREE_FIELDS), chosen_tok, chosen_p)
