@@ -1,6 +1,7 @@
 """What recording costs: the recorder alone, then the engine's tokens/s with record on vs off.
 
     python benchmarks/recording.py [--device cuda] [--quick] [--part recorder|host|engine|both]
+    python benchmarks/recording.py --device cuda --quick --part engine --shape 8B   # or 1B
 
 (a) Recorder microbenchmark. For bs 1 and 16 and tree size N 16 and 64 it records
 synthetic iterations shaped like the engine's (every trace field, mask [B,N,N]
@@ -17,8 +18,12 @@ record graph's extra GPU time).
 (b) Engine. tokens/s of `Engine.generate` on the bundled demo model with
 record=True vs record=False, at bs 1 and 16, for each method (none, ngram, eagle,
 multi_layer_eagle); on and off runs alternate ``--repeats`` times and the table
-shows the medians and their ratio (on / off, 1.0 = free).
-Prints tables and writes recording.json to $OUT when it is set.
+shows the medians and their ratio (on / off, 1.0 = free). ``--shape 8B|1B`` runs the
+engine part on a target of the Llama-3-8B / Llama-3.2-1B shape with random weights (bf16 on
+CUDA) instead, for methods none and ngram only (no draft layers exist for random weights),
+prompts of random token ids; there a fixed per-iteration recording cost weighs as much as it
+would on a real model.
+Prints tables and writes recording.json (recording_<shape>.json) to $OUT when it is set.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import time
 from pathlib import Path
 
 import torch
+from decode import SHAPES, model_config
 
 from spectool.trace.recorder import Recorder
 
@@ -182,20 +188,44 @@ def _draft_config(method: str, demo: Path):
     return st.MultiLayerEagleConfig(str(demo / "multi_layer_eagle"))
 
 
-def measure_engine(device: str, batches: tuple[int, ...], repeats: int, max_new_tokens: int) -> list[dict]:
+def random_target(shape: str, device: str, prompt_len: int, max_new_tokens: int):
+    """A Target of one of decode.py's model shapes with random weights and no tokenizer."""
+    from spectool.model.llama import Transformer
+    from spectool.model.loader import Target
+
+    cfg = model_config(shape, prompt_len + max_new_tokens + 64)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Transformer(cfg).to(dtype).eval().requires_grad_(False)
+    return Target(model=model, config=cfg, tokenizer=None, device=torch.device(device), dtype=dtype,
+                  name=f"random-{shape}", model_hash="random", eos_token_ids=[])
+
+
+def measure_engine(device: str, batches: tuple[int, ...], repeats: int, max_new_tokens: int,
+                   shape: str = "demo") -> list[dict]:
     import spectool as st
     from spectool.prompts import load_prompts
 
     demo = Path(st.demo_model())
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    target = st.load(str(demo / "target"), device=device, dtype=dtype)
-    prompts = load_prompts(demo / "prompts.jsonl")
+    if shape == "demo":
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        target = st.load(str(demo / "target"), device=device, dtype=dtype)
+        prompts, methods = load_prompts(demo / "prompts.jsonl"), METHODS
+    else:
+        prompt_len = 256
+        target = random_target(shape, device, prompt_len, max_new_tokens)
+        gen = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
+                   for _ in range(max(batches))]
+        methods = ("none", "ngram")
     results = []
-    for method in METHODS:
+    for method in methods:
         for bs in batches:
-            row = {"method": method, "batch": bs, "device": device}
+            row = {"method": method, "batch": bs, "device": device, "shape": shape}
             try:
-                engine = st.Engine(target, draft=_draft_config(method, demo), max_batch_size=bs, max_seq_len=2048)
+                engine = st.Engine(target, draft=_draft_config(method, demo), max_batch_size=bs,
+                                   max_seq_len=1024 if shape != "demo" else 2048)
                 batch_prompts = [prompts[i % len(prompts)] for i in range(bs)]
                 speed = {True: [], False: []}
                 for rep in range(repeats + 1):  # run 0 warms up: graph capture, Triton JIT, allocator
@@ -229,12 +259,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="on/off engine run pairs")
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="fewer iterations and runs (<= 90 s on the GPU)")
+    parser.add_argument("--shape", choices=("demo", *SHAPES), default="demo",
+                        help="engine part's target: the demo model, or random weights of a decode.py shape")
     args = parser.parse_args()
     cpu = args.device == "cpu"
     iterations = args.iterations or (128 if args.quick else 512)
     repeats = args.repeats or (3 if args.quick else 5)
     max_new = args.max_new_tokens or (16 if cpu else 64 if args.quick else 256)
-    out: dict = {"device": args.device, "iterations": iterations, "repeats": repeats, "max_new_tokens": max_new}
+    out: dict = {"device": args.device, "iterations": iterations, "repeats": repeats, "max_new_tokens": max_new,
+                 "shape": args.shape}
     if args.part in ("recorder", "both"):
         out["recorder"] = [measure_recorder(b, n, iterations, args.device) for b in (1, 16) for n in (16, 64)]
         print(f"{'batch':>5} {'N':>3} {'record_us':>10} {'writer_us':>10} {'bytes/iter':>11} {'bytes/record':>12}")
@@ -246,9 +279,10 @@ def main() -> None:
         out["host"] = measure_host(args.device, 128 if args.quick else 512, iterations)
     if args.part in ("engine", "both"):
         print(f"{'method':>18} {'batch':>5} {'tok/s off':>10} {'tok/s on':>10} {'on/off':>6}")
-        out["engine"] = measure_engine(args.device, (1, 16), repeats, max_new)
+        out["engine"] = measure_engine(args.device, (1, 16), repeats, max_new, args.shape)
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "recording.json").write_text(json.dumps(out, indent=2))
+        name = "recording.json" if args.shape == "demo" else f"recording_{args.shape}.json"
+        Path(os.environ["OUT"], name).write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
