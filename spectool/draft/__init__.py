@@ -40,21 +40,20 @@ class Batch:
         return len(self.request_ids)
 
 
-def gained_tokens(tree, result) -> torch.Tensor:
-    """[B, N] tokens each row gained this iteration on the device: the accepted drafts
-    in depth order, then the bonus at index accept_length; entries after it are junk."""
-    path = result.accept_path  # [B, W], root first
-    n = tree.tokens.shape[1]
-    drafted = tree.tokens.gather(1, path[:, 1:].clamp(min=0))  # [B, W-1]
-    drafted = torch.nn.functional.pad(drafted, (0, n - drafted.shape[1]))
-    j = torch.arange(n, device=drafted.device)
-    return torch.where(j == result.accept_length[:, None], result.bonus[:, None], drafted)
+def accepted_inputs(tree_tokens: torch.Tensor, accept_path: torch.Tensor, accept_length: torch.Tensor,
+                    bonus: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a draft layer is extended over after a verify, on the device (graph safe).
 
-
-def path_hidden(hidden: torch.Tensor, result) -> torch.Tensor:
-    """[B, W, H] target hidden states along each accepted path (root first; junk past it)."""
-    path = result.accept_path.clamp(min=0)
-    return hidden.gather(1, path[..., None].expand(-1, -1, hidden.shape[-1]))
+    Returns ``(tokens [B, N], hidden [B, W, H])``: the tokens each row gained, i.e. the
+    accepted drafts in depth order then the bonus at index accept_length (entries after
+    it are junk), and the target's hidden states along each accepted path (root first;
+    junk past it). ``accept_path`` is [B, W], -1 padded, from the verify result.
+    """
+    n = tree_tokens.shape[1]
+    path = accept_path.clamp(min=0)
+    tokens = torch.nn.functional.pad(tree_tokens.gather(1, path[:, 1:]), (0, n - path.shape[1] + 1))
+    tokens.scatter_(1, accept_length[:, None], bonus[:, None])
+    return tokens, hidden.gather(1, path[..., None].expand(-1, -1, hidden.shape[-1]))
 
 
 def make_drafter(config, engine):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from spectool.config import EagleConfig
-from spectool.draft import Batch, gained_tokens, path_hidden
+from spectool.draft import Batch, accepted_inputs
 from spectool.draft.tree import DraftTree, eagle_tree_from_candidates
 from spectool.graphs import GraphRunner
 
@@ -56,7 +56,7 @@ class EagleDrafter:
         self._kv_len: int | None = None
         self._make_draft_constants()
         scratch = {"slots": e.max_batch_size}
-        self._extend_runner = GraphRunner(self._extend_step, e.graph_buckets, e.cuda_graphs, scratch)
+        self._extend_runner = GraphRunner(self._verify_extend_step, e.graph_buckets, e.cuda_graphs, scratch)
         self._draft_runner = GraphRunner(self._draft_step, e.graph_buckets, e.cuda_graphs, scratch)
         self.graph_runners = [self._extend_runner, self._draft_runner]
 
@@ -102,6 +102,13 @@ class EagleDrafter:
         self.root_p[slots], self.root_i[slots] = p, i
         return p
 
+    def _verify_extend_step(self, slots, starts, tree_tokens, path, length, bonus, hidden):
+        """The extend after a verify, from its results: one graph with the gathering of its inputs."""
+        tokens, path_hidden = accepted_inputs(tree_tokens, path, length, bonus, hidden)
+        # The accepted path is N wide from the greedy verify step but max_depth + 1 wide from
+        # verify_sampling: cut the gained tokens to it so tokens and hidden states line up.
+        return self._extend_step(slots, starts, tokens[:, :path.shape[1]], path_hidden, length)
+
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
         for b in range(batch.size):
             hist = batch.histories[b]
@@ -115,12 +122,9 @@ class EagleDrafter:
                   accepted: list[list[int]], timer) -> None:
         with timer("draft"):
             self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host)
-            # The accepted path is N wide from the greedy verify step but max_depth + 1 wide from
-            # verify_sampling: cut the gained tokens to it so tokens and hidden states line up.
-            width = result.accept_path.shape[1]
-            self._extend_runner(batch.size, slots=batch.slots, starts=batch.seq_lens,
-                                tokens=gained_tokens(tree, result)[:, :width], hidden=path_hidden(hidden, result),
-                                last=result.accept_length)
+            self._extend_runner(batch.size, slots=batch.slots, starts=batch.seq_lens, tree_tokens=tree.tokens,
+                                path=result.accept_path, length=result.accept_length, bonus=result.bonus,
+                                hidden=hidden)
 
     def release(self, batch: Batch) -> None:
         """Slots are overwritten by the next prefill; nothing to free."""
@@ -181,7 +185,7 @@ class EagleDrafter:
                 parent = self._parent_fed[s - 1][best]  # fed index of each frontier node's parent
                 torch.gather(feature, 1, parent[..., None].expand(-1, -1, feature.shape[-1]),
                              out=fed_hidden[:, n:n + k])
-                fed_mask[:, n:n + k] |= fed_mask.gather(1, parent[..., None].expand(-1, -1, fed))
+                fed_mask[:, n:n + k].bitwise_or_(fed_mask.gather(1, parent[..., None].expand(-1, -1, fed)))
             block += kk
         tree = eagle_tree_from_candidates(cand_tok, cand_score, cand_parent, self.num_draft_tokens, seq_lens,
                                           max_depth=steps)

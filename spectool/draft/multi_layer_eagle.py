@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from spectool.config import MultiLayerEagleConfig
-from spectool.draft import Batch, gained_tokens, path_hidden
+from spectool.draft import Batch, accepted_inputs
 from spectool.draft.tree import DraftTree, chain_tree
 from spectool.graphs import GraphRunner
 
@@ -104,8 +104,10 @@ class MultiLayerEagleDrafter:
             n = self.num_draft_tokens
             rows = batch.slots[:, None]
             j = torch.arange(n, device=self.device)
-            self.tokens[rows, batch.seq_lens[:, None] + 1 + j] = gained_tokens(tree, result)
-            self.hidden[rows, batch.seq_lens[:, None] + j] = path_hidden(hidden, result)[:, :n]
+            tokens, path_hidden = accepted_inputs(tree.tokens, result.accept_path, result.accept_length,
+                                                  result.bonus, hidden)
+            self.tokens[rows, batch.seq_lens[:, None] + 1 + j] = tokens
+            self.hidden[rows, batch.seq_lens[:, None] + j] = path_hidden[:, :n]
             new_lens = batch.seq_lens + result.accept_length + 1
             self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host) + n
             for runner in self.graph_runners:

@@ -317,13 +317,24 @@ def chain_tree(tokens: torch.Tensor, scores: torch.Tensor, seq_lens: torch.Tenso
         next_token = torch.where(parents + 2 < n, parents + 2, -1)
         _CHAIN_SHAPES[key] = dict(
             parents=parents, depth=torch.arange(n, device=dev).expand(b, n).contiguous(),
-            valid=torch.ones(b, n, dtype=torch.bool, device=dev), mask=parents_to_mask(parents),
+            valid=_all_valid(b, n, dev), mask=parents_to_mask(parents),
             retrieve_index=torch.arange(b * n, device=dev).view(b, n), retrieve_next_token=next_token,
             retrieve_next_sibling=torch.full((b, n), -1, dtype=torch.long, device=dev))
     shapes = _CHAIN_SHAPES[key]
     seq_lens = seq_lens.long()
     return DraftTree(tokens=tokens.long(), scores=scores.float(), positions=seq_lens[:, None] + shapes["depth"],
                      seq_lens=seq_lens, max_depth=n - 1, **shapes)
+
+
+_ALL_VALID: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def _all_valid(b: int, n: int, device: torch.device) -> torch.Tensor:
+    """A shared all-True ``valid`` [b, n] (drafters' trees without padding; never written to)."""
+    key = (b, n, device)
+    if key not in _ALL_VALID:
+        _ALL_VALID[key] = torch.ones(b, n, dtype=torch.bool, device=device)
+    return _ALL_VALID[key]
 
 
 def _common_checks(tokens, scores, seq_lens, valid, shape) -> torch.Tensor:
@@ -450,7 +461,7 @@ def eagle_tree_from_candidates(
     node_scores[:, 0] = 1.0
     # A parent's node number is its rank among the chosen indices (the root's -1 ranks before all).
     node_parents = torch.searchsorted(chosen, parents.gather(1, chosen), right=True) - 1
-    valid = None
+    valid = _all_valid(bs, num_nodes, tokens.device)
     pad = num_nodes - keep
     if pad:
         dev = tokens.device
