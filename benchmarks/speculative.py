@@ -6,8 +6,10 @@
 
 For every workload (completion, editing: the "kind" of prompts.jsonl), batch size and
 method (plain = draft None; ngram = NgramConfig defaults; eagle = 5 steps, top-k 4,
-16 tokens; multi_layer_eagle = 4 steps), one engine decodes ``batch`` prompts with
-``ignore_eos=True`` and a fixed max_new_tokens, so every method does the same work.
+16 tokens; multi_layer_eagle = 4 steps), one engine with ``max_batch_size = batch``
+decodes max(batch, --min-prompts) prompts (a small batch takes them in turn, so batch 1
+is not one prompt's luck) with ``ignore_eos=True`` and a fixed max_new_tokens, so every
+method does the same work.
 Each cell gets a fresh engine, warmed up (and its CUDA graphs captured) on random
 token prompts of the same batch size first: a reused N-gram trie would remember the
 previous cell's outputs. Reported per cell: decode tokens/s (prefill excluded, from
@@ -91,11 +93,14 @@ def draft_config(method: str, draft_dir: str | Path, **overrides):
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
 
 
-def measure(target, draft, prompts: list[list[int]], new_tokens: int, max_seq_len: int, seed: int) -> dict:
-    """Fresh engine for ``prompts`` (all in one batch), warmed up, then one timed greedy run."""
+def measure(target, draft, prompts: list[list[int]], new_tokens: int, max_seq_len: int, seed: int,
+            batch: int | None = None) -> dict:
+    """Fresh engine decoding ``prompts`` at most ``batch`` at a time (default: all in one batch;
+    the rest wait for a free slot), warmed up, then one timed greedy run."""
     warmup_tokens = min(8, new_tokens)
-    engine = st.Engine(target, draft=draft, max_batch_size=len(prompts), max_seq_len=max_seq_len)
-    warm = random_prompts(len(prompts), min(len(p) for p in prompts), target.config.vocab_size, seed + 1)
+    batch = batch or len(prompts)
+    engine = st.Engine(target, draft=draft, max_batch_size=batch, max_seq_len=max_seq_len)
+    warm = random_prompts(batch, min(len(p) for p in prompts), target.config.vocab_size, seed + 1)
     # Warm every batch bucket the timed run can shrink through (requests finish at different
     # iterations), so no CUDA-graph capture or kernel compilation lands inside the timing.
     for bucket in engine.graph_buckets:
@@ -155,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--min-prompts", type=int, default=4,
+                   help="prompts per cell at least: a batch smaller than this decodes them in turn")
     p.add_argument("--budget-s", type=float, default=float("inf"),
                    help="start no cell after this many seconds")
     args = p.parse_args(argv)
@@ -174,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, skipped = [], []
     for workload in args.workloads.split(","):
         for batch in batches:
-            prompts = workload_prompts(target, args.prompts, workload, batch, max_prompt)
+            count = 1 if args.quick else max(batch, args.min_prompts)
+            prompts = workload_prompts(target, args.prompts, workload, count, max_prompt)
             base, base_tokens = None, None
             for method in methods:
                 cell = {"workload": workload, "batch": batch, "method": method}
@@ -183,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 seed_all(args.seed)
                 r = measure(target, configs[method], prompts, new_tokens,
-                            min(max_seq_len, max(map(len, prompts)) + new_tokens + 8), args.seed)
+                            min(max_seq_len, max(map(len, prompts)) + new_tokens + 8), args.seed, batch)
                 tokens = r.pop("token_ids")
                 if method == "plain":
                     base, base_tokens = r, tokens
