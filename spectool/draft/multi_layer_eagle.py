@@ -46,21 +46,27 @@ class MultiLayerEagleDrafter:
         self.caches = [self.checkpoint.make_cache(k, e.num_slots, e.cache_len + n) for k in range(self.steps)]
         # Per slot: committed tokens, the root, then the drafts (read by later layers), and the
         # target's hidden state at every committed index (layer k re-reads the last k of them).
+        # Every index a step reads or writes stays inside: a running request's length is below
+        # max_seq_len, a verify adds at most n and layer k's window reaches n + 2k past it.
         self.tokens = torch.zeros(e.num_slots, e.cache_len + 2 * n + 1, dtype=torch.long, device=self.device)
         self.hidden = torch.zeros(e.num_slots, e.cache_len + 2 * n, e.config.hidden_size, dtype=e.target.dtype,
                                   device=self.device)
         self.chain = torch.zeros(e.num_slots, self.steps, dtype=torch.long, device=self.device)
-        self.chain_p = torch.zeros(e.num_slots, self.steps, device=self.device)
+        # Chain scores with the root's 1.0 in front, so draft() reads them in one op.
+        self.chain_p = torch.ones(e.num_slots, 1 + self.steps, device=self.device)
+        self._arange = torch.arange(n + self.steps, device=self.device)  # window offsets of every step
         self._kv_len: int | None = None
         scratch = {"slots": e.max_batch_size}
-        self.graph_runners = [
-            GraphRunner(lambda slots, old_lens, new_lens, k=k: self._layer_step(k, slots, old_lens, new_lens),
+        # Layer 0's graph also stores what the verify accepted; the later layers take its new lengths.
+        self.graph_runners = [GraphRunner(self._verify_step, e.graph_buckets, e.cuda_graphs, scratch)] + [
+            GraphRunner(lambda slots, old_lens, new_last, k=k: self._layer_step(k, slots, old_lens, new_last),
                         e.graph_buckets, e.cuda_graphs, scratch)
-            for k in range(self.steps)]
+            for k in range(1, self.steps)]
 
-    def _layer_step(self, k: int, slots, old_lens, new_lens, window: int | None = None,
+    def _layer_step(self, k: int, slots, old_lens, new_last, window: int | None = None,
                     kv_len: int | None = None):
-        """Extend layer k over indices [old_len - k, new_len - 1]; store its draft d_{k+1}.
+        """Extend layer k over indices [old_len - k, new_last] (new_last = new length - 1);
+        store its draft d_{k+1}.
 
         ``window`` is the padded length (default N + k, the most a verify can need);
         rows with a shorter window compute junk past it, beyond anything valid.
@@ -69,23 +75,37 @@ class MultiLayerEagleDrafter:
         kv_len = self._kv_len if kv_len is None else kv_len
         model = self.engine.model
         t = self.num_draft_tokens + k if window is None else window
-        start = (old_lens - k).clamp(min=0)
-        index = start[:, None] + torch.arange(t, device=self.device)  # draft-cache indices
+        start = (old_lens - k).clamp(min=0) if k else old_lens
+        offsets = self._arange[:t] if t <= self._arange.shape[0] else torch.arange(t, device=self.device)
+        index = start[:, None] + offsets  # draft-cache indices
+        positions = index + (k + 1)  # also the indices of the input tokens
         rows = slots[:, None]
-        tokens = self.tokens[rows, (index + k + 1).clamp(max=self.tokens.shape[1] - 1)]
-        hidden = self.hidden[rows, index.clamp(max=self.hidden.shape[1] - 1)]
-        _, normed = self.checkpoint.layers[k](model.embed_tokens(tokens), hidden, index + k + 1, self.caches[k],
-                                              slots, start, None, kv_len)
-        last = (new_lens - 1 - start).clamp(min=0)
+        emb = model.embed_tokens(self.tokens[rows, positions])
+        _, normed = self.checkpoint.layers[k](emb, self.hidden[rows, index], positions, self.caches[k], slots, start,
+                                              None, kv_len)
+        last = new_last - start  # >= 0, padded graph rows included (their inputs are 0)
         out = normed.gather(1, last[:, None, None].expand(-1, 1, normed.shape[-1]))[:, 0]
         # NaN/inf logits (a broken layer) make NaN probabilities: count them as 0 so the
         # chain's scores stay valid; the target's verify rejects such drafts anyway.
         probs = torch.softmax(model.lm_head(out).float(), dim=-1).nan_to_num(nan=0.0)
         p, draft = probs.max(dim=-1)
-        self.tokens[slots, (new_lens + k + 1).clamp(max=self.tokens.shape[1] - 1)] = draft
+        self.tokens[slots, new_last + (k + 2)] = draft
         self.chain[slots, k] = draft
-        self.chain_p[slots, k] = p
+        self.chain_p[slots, k + 1] = p
         return p
+
+    def _verify_step(self, slots, old_lens, tree_tokens, path, length, bonus, hidden):
+        """After a verify: store the gained tokens and the path's hidden states, then run layer 0.
+        Returns each row's new last index, new length - 1 (the later layers' input)."""
+        n = self.num_draft_tokens
+        tokens, path_hidden = accepted_inputs(tree_tokens, path, length, bonus, hidden)
+        rows = slots[:, None]
+        index = old_lens[:, None] + self._arange[:n]
+        self.tokens[rows, index + 1] = tokens
+        self.hidden[rows, index] = path_hidden[:, :n]
+        new_last = old_lens + length
+        self._layer_step(0, slots, old_lens, new_last)
+        return new_last
 
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
         for b, h in enumerate(hiddens):
@@ -94,31 +114,24 @@ class MultiLayerEagleDrafter:
             self.tokens[slot, : n + 1] = torch.tensor(batch.histories[b], device=self.device)
             self.hidden[slot, :n] = h
             zero = torch.zeros(1, dtype=torch.long, device=self.device)
-            new = torch.full((1,), n, dtype=torch.long, device=self.device)
             for k in range(self.steps):
-                self._layer_step(k, slot, zero, new, window=n, kv_len=n + k + 1)
+                self._layer_step(k, slot, zero, zero + n - 1, window=n, kv_len=n + k + 1)
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
                   accepted: list[list[int]], timer) -> None:
         with timer("draft"):
-            n = self.num_draft_tokens
-            rows = batch.slots[:, None]
-            j = torch.arange(n, device=self.device)
-            tokens, path_hidden = accepted_inputs(tree.tokens, result.accept_path, result.accept_length,
-                                                  result.bonus, hidden)
-            self.tokens[rows, batch.seq_lens[:, None] + 1 + j] = tokens
-            self.hidden[rows, batch.seq_lens[:, None] + j] = path_hidden[:, :n]
-            new_lens = batch.seq_lens + result.accept_length + 1
-            self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host) + n
-            for runner in self.graph_runners:
-                runner(batch.size, slots=batch.slots, old_lens=batch.seq_lens, new_lens=new_lens)
+            self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host) + self.num_draft_tokens
+            new_last = self.graph_runners[0](
+                batch.size, slots=batch.slots, old_lens=batch.seq_lens, tree_tokens=tree.tokens,
+                path=result.accept_path, length=result.accept_length, bonus=result.bonus, hidden=hidden)
+            for runner in self.graph_runners[1:]:
+                runner(batch.size, slots=batch.slots, old_lens=batch.seq_lens, new_last=new_last)
 
     def release(self, batch: Batch) -> None:
         """Slots are overwritten by the next prefill; nothing to free."""
 
     def draft(self, batch: Batch, timer) -> tuple[DraftTree, dict]:
         with timer("index"):
-            p = self.chain_p[batch.slots]
             tokens = torch.cat([batch.roots[:, None], self.chain[batch.slots]], dim=1)
-            tree = chain_tree(tokens, torch.cat([torch.ones_like(p[:, :1]), p], dim=1), batch.seq_lens)
+            tree = chain_tree(tokens, self.chain_p[batch.slots], batch.seq_lens)
         return tree, {}
