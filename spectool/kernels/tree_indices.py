@@ -83,10 +83,8 @@ def reconstruct_indices_torch(mask: torch.Tensor, seq_lens: torch.Tensor,
 
 
 @triton.jit
-def _tree_indices_kernel(
-    Mask, SeqLens, Positions, RetIndex, NextToken, NextSibling, Parents,
-    N, BLOCK: tl.constexpr,
-):
+def _tree_indices_kernel(Mask, SeqLens, Out, N, STRIDE, BLOCK: tl.constexpr):
+    # Out is [5, B, N]: positions, retrieve_index, next token, next sibling, parents (STRIDE = B * N).
     b = tl.program_id(0).to(tl.int64)
     rows = tl.arange(0, BLOCK)  # node i along axis 0
     cols = tl.arange(0, BLOCK)  # node k / j along axis 1
@@ -109,11 +107,11 @@ def _tree_indices_kernel(
     out = rows < N
     seq_len = tl.load(SeqLens + b).to(tl.int64)
     offs = b * N + rows
-    tl.store(Positions + offs, seq_len + depth.to(tl.int64), mask=out)
-    tl.store(RetIndex + offs, offs, mask=out)
-    tl.store(NextToken + offs, tl.where(next_token == big, -1, next_token).to(tl.int64), mask=out)
-    tl.store(NextSibling + offs, tl.where(next_sibling == big, -1, next_sibling).to(tl.int64), mask=out)
-    tl.store(Parents + offs, parent_row.to(tl.int64), mask=out)
+    tl.store(Out + offs, seq_len + depth.to(tl.int64), mask=out)
+    tl.store(Out + STRIDE + offs, offs, mask=out)
+    tl.store(Out + 2 * STRIDE + offs, tl.where(next_token == big, -1, next_token).to(tl.int64), mask=out)
+    tl.store(Out + 3 * STRIDE + offs, tl.where(next_sibling == big, -1, next_sibling).to(tl.int64), mask=out)
+    tl.store(Out + 4 * STRIDE + offs, parent_row.to(tl.int64), mask=out)
 
 
 def reconstruct_indices_triton(mask: torch.Tensor, seq_lens: torch.Tensor,
@@ -122,13 +120,13 @@ def reconstruct_indices_triton(mask: torch.Tensor, seq_lens: torch.Tensor,
     ``TRITON_INTERPRET=1``). One launch, no host sync, so it can sit in a CUDA graph."""
     _check(mask, seq_lens)
     bs, n, _ = mask.shape
-    mask_u8 = mask.contiguous().view(torch.uint8)
-    out = [torch.empty(bs, n, dtype=torch.int64, device=mask.device) for _ in range(5)]
+    # One output buffer and few arguments: at small sizes the launch's host cost is most of a call.
+    out = torch.empty(5, bs, n, dtype=torch.int64, device=mask.device)
     if bs > 0:
         block = max(16, triton.next_power_of_2(n))
-        _tree_indices_kernel[(bs,)](mask_u8, seq_lens.contiguous(), *out, n, BLOCK=block,
+        _tree_indices_kernel[(bs,)](mask.contiguous(), seq_lens.contiguous(), out, n, bs * n, BLOCK=block,
                                     num_warps=4 if block <= 64 else 8)
-    return tuple(out) if with_parents else tuple(out[:4])
+    return tuple(out.unbind(0)) if with_parents else tuple(out[:4].unbind(0))
 
 
 def triton_on_cpu() -> bool:
