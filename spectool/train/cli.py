@@ -83,6 +83,10 @@ def train_draft_main(argv: list[str]) -> int:
     p.add_argument("--intermediate-size", type=int, default=None,
                    help="MLP width of the draft block (default: the target's)")
     p.add_argument("--unroll", type=int, default=d.unroll, help="EAGLE: draft steps unrolled in training")
+    p.add_argument("--greedy-fraction", type=float, default=d.greedy_fraction,
+                   help="share of each batch's sequences that are a corpus prefix followed by the target's "
+                        "greedy continuation, the tokens drafts read while decoding (0 to 1; default "
+                        "%(default)s)")
     a = p.parse_args(argv)
     from spectool.train.draft import train_draft
 
@@ -91,7 +95,8 @@ def train_draft_main(argv: list[str]) -> int:
         recipe = DraftRecipe(method=a.method, layers=layers, steps=a.steps, batch_size=a.batch_size,
                              seq_len=a.seq_len, lr=a.lr, checkpoint_every=a.checkpoint_every, seed=a.seed,
                              intermediate_size=a.intermediate_size, unroll=a.unroll,
-                             edit_fraction=a.edit_fraction, epochs=a.epochs)
+                             edit_fraction=a.edit_fraction, epochs=a.epochs,
+                             greedy_fraction=a.greedy_fraction)
         train_draft(a.target, a.corpus, a.out, recipe, device=a.device, resume=a.resume,
                     progress=not a.no_progress, max_seconds=a.max_seconds, stdlib=a.stdlib)
     except ValueError as e:

@@ -10,6 +10,10 @@ Alignment is the engine's (docs/INTERNALS.md), with h = target hidden before the
 
 Labels are the target's own next-token distributions (self-distillation): acceptance, not corpus
 likelihood, is what the loss optimises.
+
+Inputs can also match inference: in the engine, the tokens a draft layer reads are the committed
+ones, i.e. the target's own greedy continuation. With ``greedy_fraction`` > 0 that share of each
+batch is a corpus prefix followed by the target's greedy continuation of it (``DraftBatches``).
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ class DraftRecipe:
     gen_tokens: int = 128
     edit_fraction: float = 0.25  # share of the training text that is editing pairs (data.editing_pairs)
     epochs: float = 0.0  # when > 0, the step count covers this many passes over the training tokens
+    greedy_fraction: float = 0.0  # share of each batch: corpus prefix + the target's greedy continuation
+    greedy_refresh: int = 16  # steps whose greedy sequences are generated together (one batched decode)
 
     def __post_init__(self) -> None:
         if self.method not in KINDS:
@@ -77,7 +83,8 @@ class DraftRecipe:
         if self.method == "eagle" and self.layers != 1:
             raise ValueError(f"EAGLE reuses one draft layer for every step; --layers must be 1, "
                              f"got {self.layers}")
-        for name in ("steps", "batch_size", "checkpoint_every", "eval_windows", "unroll", "eval_steps"):
+        for name in ("steps", "batch_size", "checkpoint_every", "eval_windows", "unroll", "eval_steps",
+                     "greedy_refresh"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
@@ -86,6 +93,8 @@ class DraftRecipe:
             raise ValueError(f"edit_fraction must be in [0, 1), got {self.edit_fraction}")
         if self.epochs < 0:
             raise ValueError(f"epochs must be >= 0, got {self.epochs}")
+        if not 0.0 <= self.greedy_fraction <= 1.0:  # also rejects NaN
+            raise ValueError(f"greedy_fraction must be in [0, 1], got {self.greedy_fraction}")
         if self.gen_tokens < max(self.depth, self.eval_steps) + 1:
             raise ValueError(f"gen_tokens must exceed the evaluated draft depth, got {self.gen_tokens}")
         if self.seq_len < self.depth + 2:
@@ -96,6 +105,11 @@ class DraftRecipe:
     def depth(self) -> int:
         """How many tokens ahead training reaches (layers, or unrolled EAGLE steps)."""
         return self.layers if self.method == "multi_layer_eagle" else self.unroll
+
+    @property
+    def greedy_rows(self) -> int:
+        """Sequences per batch that end in the target's greedy continuation."""
+        return round(self.greedy_fraction * self.batch_size)
 
 
 def load_target(path: str | Path, device: torch.device) -> Target:
@@ -174,20 +188,22 @@ def draft_loss(draft: DraftModel, target: Target, view: TargetView, recipe: Draf
 def greedy_continuations(target: Target, prompts: Sequence[Sequence[int]], new_tokens: int) -> list[torch.Tensor]:
     """Each prompt followed by the target's greedy continuation of ``new_tokens`` tokens (1-D int64).
 
-    Prompts may differ in length: each is prefilled alone into its own cache slot, then all rows
-    decode together, each at its own position (the cache's per-row ``starts``).
+    Prompts of one length are prefilled together; otherwise each is prefilled alone into its own
+    cache slot. Then all rows decode together, each at its own position (the cache's per-row ``starts``).
     """
     model = target.model
     param = next(model.parameters())
     dev = param.device
     lens = [len(p) for p in prompts]
     cache = KVCache.for_model(target.config, len(prompts), max(lens) + new_tokens, param.dtype, dev)
+    groups = [list(range(len(prompts)))] if len(set(lens)) == 1 else [[b] for b in range(len(prompts))]
     last = []
-    for b, p in enumerate(prompts):
-        tokens = torch.tensor([list(p)], device=dev)
-        positions = torch.arange(len(p), device=dev)[None]
-        hidden = model(tokens, positions, cache=cache, slots=torch.tensor([b], device=dev),
-                       starts=torch.zeros(1, dtype=torch.long, device=dev), kv_len=len(p))
+    for rows in groups:
+        tokens = torch.tensor([list(prompts[b]) for b in rows], device=dev)
+        n = tokens.shape[1]
+        hidden = model(tokens, torch.arange(n, device=dev).expand_as(tokens), cache=cache,
+                       slots=torch.tensor(rows, device=dev),
+                       starts=torch.zeros(len(rows), dtype=torch.long, device=dev), kv_len=n)
         last.append(model.logits(hidden[:, -1:]).argmax(-1))
     tokens = torch.cat(last)
     out = [tokens]
@@ -201,6 +217,48 @@ def greedy_continuations(target: Target, prompts: Sequence[Sequence[int]], new_t
         starts = starts + 1
     generated = torch.cat(out, dim=1).cpu()
     return [torch.cat([torch.tensor(list(p), dtype=torch.long), row]) for p, row in zip(prompts, generated)]
+
+
+def greedy_windows(target: Target, tokens: torch.Tensor, recipe: DraftRecipe, chunk: int) -> torch.Tensor:
+    """The greedy rows of ``recipe.greedy_refresh`` steps' batches, starting at step chunk x greedy_refresh.
+
+    Each row [seq_len] is a random corpus window of seq_len // 2 tokens followed by the target's
+    greedy continuation of it (so the draft reads committed tokens as the engine does, and sees
+    them both early and late in the sequence). The windows are drawn from a generator seeded by
+    (seed, chunk): the rows are a function of the recipe and the chunk alone, so a resumed run
+    regenerates exactly the rows an uninterrupted one used.
+    """
+    prefix = recipe.seq_len // 2
+    gen = torch.Generator().manual_seed(recipe.seed * 1_000_003 + chunk + 1)
+    prompts = data.random_windows(tokens, recipe.greedy_refresh * recipe.greedy_rows, prefix, gen)
+    return torch.stack(greedy_continuations(target, prompts.tolist(), recipe.seq_len - prefix))
+
+
+class DraftBatches:
+    """The training batch of each step: random corpus windows, and with ``recipe.greedy_fraction``
+    > 0 its first ``recipe.greedy_rows`` rows from ``greedy_windows`` instead.
+
+    The corpus rows come from ``generator`` (saved in checkpoints), so greedy_fraction 0 gives
+    exactly the batches training has always used. Greedy rows are generated ``greedy_refresh``
+    steps at a time, one batched decode on the target's device: one row of the target's decode
+    costs about as much as a training row, so generating them one step at a time would leave a
+    GPU idle.
+    """
+
+    def __init__(self, target: Target, tokens: torch.Tensor, recipe: DraftRecipe, generator: torch.Generator):
+        self.target, self.tokens, self.recipe, self.generator = target, tokens, recipe, generator
+        self._chunk, self._greedy = -1, torch.empty(0, recipe.seq_len, dtype=torch.long)
+
+    def __call__(self, step: int) -> torch.Tensor:
+        """[batch_size, seq_len] int64 on the CPU (greedy rows first)."""
+        r = self.recipe
+        corpus = data.random_windows(self.tokens, r.batch_size - r.greedy_rows, r.seq_len, self.generator)
+        if not r.greedy_rows:
+            return corpus
+        chunk, k = divmod(step, r.greedy_refresh)
+        if chunk != self._chunk:
+            self._chunk, self._greedy = chunk, greedy_windows(self.target, self.tokens, r, chunk)
+        return torch.cat([self._greedy[k * r.greedy_rows:(k + 1) * r.greedy_rows], corpus])
 
 
 def iteration_accepts(accepted: Sequence[int]) -> list[int]:
@@ -346,7 +404,8 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
                                                    edit_fraction=recipe.edit_fraction, seed=recipe.seed)
     steps = epoch_steps(recipe.epochs, len(train_tokens), recipe.batch_size, recipe.seq_len) or recipe.steps
     print(f"corpus: {len(train_tokens):,} training tokens (editing pairs: {recipe.edit_fraction:.0%}), "
-          f"{len(eval_tokens):,} held-out tokens; {steps} steps")
+          f"{len(eval_tokens):,} held-out tokens; {steps} steps; {recipe.greedy_rows} of "
+          f"{recipe.batch_size} sequences per batch end in the target's greedy continuation")
 
     cfg = target.config
     if recipe.intermediate_size:
@@ -357,12 +416,12 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
     opt = make_optimizer(draft.parameters(), recipe.lr, recipe.weight_decay, fused=dev.type == "cuda")
     gen = torch.Generator().manual_seed(recipe.seed)
     start = restore_checkpoint(state, "draft", draft, opt, gen)
+    batches = DraftBatches(target, train_tokens, recipe, gen)
 
     def step_fn(step: int, total: int):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, total, recipe.lr, recipe.warmup)
-        batch = data.random_windows(train_tokens, recipe.batch_size, recipe.seq_len, gen)
-        batch = batch.to(dev, non_blocking=True)
+        batch = batches(step).to(dev, non_blocking=True)
         with autocast(dev):
             loss = draft_loss(draft, target, target_view(target, batch), recipe)
         loss.backward()
