@@ -39,10 +39,10 @@ class NgramDrafter:
                                             config.external_corpus_max_tokens)
 
     def allocate(self) -> None:
-        """A staging buffer (pinned on CUDA): each iteration's trees (tokens, scores, mask and
-        valid, one after another) reach the device in one copy instead of four."""
+        """A staging buffer (pinned on CUDA): each iteration's trees (tokens as int64, scores, mask
+        and valid, one after another) reach the device in one copy instead of four, with no cast."""
         n = self.num_draft_tokens
-        self._staging = torch.zeros(self.max_batch_size * (8 * n + n * n + n), dtype=torch.uint8,
+        self._staging = torch.zeros(self.max_batch_size * (12 * n + n * n + n), dtype=torch.uint8,
                                     pin_memory=self.device.type == "cuda")
 
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
@@ -64,8 +64,8 @@ class NgramDrafter:
     def _to_device(self, got) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tokens int64, scores, mask, valid) of the trie's trees on the engine's device. The
         staging buffer is rewritten only after the engine's next host sync, so the copy is safe."""
-        fields = (got.tokens, got.scores, got.mask, got.valid)
-        dtypes = (torch.int32, torch.float32, torch.bool, torch.bool)
+        fields = (got.tokens.astype(np.int64), got.scores, got.mask, got.valid)
+        dtypes = (torch.int64, torch.float32, torch.bool, torch.bool)
         host = self._staging.numpy()
         ends = np.cumsum([a.nbytes for a in fields])
         for a, end in zip(fields, ends):
@@ -73,7 +73,7 @@ class NgramDrafter:
         flat = self._staging[:ends[-1]].to(self.device, non_blocking=True, copy=True)
         tokens, scores, mask, valid = (flat[end - a.nbytes:end].view(dtype).view(a.shape)
                                        for a, end, dtype in zip(fields, ends, dtypes))
-        return tokens.long(), scores, mask, valid
+        return tokens, scores, mask, valid
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
                   accepted: list[list[int]], timer) -> None:
