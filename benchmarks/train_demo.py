@@ -18,6 +18,7 @@ If $OUT is set, metrics.json is also copied there.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -127,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="wall-clock budget for all training (0 = run the full step counts)")
     p.add_argument("--steps-target", type=int, default=None)
     p.add_argument("--steps-draft", type=int, default=None)
+    p.add_argument("--mle-greedy-fraction", type=float, default=0.0,
+                   help="multi-layer EAGLE: share of each batch that is a corpus prefix followed by the "
+                        "target's greedy continuation (DraftRecipe.greedy_fraction; default %(default)s)")
     p.add_argument("--completion-prompts", type=int, default=32)
     p.add_argument("--editing-prompts", type=int, default=16)
     a = p.parse_args(argv)
@@ -145,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         target_r.steps = a.steps_target
     if a.steps_draft:
         eagle_r.steps = mle_r.steps = a.steps_draft
+    try:
+        mle_r = dataclasses.replace(mle_r, greedy_fraction=a.mle_greedy_fraction)
+    except ValueError as e:
+        print(f"error: --mle-greedy-fraction: {e}", file=sys.stderr)
+        return 2
     try:
         corpus = tiny_corpus(out / "tiny_corpus.txt", a.stdlib) if a.tiny else "stdlib"
         budget = a.budget_s if a.budget_s > 0 and not a.tiny else None

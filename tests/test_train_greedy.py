@@ -16,7 +16,7 @@ import torch
 import spectool as st
 from spectool.train import data
 from spectool.train.cli import train_draft_main
-from spectool.train.draft import DraftBatches, DraftRecipe
+from spectool.train.draft import DraftBatches, DraftRecipe, train_draft
 
 SMALL = {"method": "multi_layer_eagle", "layers": 2, "batch_size": 4, "seq_len": 20, "gen_tokens": 8}
 
@@ -113,14 +113,23 @@ def test_bad_greedy_fraction_is_a_clear_error(bad, tmp_path):
                           "--out", str(tmp_path / "d"), "--greedy-fraction", str(bad)])
 
 
-@pytest.mark.parametrize("method,layers", [("eagle", "1"), ("multi_layer_eagle", "2")])
-def test_train_draft_cli_trains_on_greedy_rows(method, layers, tmp_path):
+def test_eagle_trains_on_greedy_rows(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(some_source(3))
-    out = tmp_path / method
-    assert train_draft_main(["--target", str(st.demo_model() / "target"), "--method", method, "--layers", layers,
-                             "--corpus", str(corpus), "--out", str(out), "--steps", "2", "--batch-size", "2",
-                             "--seq-len", "24", "--greedy-fraction", "0.5", "--device", "cpu",
-                             "--no-progress"]) == 0
+    recipe = DraftRecipe(method="eagle", steps=2, batch_size=2, seq_len=24, unroll=2, eval_steps=2, eval_windows=2,
+                         gen_prompts=2, gen_tokens=8, greedy_fraction=0.5)
+    result = train_draft(st.demo_model() / "target", corpus, tmp_path / "eagle", recipe, device="cpu",
+                         progress=False)
+    assert result["recipe"]["greedy_fraction"] == 0.5 and result["steps"] == 2
+
+
+def test_train_draft_cli_passes_greedy_fraction(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(some_source(3))
+    out = tmp_path / "mle"
+    assert train_draft_main(["--target", str(st.demo_model() / "target"), "--method", "multi_layer_eagle",
+                             "--layers", "2", "--corpus", str(corpus), "--out", str(out), "--steps", "2",
+                             "--batch-size", "2", "--seq-len", "24", "--greedy-fraction", "0.5",
+                             "--device", "cpu", "--no-progress"]) == 0
     result = json.loads((out / "eval.json").read_text())
     assert result["recipe"]["greedy_fraction"] == 0.5 and result["steps"] == 2
