@@ -72,7 +72,8 @@ def test_silu_mul_prologue(n, k, dtype, tol, config):
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_rms_norm_prologue(n, k, dtype, tol, config, with_residual):
+@pytest.mark.parametrize("exact_norm", [True, False])
+def test_rms_norm_prologue(n, k, dtype, tol, config, with_residual, exact_norm):
     gen = torch.Generator().manual_seed(3 * n + k)
     x = torch.randn(1, 1, k, generator=gen).to(dtype)
     res = torch.randn(1, 1, k, generator=gen).to(dtype) if with_residual else None
@@ -80,8 +81,9 @@ def test_rms_norm_prologue(n, k, dtype, tol, config, with_residual):
     w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
     bias = torch.randn(n, generator=gen).to(dtype)
     y, s = gemv.gemv_triton(x, w, bias, prologue="rms_norm", residual=res, norm_weight=nw, eps=1e-5,
-                            config=config)
-    ref_y, ref_s = gemv.gemv_reference(x, w, bias, prologue="rms_norm", residual=res, norm_weight=nw, eps=1e-5)
+                            config=config, exact_norm=exact_norm)
+    ref_y, ref_s = gemv.gemv_reference(x, w, bias, prologue="rms_norm", residual=res, norm_weight=nw, eps=1e-5,
+                                       exact_norm=exact_norm)
     close(y, ref_y, tol)
     summed = x if res is None else (x.float() + res.float()).to(dtype)
     if with_residual:  # the interpreter truncates to bfloat16 where the GPU rounds: one step apart
@@ -91,6 +93,10 @@ def test_rms_norm_prologue(n, k, dtype, tol, config, with_residual):
         assert s is None
     unfused = F.linear(F.rms_norm(summed.float(), (k,), nw.float(), 1e-5), w.float(), bias.float())
     close(y, unfused.to(dtype), tol)
+    if exact_norm:  # the model's unfused path itself: same roundings of the normalised input
+        from spectool.kernels.fused import add_rms_norm_reference
+        normed = add_rms_norm_reference(summed, None, nw, 1e-5)[0]
+        close(y, F.linear(normed.float(), w.float(), bias.float()).to(dtype), tol)
 
 
 @in_interpreter

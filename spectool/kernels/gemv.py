@@ -8,12 +8,14 @@ input as it is loaded, so those launches disappear:
 
 * ``silu_mul``: ``x = [gate | up]`` of length 2K; ``f(x) = silu(gate) * up``, rounded
   to the activation dtype as the unfused kernel rounds it;
-* ``rms_norm``: ``f(x) = rms_norm(x + residual) * norm_weight``. The row's sum of
-  squares is accumulated in the same pass over K and applied to the output
-  (``rstd * W @ (x * norm_weight)``), so nothing is read twice; the sum ``x +
-  residual`` (the residual stream) is written by the first program. Unlike the
-  unfused path the normalised input is not rounded to the activation dtype before
-  the product, so results agree to bf16 rounding, not bit for bit.
+* ``rms_norm``: ``f(x) = rms_norm(x + residual) * norm_weight``; the sum ``x +
+  residual`` (the residual stream) is written by the first program. Every program
+  first sums the squares of the (small, L2-resident) input row, then rounds the
+  normalised input exactly where the unfused kernels round it, so batch-1 decoding
+  and the N-token verify (unfused) see the same inputs: in bf16 a skipped rounding
+  flips greedy near-ties between plain and speculative decoding. ``exact_norm=False``
+  instead accumulates the squares in the main pass and scales the output
+  (``rstd * W @ (x * norm_weight)``): one pass over the input, one rounding fewer.
 
 One program owns ``BLOCK_N`` output rows and walks K in ``BLOCK_K`` chunks, keeping
 a [BLOCK_N, BLOCK_K] float32 partial sum that is reduced once at the end. Only one
@@ -46,13 +48,24 @@ def default_config(k: int) -> tuple[int, int, int, int]:
 @triton.jit
 def _gemv_kernel(X, R, NW, W, B, Y, S, N, K, stride_wn, eps,
                  PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+                 EXACT_NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 NUM_STAGES: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
+    rstd = 1.0
+    if PROLOGUE == 2 and EXACT_NORM:  # first pass: the row's sum of squares
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            col_ok = cols < K
+            x = tl.load(X + cols, mask=col_ok, other=0.0)
+            if HAS_RESIDUAL:
+                x = (x.to(tl.float32) + tl.load(R + cols, mask=col_ok, other=0.0).to(tl.float32)).to(x.dtype)
+            sumsq += x.to(tl.float32) * x.to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         cols = k0 + tl.arange(0, BLOCK_K)
         col_ok = cols < K
@@ -68,14 +81,18 @@ def _gemv_kernel(X, R, NW, W, B, Y, S, N, K, stride_wn, eps,
                 if pid == 0:
                     tl.store(S + cols, x, mask=col_ok)
             xf = x.to(tl.float32)
-            sumsq += xf * xf
-            xf = xf * tl.load(NW + cols, mask=col_ok, other=0.0).to(tl.float32)
+            nw = tl.load(NW + cols, mask=col_ok, other=0.0).to(tl.float32)
+            if EXACT_NORM:  # the unfused roundings: normalised, then times the weight
+                xf = ((xf * rstd).to(dtype).to(tl.float32) * nw).to(dtype).to(tl.float32)
+            else:
+                sumsq += xf * xf
+                xf = xf * nw
         else:
             xf = x.to(tl.float32)
         w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
         acc += w.to(tl.float32) * xf[None, :]
     y = tl.sum(acc, axis=1)
-    if PROLOGUE == 2:
+    if PROLOGUE == 2 and not EXACT_NORM:
         y = y * tl.math.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
     if HAS_BIAS:
         y += tl.load(B + rows, mask=row_ok, other=0.0).to(tl.float32)
@@ -85,8 +102,8 @@ def _gemv_kernel(X, R, NW, W, B, Y, S, N, K, stride_wn, eps,
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 prologue: str = "none", residual: torch.Tensor | None = None,
                 norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                out_dtype: torch.dtype | None = None,
-                config: tuple[int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                out_dtype: torch.dtype | None = None, config: tuple[int, int, int, int] | None = None,
+                exact_norm: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``y = weight @ f(x) (+ bias)`` for a single input row, ``f`` the prologue.
 
     Args:
@@ -99,6 +116,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         eps: the RMSNorm epsilon.
         out_dtype: dtype of y (default x's).
         config: (BLOCK_N, BLOCK_K, num_warps, num_stages); default ``default_config(K)``.
+        exact_norm: ``rms_norm`` with the unfused path's roundings (two passes over the
+            input row); False: one pass, one rounding fewer (module docstring).
 
     Returns:
         ``(y, s)``: y [..., N]; s = x + residual (shape of x) for ``rms_norm`` with a
@@ -127,14 +146,15 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         x1, x1 if residual is None else residual.reshape(-1), x1 if norm_weight is None else norm_weight,
         weight, y if bias is None else bias, y, y if s is None else s, N, K, weight.stride(0), eps,
         PROLOGUE=_PROLOGUE_ID[prologue], HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=stages, num_warps=warps)
+        EXACT_NORM=exact_norm, BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=stages, num_warps=warps)
     return y, s
 
 
 def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                    prologue: str = "none", residual: torch.Tensor | None = None,
                    norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                   out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   out_dtype: torch.dtype | None = None,
+                   exact_norm: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Torch reference of :func:`gemv_triton`, in float32 with the kernel's roundings."""
     s = None
     if prologue == "silu_mul":
@@ -146,7 +166,11 @@ def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
             x = s = (x.float() + residual.float()).to(x.dtype)
         xf = x.float()
         scale = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        xf = xf * norm_weight.float()
+        if exact_norm:
+            xf = ((xf * scale).to(x.dtype).float() * norm_weight.float()).to(x.dtype).float()
+            scale = 1.0
+        else:
+            xf = xf * norm_weight.float()
     else:
         xf, scale = x.float(), 1.0
     y = (xf @ weight.float().t()) * scale

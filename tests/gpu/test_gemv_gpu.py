@@ -1,6 +1,6 @@
 """The fused one-row GEMVs on CUDA at the 8B layer shapes, against their torch reference and the
-unfused ops they replace (bf16: the fused norm skips one rounding, so agreement is to bf16
-precision, not bit for bit)."""
+unfused ops they replace (bf16: the float32 sums run in another order than cuBLAS's, so outputs
+agree to the last bit almost everywhere, not bit for bit)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spectool.kernels.fused import silu_mul_reference
+from spectool.kernels.fused import add_rms_norm_reference, silu_mul_reference
 from spectool.kernels.gemv import gemv_reference, gemv_triton
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -31,7 +31,10 @@ def test_fused_gemv_matches_reference_and_unfused_ops(n, k, prologue):
     torch.testing.assert_close(y.float(), ref.float(), atol=2e-2, rtol=2e-2)
     if prologue == "rms_norm":
         assert torch.equal(s, ref_s)  # the residual stream is exact: one add, one rounding
-        unfused = F.linear(F.rms_norm(s.float(), (k,), nw.float(), 1e-5).to(dt), w)
+        unfused = F.linear(add_rms_norm_reference(s, None, nw, 1e-5)[0], w)
+        # The default rounds the normalised input where the unfused kernels do: only the order of
+        # the float32 sums differs, which flips an output's last bit rarely.
+        assert (y == unfused).float().mean() > 0.98
     elif prologue == "silu_mul":
         unfused = F.linear(silu_mul_reference(x), w)
     else:
