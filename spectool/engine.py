@@ -48,6 +48,8 @@ class _Request:
     slot: int = -1
     seq_len: int = 0
     finish_reason: str | None = None
+    # prompt + output, grown in place (a Batch's histories point at these lists, not copies)
+    history: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -130,6 +132,7 @@ class Engine:
         self._greedy_record_runner = GraphRunner(functools.partial(self._greedy_step, record=True),
                                                  self.graph_buckets, self.cuda_graphs, scratch)
         self._record_layouts: dict[int, list] = {}  # per tree size N: the greedy graph's packed layout
+        self._root_scores: dict[int, torch.Tensor] = {}  # per batch size: plain decoding's tree scores
         self._forward_runner = GraphRunner(self._forward_step, self.graph_buckets, self.cuda_graphs, scratch)
         if self.drafter is not None:
             self.drafter.allocate()
@@ -202,6 +205,7 @@ class Engine:
         started = time.perf_counter()
         iteration = 0
         prefilled: dict[int, int] = {}  # first tokens not yet reported in an event
+        batch = lens_roots = None  # the running batch, rebuilt only when requests join or leave
         try:
             while waiting or running:
                 if self._stop.is_set():
@@ -221,20 +225,26 @@ class Engine:
                             self._release([req], free_slots, recorder)
                         else:
                             running.append(req)
+                    running.sort(key=lambda r: r.slot)
+                    batch = None
                 if not running:
                     continue
-                running.sort(key=lambda r: r.slot)
-                event = self._iteration(iteration, running, sampling, generator, stats, recorder, timer, stops,
-                                        _state is None)
-                done = [r for r in running if r.finish_reason is not None]
-                if done:
+                began = time.perf_counter()
+                if batch is None:
+                    batch, lens_roots = self._batch(running)
+                event = self._iteration(began, iteration, running, batch, lens_roots, sampling, generator, stats,
+                                        recorder, timer, stops, _state is None)
+                if event.finished:
+                    done = [r for r in running if r.finish_reason is not None]
                     self._release(done, free_slots, recorder)
                     running = [r for r in running if r.finish_reason is None]
+                    batch = None
                 stats.elapsed_s = time.perf_counter() - started
                 event.stats = {"tokens_per_s": stats.tokens_per_s,
                                "mean_accept_length": stats.mean_accept_length,
                                "iterations": iteration + 1, "elapsed_s": stats.elapsed_s}
-                bar.update(sum(len(t) for t in event.new_tokens.values()))
+                if progress:
+                    bar.update(sum(len(t) for t in event.new_tokens.values()))
                 event.prefill_tokens, prefilled = prefilled, {}
                 iteration += 1
                 yield event
@@ -282,7 +292,7 @@ class Engine:
             raise ValueError(
                 f"prompt {index} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} it needs "
                 f"{len(ids) + max_new_tokens} > max_seq_len={self.max_seq_len}")
-        return _Request(index, ids, text, max_new_tokens)
+        return _Request(index, ids, text, max_new_tokens, history=list(ids))
 
     def _decode(self, ids: list[int]) -> str:
         return self.target.decode(ids) if self.target.tokenizer is not None else ""
@@ -328,13 +338,16 @@ class Engine:
         engine's thread one copy instead of a softmax, a top-k and a pack per field.
         Running it twice on the same inputs gives the same cache: the forward rewrites
         the tree's K/V before the commit moves them, so graph warm-up is harmless.
+        It also makes what the engine's host work needs next (``_host_table``, ``_next_state``),
+        so no op runs between the replay and the host sync.
         """
         tree = DraftTree(**tree_tensors, max_depth=tree_tensors["tokens"].shape[1] - 1)
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
         res = verify_greedy(tree, logits)
         if tree.num_nodes > 1:
             commit_kv(self.cache.k, self.cache.v, slots, tree.seq_lens, res.accept_path, res.accept_length)
-        out = (hidden, logits, res.status, res.accept_path, res.accept_length, res.bonus, res.target_argmax)
+        out = (hidden, res.status, res.accept_path, res.accept_length, res.bonus, res.target_argmax, res.coins,
+               _host_table(tree, res), _next_state(tree, res))
         if not record:
             return out
         k = min(self.record_topk, logits.shape[-1])
@@ -366,27 +379,38 @@ class Engine:
             hidden, logits = self._forward_step(tokens, positions, slots, starts, None)
             last = torch.tensor(lens, device=dev) - 1
             rows = torch.arange(len(group), device=dev)
-            res = self._verify(_root_tree(tokens[rows, last], last), logits[rows, last][:, None],
+            res = self._verify(self._root_tree(tokens[rows, last], last), logits[rows, last][:, None],
                                sampling, generator)
             for req, first, n, h in zip(group, res.bonus.tolist(), lens, hidden):
                 req.output.append(first)
+                req.history.append(first)
                 req.seq_len = n
                 hiddens.append(h[:n])
             stats.prefill_tokens += sum(lens)
             stats.generated_tokens += len(group)
         if self.drafter is not None:
-            self.drafter.on_prefill(self._batch(reqs), hiddens)
+            self.drafter.on_prefill(self._batch(reqs)[0], hiddens)
 
-    def _batch(self, reqs: list[_Request]) -> Batch:
-        dev = self.device
-        return Batch(
-            request_ids=[r.request_id for r in reqs],
-            slots=torch.tensor([r.slot for r in reqs], dtype=torch.long, device=dev),
-            seq_lens=torch.tensor([r.seq_len for r in reqs], dtype=torch.long, device=dev),
-            roots=torch.tensor([r.output[-1] for r in reqs], dtype=torch.long, device=dev),
-            histories=[r.prompt + r.output for r in reqs],
-            seq_lens_host=[r.seq_len for r in reqs],
-        )
+    def _batch(self, reqs: list[_Request]) -> tuple[Batch, torch.Tensor]:
+        """The requests as a Batch, and the [2, B] device tensor whose rows are its seq_lens and roots.
+
+        The running batch is built only when requests join or leave (one host-to-device copy);
+        in between, ``_iteration`` advances it in place: the state tensor from the verify step's
+        output, histories (the requests' own lists) and seq_lens_host as it goes.
+        """
+        rows = torch.tensor([[r.slot for r in reqs], [r.seq_len for r in reqs], [r.output[-1] for r in reqs]],
+                            dtype=torch.long, device=self.device)
+        batch = Batch(request_ids=[r.request_id for r in reqs], slots=rows[0], seq_lens=rows[1], roots=rows[2],
+                      histories=[r.history for r in reqs], seq_lens_host=[r.seq_len for r in reqs])
+        return batch, rows[1:]
+
+    def _root_tree(self, roots: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
+        """The one-node tree of plain decoding (and of the first token after prefill). Its
+        all-ones scores are made once per batch size, so a graph replay need not copy them."""
+        ones = self._root_scores.get(roots.shape[0])
+        if ones is None:
+            ones = self._root_scores[roots.shape[0]] = torch.ones(roots.shape[0], 1, device=self.device)
+        return chain_tree(roots[:, None], ones, seq_lens)
 
     def _verify(self, tree: DraftTree, logits: torch.Tensor, sampling: dict, generator):
         if sampling["temperature"] == 0.0:
@@ -394,42 +418,42 @@ class Engine:
         return verify_sampling(tree, logits, sampling["temperature"], sampling["top_k"], sampling["top_p"],
                                generator)
 
-    def _iteration(self, iteration: int, running: list[_Request], sampling: dict, generator,
-                   stats: RunStats, recorder, timer: PhaseTimer, stops: set[int],
-                   live_records: bool) -> StepEvent:
-        began = time.perf_counter()
-        batch = self._batch(running)
+    def _iteration(self, began: float, iteration: int, running: list[_Request], batch: Batch,
+                   lens_roots: torch.Tensor, sampling: dict, generator, stats: RunStats, recorder,
+                   timer: PhaseTimer, stops: set[int], live_records: bool) -> StepEvent:
+        """One draft + verify + accept cycle; ``began`` is when its host work started and
+        ``lens_roots`` the [2, B] tensor behind ``batch.seq_lens`` and ``batch.roots``."""
         timer.reset()
         why: dict = {}
         with timer("draft"):
             if self.drafter is None:
-                tree = _root_tree(batch.roots, batch.seq_lens)
+                tree = self._root_tree(batch.roots, batch.seq_lens)
             else:
                 tree, why = self.drafter.draft(batch, timer)
         n = tree.tokens.shape[1]
-        b = batch.size
+        b = len(running)
         self._kv_len = None if self.on_cuda else max(batch.seq_lens_host) + n
+        greedy = sampling["temperature"] == 0.0
         with timer("verify"):
-            if sampling["temperature"] == 0.0:
-                tensors = {name: getattr(tree, name) for name in _TREE_TENSORS}
+            if greedy:
                 runner = self._greedy_record_runner if recorder is not None else self._greedy_runner
-                hidden, logits, status, path, length, bonus, argmax, *packed_data = runner(
-                    b, slots=batch.slots, **tensors)
+                hidden, status, path, length, bonus, argmax, coins, table, next_state, *packed_data = runner(
+                    b, slots=batch.slots, **{name: getattr(tree, name) for name in _TREE_TENSORS})
                 res = VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus,
-                                   coins=torch.full(tree.tokens.shape, float("nan"), device=self.device),
-                                   target_argmax=argmax)
+                                   coins=coins, target_argmax=argmax)
             else:
                 hidden, logits = self._forward_runner(b, tokens=tree.tokens, positions=tree.positions,
                                                       slots=batch.slots, starts=batch.seq_lens, mask=tree.mask)
-        if sampling["temperature"] > 0.0:
+        if not greedy:
             with timer("commit"):
                 res = self._verify(tree, logits, sampling, generator)
                 if n > 1:
                     commit_kv(self.cache.k, self.cache.v, batch.slots, batch.seq_lens, res.accept_path,
                               res.accept_length)
+                table, next_state = _host_table(tree, res), _next_state(tree, res)
         if recorder is not None:
             # Before the host sync below, so on CUDA this host work overlaps the step on the GPU.
-            packed = (PackedRows(self._record_layouts[n], packed_data[0]) if sampling["temperature"] == 0.0
+            packed = (PackedRows(self._record_layouts[n], packed_data[0]) if greedy
                       else self._pack_sampling_record(tree, res))
             recorder.record_batch({"iteration": iteration, "method": self.method,
                                    "temperature": sampling["temperature"],
@@ -437,33 +461,32 @@ class Engine:
                                    "num_nodes": n, **why}, packed)
 
         # The iteration's one host sync: the engine needs the accepted tokens to stop requests.
-        width = res.accept_path.shape[1]
-        host = torch.cat([res.accept_length[:, None], res.bonus[:, None], tree.depth.max(dim=1).values[:, None],
-                          res.accept_path, tree.tokens], dim=1).tolist()
-        accept_length = [row[0] for row in host]
-        bonus = [row[1] for row in host]
-        depth_max = [row[2] for row in host]
-        paths = [row[3:3 + width] for row in host]
-        tree_tokens = [row[3 + width:] for row in host]
-
+        host = table.tolist()
+        # Row b: accept length, bonus, the tree's depth, then the tokens along the accepted path
+        # (root first), so row[4:4 + a] are the accepted drafts.
+        accepted = [row[4:4 + row[0]] + [row[1]] for row in host]
+        if self.drafter is not None:
+            # Launched before the bookkeeping below, which then overlaps it on the GPU.
+            self.drafter.on_verify(batch, tree, res, hidden, accepted, timer)
+        # The batch's seq_lens and roots move on to the next iteration (after on_verify, which reads
+        # the old ones).
+        lens_roots.copy_(next_state.T)
         event = StepEvent(iteration, {}, {}, [], [], {})
-        accepted: list[list[int]] = []
-        for b, req in enumerate(running):
-            a = accept_length[b]
-            gained = [tree_tokens[b][p] for p in paths[b][1:a + 1]] + [bonus[b]]
-            accepted.append(gained)
+        accept_lengths = []
+        for i, (req, row, gained) in enumerate(zip(running, host, accepted)):
+            a = row[0]
+            accept_lengths.append(a)
             req.seq_len += a + 1
+            batch.seq_lens_host[i] = req.seq_len
             new = self._append_output(req, gained, stops)
             stats.generated_tokens += len(new)
             event.new_tokens[req.request_id] = new
             event.accept_lengths[req.request_id] = a
             if req.finish_reason is not None:
                 event.finished.append(req.request_id)
-        if self.drafter is not None:
-            self.drafter.on_verify(batch, tree, res, hidden, accepted, timer)
-        timings = {f"{k}_us": v for k, v in timer.micros().items()}
+        timings = timer.micros()
         timings["iteration_us"] = (time.perf_counter() - began) * 1e6
-        stats.add_iteration(iteration, batch.request_ids, accept_length, depth_max, timings)
+        stats.add_iteration(iteration, batch.request_ids, accept_lengths, [row[2] for row in host], timings)
         if recorder is not None:
             recorder.record_timings(timings)
             if live_records:
@@ -471,14 +494,14 @@ class Engine:
         return event
 
     def _append_output(self, req: _Request, new: list[int], stops: set[int]) -> list[int]:
+        """Append what fits before max_new_tokens, up to and including a stop token; returns it."""
         room = req.max_new_tokens - len(req.output)
-        kept = []
-        for tok in new[:room]:
-            kept.append(tok)
-            if tok in stops:
-                req.finish_reason = "stop"
-                break
+        kept = new if len(new) <= room else new[:room]
+        if stops and not stops.isdisjoint(kept):
+            kept = kept[:next(i for i, tok in enumerate(kept) if tok in stops) + 1]
+            req.finish_reason = "stop"
         req.output.extend(kept)
+        req.history.extend(kept)
         if req.finish_reason is None and len(req.output) >= req.max_new_tokens:
             req.finish_reason = "length"
         return kept
@@ -492,7 +515,7 @@ class Engine:
 
     def _release(self, reqs: list[_Request], free_slots: list[int], recorder) -> None:
         if self.drafter is not None:
-            self.drafter.release(self._batch(reqs))
+            self.drafter.release(self._batch(reqs)[0])
         for req in reqs:
             if recorder is not None:
                 recorder.record_request(req.request_id, req.prompt, req.output, req.finish_reason,
@@ -524,6 +547,21 @@ def _record_tensors(tree: DraftTree, res: VerifyResult, top_i: torch.Tensor, top
     ]
 
 
+def _host_table(tree: DraftTree, res: VerifyResult) -> torch.Tensor:
+    """What the engine's host sync reads, as one int64 [B, 3 + W] table (made inside the greedy
+    graph, so the sync is a single copy): per row the accept length, the bonus token, the tree's
+    depth, then the tokens along the accepted path, root first (junk past the accept length)."""
+    path_tokens = tree.tokens.gather(1, res.accept_path.clamp(min=0))
+    return torch.cat([res.accept_length[:, None], res.bonus[:, None], tree.depth.amax(dim=1, keepdim=True),
+                      path_tokens], dim=1)
+
+
+def _next_state(tree: DraftTree, res: VerifyResult) -> torch.Tensor:
+    """[B, 2]: each request's seq_len and root after this iteration (INTERNALS.md: the commit adds
+    accept length + 1 to seq_len and the bonus becomes the root)."""
+    return torch.stack([tree.seq_lens + res.accept_length + 1, res.bonus], dim=1)
+
+
 def graph_buckets(max_batch_size: int) -> tuple[int, ...]:
     """Batch sizes captured as CUDA graphs: powers of two up to the first >= max_batch_size."""
     buckets = [1]
@@ -541,11 +579,6 @@ def _prefill_groups(reqs: list[_Request], budget: int) -> list[list[_Request]]:
         else:
             groups.append([req])
     return groups
-
-
-def _root_tree(roots: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
-    """The one-node tree of plain decoding (and of the first token after prefill)."""
-    return chain_tree(roots[:, None], torch.ones_like(roots, dtype=torch.float32)[:, None], seq_lens)
 
 
 def _version() -> str:

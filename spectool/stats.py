@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from spectool.timing import PHASE_KEYS
 from spectool.trace.stats import summarize
+
+_TIMING_COLUMNS = ("iteration_us", *PHASE_KEYS)
 
 
 @dataclass
@@ -24,23 +27,28 @@ class RunStats:
     generated_tokens: int = 0
     elapsed_s: float = 0.0
     graphs: dict[str, int] = field(default_factory=dict)  # CUDA-graph replays / eager runs / captures
-    # Running totals behind the live tokens/s (summarize's formula, without re-reading every record).
+    # Running totals behind the live tokens/s and accept length (summarize's formulas, without
+    # re-reading every record each iteration).
+    _accepted: int = 0
     _gained: int = 0
     _iteration_us: float = 0.0
 
     def add_iteration(self, iteration: int, request_ids: list[int], accept_lengths: list[int],
                       tree_depths: list[int], phase_us: dict[str, float]) -> None:
+        """One record per request of an iteration; ``phase_us`` holds iteration_us and every
+        ``<phase>_us`` (per batch, so each record gets the same values)."""
         cols = self.columns
-        self._gained += sum(accept_lengths) + len(accept_lengths)
+        rows = len(request_ids)
+        accepted = sum(accept_lengths)
+        self._accepted += accepted
+        self._gained += accepted + rows
         self._iteration_us += phase_us["iteration_us"]
-        for rid, a, d in zip(request_ids, accept_lengths, tree_depths):
-            cols["iteration"].append(iteration)
-            cols["request_id"].append(rid)
-            cols["accept_length"].append(a)
-            cols["depth"].append([d])  # the deepest node is all summarize reads of a tree
-            for name in ("iteration_us", "draft_us", "index_us", "verify_us", "commit_us", "trie_get_us",
-                         "trie_put_us"):
-                cols[name].append(phase_us[name])
+        cols["iteration"].extend([iteration] * rows)
+        cols["request_id"].extend(request_ids)
+        cols["accept_length"].extend(accept_lengths)
+        cols["depth"].extend([d] for d in tree_depths)  # the deepest node is all summarize reads of a tree
+        for name in _TIMING_COLUMNS:
+            cols[name].extend([phase_us[name]] * rows)
 
     def summary(self) -> dict:
         """``spectool.trace.stats.summarize`` over the records so far."""
@@ -52,8 +60,8 @@ class RunStats:
 
     @property
     def mean_accept_length(self) -> float:
-        acc = self.columns["accept_length"]
-        return sum(acc) / len(acc) if acc else 0.0
+        records = len(self.columns["accept_length"])
+        return self._accepted / records if records else 0.0
 
     @property
     def tokens_per_s(self) -> float:

@@ -11,6 +11,8 @@ import time
 import torch
 
 PHASES = ("draft", "index", "verify", "commit", "trie_get", "trie_put")
+# The stats / trace column of each phase.
+PHASE_KEYS = tuple(f"{phase}_us" for phase in PHASES)
 
 
 class PhaseTimer:
@@ -27,15 +29,17 @@ class PhaseTimer:
         self._marks.clear()
 
     def micros(self) -> dict[str, float]:
-        """µs per phase since the last reset (on CUDA, waits for the last phase to finish)."""
-        out = dict.fromkeys(PHASES, 0.0)
+        """µs per phase since the last reset, keyed ``"<phase>_us"`` (on CUDA, waits for the last
+        phase to finish)."""
+        out = dict.fromkeys(PHASE_KEYS, 0.0)
         if self.cuda and self._marks:
             self._marks[-1][2].synchronize()  # type: ignore[union-attr]
         for phase, start, end in self._marks:
+            key = phase + "_us"
             if self.cuda:
-                out[phase] += start.elapsed_time(end) * 1e3  # type: ignore[union-attr]
+                out[key] += start.elapsed_time(end) * 1e3  # type: ignore[union-attr]
             else:
-                out[phase] += (end - start) * 1e6  # type: ignore[operator]
+                out[key] += (end - start) * 1e6  # type: ignore[operator]
         return out
 
 
