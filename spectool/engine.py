@@ -338,8 +338,8 @@ class Engine:
         engine's thread one copy instead of a softmax, a top-k and a pack per field.
         Running it twice on the same inputs gives the same cache: the forward rewrites
         the tree's K/V before the commit moves them, so graph warm-up is harmless.
-        It also makes what the engine's host work needs next (``_host_table``, ``_next_state``),
-        so no op runs between the replay and the host sync.
+        It also makes the table the engine's host sync reads (``_host_table``), so no op runs
+        between the replay and the sync.
         """
         tree = DraftTree(**tree_tensors, max_depth=tree_tensors["tokens"].shape[1] - 1)
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
@@ -347,7 +347,7 @@ class Engine:
         if tree.num_nodes > 1:
             commit_kv(self.cache.k, self.cache.v, slots, tree.seq_lens, res.accept_path, res.accept_length)
         out = (hidden, res.status, res.accept_path, res.accept_length, res.bonus, res.target_argmax, res.coins,
-               _host_table(tree, res), _next_state(tree, res))
+               _host_table(tree, res))
         if not record:
             return out
         k = min(self.record_topk, logits.shape[-1])
@@ -398,11 +398,14 @@ class Engine:
         in between, ``_iteration`` advances it in place: the state tensor from the verify step's
         output, histories (the requests' own lists) and seq_lens_host as it goes.
         """
-        rows = torch.tensor([[r.slot for r in reqs], [r.seq_len for r in reqs], [r.output[-1] for r in reqs]],
-                            dtype=torch.long, device=self.device)
-        batch = Batch(request_ids=[r.request_id for r in reqs], slots=rows[0], seq_lens=rows[1], roots=rows[2],
-                      histories=[r.history for r in reqs], seq_lens_host=[r.seq_len for r in reqs])
-        return batch, rows[1:]
+        lens_roots = torch.tensor([[r.seq_len for r in reqs], [r.output[-1] for r in reqs]], dtype=torch.long,
+                                  device=self.device)
+        # slots is a tensor of its own: a view of lens_roots would share its version counter, and
+        # every advance would make the graph runners copy the unchanged slots again.
+        slots = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=self.device)
+        batch = Batch(request_ids=[r.request_id for r in reqs], slots=slots, seq_lens=lens_roots[0],
+                      roots=lens_roots[1], histories=[r.history for r in reqs], seq_lens_host=[r.seq_len for r in reqs])
+        return batch, lens_roots
 
     def _root_tree(self, roots: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
         """The one-node tree of plain decoding (and of the first token after prefill). Its
@@ -437,7 +440,7 @@ class Engine:
         with timer("verify"):
             if greedy:
                 runner = self._greedy_record_runner if recorder is not None else self._greedy_runner
-                hidden, status, path, length, bonus, argmax, coins, table, next_state, *packed_data = runner(
+                hidden, status, path, length, bonus, argmax, coins, table, *packed_data = runner(
                     b, slots=batch.slots, **{name: getattr(tree, name) for name in _TREE_TENSORS})
                 res = VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus,
                                    coins=coins, target_argmax=argmax)
@@ -450,7 +453,7 @@ class Engine:
                 if n > 1:
                     commit_kv(self.cache.k, self.cache.v, batch.slots, batch.seq_lens, res.accept_path,
                               res.accept_length)
-                table, next_state = _host_table(tree, res), _next_state(tree, res)
+                table = _host_table(tree, res)
         if recorder is not None:
             # Before the host sync below, so on CUDA this host work overlaps the step on the GPU.
             packed = (PackedRows(self._record_layouts[n], packed_data[0]) if greedy
@@ -462,19 +465,19 @@ class Engine:
 
         # The iteration's one host sync: the engine needs the accepted tokens to stop requests.
         host = table.tolist()
-        # Row b: accept length, bonus, the tree's depth, then the tokens along the accepted path
-        # (root first), so row[4:4 + a] are the accepted drafts.
-        accepted = [row[4:4 + row[0]] + [row[1]] for row in host]
+        # Row b: next seq_len, bonus, accept length a, the tree's depth, then the tokens along the
+        # accepted path (root first), so row[5:5 + a] are the accepted drafts.
+        accepted = [row[5:5 + row[2]] + [row[1]] for row in host]
         if self.drafter is not None:
             # Launched before the bookkeeping below, which then overlaps it on the GPU.
             self.drafter.on_verify(batch, tree, res, hidden, accepted, timer)
         # The batch's seq_lens and roots move on to the next iteration (after on_verify, which reads
         # the old ones).
-        lens_roots.copy_(next_state.T)
+        lens_roots.copy_(table[:, :2].T)
         event = StepEvent(iteration, {}, {}, [], [], {})
         accept_lengths = []
         for i, (req, row, gained) in enumerate(zip(running, host, accepted)):
-            a = row[0]
+            a = row[2]
             accept_lengths.append(a)
             req.seq_len += a + 1
             batch.seq_lens_host[i] = req.seq_len
@@ -486,7 +489,7 @@ class Engine:
                 event.finished.append(req.request_id)
         timings = timer.micros()
         timings["iteration_us"] = (time.perf_counter() - began) * 1e6
-        stats.add_iteration(iteration, batch.request_ids, accept_lengths, [row[2] for row in host], timings)
+        stats.add_iteration(iteration, batch.request_ids, accept_lengths, [row[3] for row in host], timings)
         if recorder is not None:
             recorder.record_timings(timings)
             if live_records:
@@ -548,18 +551,15 @@ def _record_tensors(tree: DraftTree, res: VerifyResult, top_i: torch.Tensor, top
 
 
 def _host_table(tree: DraftTree, res: VerifyResult) -> torch.Tensor:
-    """What the engine's host sync reads, as one int64 [B, 3 + W] table (made inside the greedy
-    graph, so the sync is a single copy): per row the accept length, the bonus token, the tree's
-    depth, then the tokens along the accepted path, root first (junk past the accept length)."""
+    """What the engine needs after a verify, as one int64 [B, 4 + W] table (made inside the greedy
+    graph, so the host sync is a single copy). Per row: the next seq_len and root (INTERNALS.md:
+    the commit adds accept length + 1, the bonus becomes the root; columns 0-1 advance the running
+    batch on the device), the accept length, the tree's depth, then the tokens along the accepted
+    path, root first (junk past the accept length)."""
     path_tokens = tree.tokens.gather(1, res.accept_path.clamp(min=0))
-    return torch.cat([res.accept_length[:, None], res.bonus[:, None], tree.depth.amax(dim=1, keepdim=True),
-                      path_tokens], dim=1)
-
-
-def _next_state(tree: DraftTree, res: VerifyResult) -> torch.Tensor:
-    """[B, 2]: each request's seq_len and root after this iteration (INTERNALS.md: the commit adds
-    accept length + 1 to seq_len and the bonus becomes the root)."""
-    return torch.stack([tree.seq_lens + res.accept_length + 1, res.bonus], dim=1)
+    length = res.accept_length[:, None]
+    return torch.cat([tree.seq_lens[:, None] + length + 1, res.bonus[:, None], length,
+                      tree.depth.amax(dim=1, keepdim=True), path_tokens], dim=1)
 
 
 def graph_buckets(max_batch_size: int) -> tuple[int, ...]:

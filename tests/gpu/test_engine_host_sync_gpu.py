@@ -1,0 +1,86 @@
+"""The engine on CUDA syncs the host once per steady iteration (the packed result table),
+and the running batch advanced on the device gives the same tokens as plain decoding.
+
+Syncs are counted with ``torch.cuda.set_sync_debug_mode("warn")``: stream and device syncs
+and blocking copies warn, attributed to the Python line that made them. Waits on an event
+(the phase timer's for its last phase, the recorder's for its pinned copies) are left out,
+should the torch version report them.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+from test_engine_support import cut_prompts, demo_token_streams  # noqa: E402
+
+import spectool as st  # noqa: E402
+
+METHODS = ["none", "ngram", "eagle", "multi_layer_eagle"]
+
+
+def draft_config(method: str, demo_dir):
+    return {
+        "none": None,
+        "ngram": st.NgramConfig(num_draft_tokens=12),
+        "eagle": st.EagleConfig(demo_dir / "eagle", num_steps=5, topk=4, num_draft_tokens=16),
+        "multi_layer_eagle": st.MultiLayerEagleConfig(demo_dir / "multi_layer_eagle", num_steps=4),
+    }[method]
+
+
+@pytest.fixture(scope="module")
+def target(demo_model_dir):
+    return st.load(demo_model_dir / "target", device="cuda", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def prompts(target, demo_model_dir):
+    return cut_prompts(demo_token_streams(target, demo_model_dir), 4, seed=5, min_len=16, max_len=64)
+
+
+@pytest.mark.parametrize("record", [False, True], ids=["record_off", "record_on"])
+@pytest.mark.parametrize("method", METHODS)
+def test_one_host_sync_per_steady_iteration(target, demo_model_dir, prompts, method, record):
+    engine = st.Engine(target, draft=draft_config(method, demo_model_dir), max_batch_size=len(prompts),
+                       max_seq_len=256)
+    engine.generate(prompts, max_new_tokens=16, ignore_eos=True, record=record)  # captures the graphs
+    stream = engine.stream(prompts, max_new_tokens=24, ignore_eos=True, record=record)
+    counts = []
+    try:
+        while True:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    event = next(stream)
+                except StopIteration:
+                    break
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs = [w for w in caught if "synchroniz" in str(w.message)
+                     and not w.filename.endswith(("timing.py", "recorder.py"))]
+            # Admissions (prefill) and releases sync on their own; the steady iterations are the rest.
+            if not event.prefill_tokens and not event.finished:
+                counts.append((len(syncs), [f"{w.filename}:{w.lineno}" for w in syncs]))
+    finally:
+        stream.close()
+    assert len(counts) >= 10
+    assert all(n == 1 for n, _ in counts), counts
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_requests_joining_and_leaving_keep_greedy_lossless(target, demo_model_dir, method):
+    """Eight prompts through two slots with a stop token: the device-side batch is rebuilt on
+    every join and leave and advanced in between; outputs equal plain decoding's."""
+    prompts = cut_prompts(demo_token_streams(target, demo_model_dir), 8, seed=7, min_len=8, max_len=48)
+    plain = st.Engine(target, max_batch_size=8, max_seq_len=256).generate(
+        prompts, max_new_tokens=32, ignore_eos=True, record=False).token_ids
+    stop = plain[0][5]
+    engine = st.Engine(target, draft=draft_config(method, demo_model_dir), max_batch_size=2, max_seq_len=256)
+    got = engine.generate(prompts, max_new_tokens=32, stop_token_ids=[stop], record=False).token_ids
+    for want, out in zip(plain, got):
+        assert out == (want[:want.index(stop) + 1] if stop in want else want)

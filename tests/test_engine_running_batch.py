@@ -1,0 +1,115 @@
+"""The running batch the engine keeps on the device between iterations.
+
+The engine builds a ``Batch`` only when requests join or leave and otherwise advances its
+seq_lens and roots on the device from the verify step's output. Every drafter must still see,
+at every ``draft`` call, exactly the state the host knows. Oracle: each request's history
+rebuilt from the stream's own events (prompt, then the prefill token, then every event's new
+tokens), independent of the engine's device tensors. Requests join and leave mid-run (more
+prompts than slots, a stop token that ends some early, different max_new_tokens via stop).
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_engine_support import cut_prompts, demo_token_streams, load_demo_target
+
+import spectool as st
+from spectool.trace.stats import summarize
+
+MAX_NEW = 12
+METHODS = ["none", "ngram", "eagle", "multi_layer_eagle"]
+
+
+@pytest.fixture(scope="module")
+def target(demo_model_dir):
+    return load_demo_target(demo_model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(target, demo_model_dir):
+    return cut_prompts(demo_token_streams(target, demo_model_dir), 5, seed=11, min_len=5, max_len=30,
+                       repetitive_every=2)
+
+
+def make_engine(target, demo_dir, method: str) -> st.Engine:
+    draft = {"none": None,
+             "ngram": st.NgramConfig(num_draft_tokens=6, max_bfs_breadth=2),
+             "eagle": st.EagleConfig(demo_dir / "eagle", num_steps=2, topk=2, num_draft_tokens=5),
+             "multi_layer_eagle": st.MultiLayerEagleConfig(demo_dir / "multi_layer_eagle", num_steps=2),
+             }[method]
+    return st.Engine(target, draft=draft, max_batch_size=2, max_seq_len=64)
+
+
+def _seen_batches(engine: st.Engine) -> list[dict]:
+    """Wrap the engine's draft step so it logs what each iteration's Batch said."""
+    seen: list[dict] = []
+
+    def log(batch) -> None:
+        seen.append({"request_ids": list(batch.request_ids), "seq_lens": batch.seq_lens.tolist(),
+                     "roots": batch.roots.tolist(), "seq_lens_host": list(batch.seq_lens_host),
+                     "histories": [list(h) for h in batch.histories], "slots": batch.slots.tolist()})
+
+    if engine.drafter is None:  # plain decoding has no draft step: log at the iteration's start
+        iteration = engine._iteration
+
+        def logged_iteration(began, it, running, batch, *args):
+            log(batch)
+            return iteration(began, it, running, batch, *args)
+        engine._iteration = logged_iteration
+    else:
+        draft = engine.drafter.draft
+
+        def logged_draft(batch, timer):
+            log(batch)
+            return draft(batch, timer)
+        engine.drafter.draft = logged_draft
+    return seen
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_draft_sees_the_host_state(target, demo_model_dir, prompts, method):
+    engine = make_engine(target, demo_model_dir, method)
+    plain = st.Engine(target, max_batch_size=4, max_seq_len=64).generate(
+        prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False).token_ids
+    stop = plain[1][3]  # ends some requests early, so slots free up mid-run and new ones join
+    seen = _seen_batches(engine)
+    history = {rid: list(p) for rid, p in enumerate(prompts)}
+    checked = 0
+    for event in engine.stream(prompts, max_new_tokens=MAX_NEW, stop_token_ids=[stop], record=False):
+        for rid, first in event.prefill_tokens.items():
+            history[rid].append(first)
+        batch = seen[event.iteration]
+        assert sorted(batch["request_ids"]) == sorted(event.new_tokens)
+        for b, rid in enumerate(batch["request_ids"]):
+            want = history[rid]
+            assert batch["histories"][b] == want
+            assert batch["roots"][b] == want[-1]
+            # The root is not in the cache yet: seq_len counts every token before it.
+            assert batch["seq_lens"][b] == batch["seq_lens_host"][b] == len(want) - 1
+            checked += 1
+        assert len(set(batch["slots"])) == len(batch["slots"])
+        for rid, new in event.new_tokens.items():
+            history[rid].extend(new)
+    assert checked > len(prompts)  # requests were drafted for over several iterations
+    assert len({rid for b in seen for rid in b["request_ids"]}) == len(prompts)
+    # The stream's histories end in the outputs a plain run gives (cut at the stop token).
+    for rid, p in enumerate(prompts):
+        out = plain[rid][:plain[rid].index(stop) + 1] if stop in plain[rid] else plain[rid]
+        assert history[rid] == list(p) + out
+
+
+def test_live_stats_follow_their_columns(target, demo_model_dir, prompts):
+    engine = make_engine(target, demo_model_dir, "ngram")
+    result = engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False)
+    stats, cols = result.stats, result.stats.columns
+    assert stats.mean_accept_length == pytest.approx(sum(cols["accept_length"]) / len(cols["accept_length"]))
+    assert stats.tokens_per_s == pytest.approx(summarize(cols)["tokens_per_s"])
+    lengths = {len(col) for col in cols.values()}
+    assert lengths == {len(cols["iteration"])}  # one value per record in every column
+    # Phase timings are per batch: every record of an iteration carries the same values.
+    for name in ("iteration_us", "draft_us", "verify_us", "trie_get_us"):
+        per_iteration: dict[int, set] = {}
+        for it, v in zip(cols["iteration"], cols[name]):
+            per_iteration.setdefault(it, set()).add(v)
+        assert all(len(v) == 1 for v in per_iteration.values())
+    assert sum(cols["trie_get_us"]) > 0
