@@ -55,6 +55,23 @@ def test_add_rms_norm(dtype, tol, hidden):
     assert same is x or torch.equal(same, x)
 
 
+@in_interpreter
+def test_rms_norm_pair_writes_both_halves():
+    from spectool.kernels import ops
+
+    gen = torch.Generator().manual_seed(5)
+    a, b = torch.randn(2, 3, 64, generator=gen), torch.randn(2, 3, 64, generator=gen)
+    wa, wb = 1 + 0.1 * torch.randn(64, generator=gen), 1 + 0.1 * torch.randn(64, generator=gen)
+    out = torch.empty(2, 3, 128)
+    fused.add_rms_norm_triton(a, None, wa, 1e-5, out=out[..., :64])
+    fused.add_rms_norm_triton(b, None, wb, 1e-5, out=out[..., 64:])
+    expected = torch.cat([F.rms_norm(a, (64,), wa, 1e-5), F.rms_norm(b, (64,), wb, 1e-5)], -1)
+    close(out, expected, 1e-5)
+    close(ops.rms_norm_pair(a, wa, b, wb, 1e-5), expected, 1e-5)  # the torch path on CPU tensors
+    with pytest.raises(ValueError, match="out must have"):
+        fused.add_rms_norm_triton(a, None, wa, 1e-5, out=torch.empty(2, 3, 32))
+
+
 def rope_inputs(B, T, Hq, Hkv, D, dtype, gen):
     # q, k, v as views into one fused qkv projection output, like the model produces.
     qkv = torch.randn(B, T, (Hq + 2 * Hkv) * D, generator=gen).to(dtype)

@@ -47,11 +47,12 @@ def _add_rms_norm_kernel(X, R, W, Out, ResOut, stride_x, stride_r, stride_o, str
 
 
 def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                        eps: float, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm of ``x + residual`` (or of ``x`` when residual is None).
 
     Returns ``(normed, x + residual)``; the second is ``x`` itself when residual is None.
-    Shapes ``[..., N]`` with a contiguous last dim; weight ``[N]``.
+    Shapes ``[..., N]`` with a contiguous last dim; weight ``[N]``. ``out``: where to write
+    the normed rows (x's shape; rows may be strided, e.g. one half of a wider buffer).
     """
     shape, n = x.shape, x.shape[-1]
     if weight.shape != (n,):
@@ -60,7 +61,9 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: 
     r2 = residual.reshape(-1, n) if residual is not None else x2
     if x2.stride(-1) != 1 or r2.stride(-1) != 1:
         raise ValueError("add_rms_norm needs a contiguous last dimension")
-    out = torch.empty_like(x2)
+    if out is not None and (out.shape != shape or out.stride(-1) != 1):
+        raise ValueError(f"out must have x's shape {tuple(shape)} and a contiguous last dimension")
+    out = torch.empty_like(x2) if out is None else out.view(-1, n)
     res_out = torch.empty_like(x2) if residual is not None else x2
     block = triton.next_power_of_2(n)
     _add_rms_norm_kernel[(x2.shape[0],)](

@@ -32,6 +32,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
+def rms_norm_pair(a: torch.Tensor, weight_a: torch.Tensor, b: torch.Tensor, weight_b: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """``cat([rms_norm(a), rms_norm(b)], -1)``; on CUDA the two norms write into one buffer."""
+    if _triton(a) and _triton(b) and a.shape == b.shape:
+        from spectool.kernels.fused import add_rms_norm_triton
+        out = torch.empty(*a.shape[:-1], 2 * a.shape[-1], device=a.device, dtype=a.dtype)
+        add_rms_norm_triton(a, None, weight_a, eps, out=out[..., :a.shape[-1]])
+        add_rms_norm_triton(b, None, weight_b, eps, out=out[..., a.shape[-1]:])
+        return out
+    return torch.cat([rms_norm(a, weight_a, eps), rms_norm(b, weight_b, eps)], dim=-1)
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``s = x + residual``; returns ``(rms_norm(s), s)`` (the fusion point of the residual add)."""

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from spectool.kernels import ops
 from spectool.model.config import ModelConfig
 from spectool.model.kv_cache import KVCache
 from spectool.model.llama import Block, RMSNorm
@@ -70,11 +71,19 @@ class DraftLayer(nn.Module):
                 starts: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
                 kv_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(feature [B,T,H] before the norm, normed [B,T,H]); cache/slots/... as Transformer.forward."""
-        x = self.eh_proj(torch.cat([self.enorm(tok_emb), self.hnorm(target_hidden)], dim=-1))
+        if self.style.input_norms:  # both norms written into one buffer: no concatenation
+            both = ops.rms_norm_pair(tok_emb, self.enorm.weight, target_hidden, self.hnorm.weight, self.enorm.eps)
+        else:
+            both = torch.cat([tok_emb, target_hidden], dim=-1)
+        x = self.eh_proj(both)
         cos, sin = self.rope(positions, x.dtype)
-        feature = self.block(x, cos, sin, None if cache is None else cache.layer(0),
-                             slots, starts, tree_mask, kv_len)
-        return feature, self.norm(feature)
+        mlp_out, h = self.block.forward_residual(x, None, cos, sin, None if cache is None else cache.layer(0),
+                                                 slots, starts, tree_mask, kv_len)
+        if isinstance(self.norm, RMSNorm):  # the block's last residual add inside the final norm
+            normed, feature = ops.add_rms_norm(mlp_out, h, self.norm.weight, self.norm.eps)
+            return feature, normed
+        feature = h + mlp_out
+        return feature, feature
 
 
 class DraftModel(nn.Module):

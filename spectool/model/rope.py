@@ -44,7 +44,19 @@ class RotaryEmbedding(nn.Module):
         angles = torch.outer(torch.arange(self.max_position, dtype=torch.float32), inverse_frequencies(cfg))
         self.register_buffer("cos", angles.cos().to(device), persistent=False)  # [max_position, head_dim/2]
         self.register_buffer("sin", angles.sin().to(device), persistent=False)
+        self._tables: dict[torch.dtype, torch.Tensor] = {}
+
+    def _table(self, dtype: torch.dtype) -> torch.Tensor:
+        """[max_position, 2, head_dim/2]: cos and sin side by side, cast once per dtype, so a
+        forward gathers both with one kernel instead of a gather and a cast for each."""
+        table = self._tables.get(dtype)
+        if table is None or table.device != self.cos.device:
+            with torch.inference_mode(False):  # also usable outside inference mode (training)
+                table = torch.stack([self.cos, self.sin], dim=1).to(dtype)
+            self._tables[dtype] = table
+        return table
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [*positions.shape, head_dim/2] in ``dtype`` (as transformers casts them)."""
-        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+        both = self._table(dtype)[positions]
+        return both[..., 0, :], both[..., 1, :]
