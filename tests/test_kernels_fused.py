@@ -105,7 +105,9 @@ def test_rope_write_kv(dtype, tol):
     caches = [torch.randn(4, Hkv, max_seq, D, generator=gen).to(dtype) for _ in range(2)]
     kc, vc = caches[0].clone(), caches[1].clone()
     ref_kc, ref_vc = caches[0].clone(), caches[1].clone()
-    q_rot = fused.rope_write_kv_triton(q, k, v, cos, sin, kc, vc, slots, starts)
+    # cos and sin as the model passes them: two halves of one gathered [B, T, 2, D/2] table.
+    both = torch.stack([cos, sin], dim=2)
+    q_rot = fused.rope_write_kv_triton(q, k, v, both[..., 0, :], both[..., 1, :], kc, vc, slots, starts)
     ref_q = fused.rope_write_kv_reference(q, k, v, cos, sin, ref_kc, ref_vc, slots, starts)
     close(q_rot, ref_q, tol)
     close(kc, ref_kc, tol)
