@@ -1,7 +1,9 @@
 """Per-phase timing of one iteration without stalling the GPU.
 
 On CUDA each phase is bracketed by events recorded on the current stream and read
-after the iteration's one host sync; on the CPU the host clock is exact.
+after the iteration's one host sync; on the CPU the host clock is exact. The events
+are reused from one iteration to the next (micros() has read them by then), so an
+iteration creates no CUDA events.
 """
 
 from __future__ import annotations
@@ -21,12 +23,26 @@ class PhaseTimer:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._marks: list[tuple[str, object, object]] = []
+        self._events: list[torch.cuda.Event] = []  # CUDA: the pool, the first _used taken since reset
+        self._used = 0
 
     def __call__(self, phase: str) -> _Phase:
         return _Phase(self, phase)
 
     def reset(self) -> None:
         self._marks.clear()
+        self._used = 0
+
+    def _now(self) -> object:
+        """A point in time: the host clock on the CPU, a CUDA event recorded on the current stream."""
+        if not self.cuda:
+            return time.perf_counter()
+        if self._used == len(self._events):
+            self._events.append(torch.cuda.Event(enable_timing=True))
+        event = self._events[self._used]
+        self._used += 1
+        event.record()
+        return event
 
     def micros(self) -> dict[str, float]:
         """µs per phase since the last reset, keyed ``"<phase>_us"`` (on CUDA, waits for the last
@@ -48,16 +64,7 @@ class _Phase:
         self.timer, self.phase = timer, phase
 
     def __enter__(self) -> None:
-        if self.timer.cuda:
-            self.start = torch.cuda.Event(enable_timing=True)
-            self.start.record()
-        else:
-            self.start = time.perf_counter()
+        self.start = self.timer._now()
 
     def __exit__(self, *exc: object) -> None:
-        if self.timer.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-        else:
-            end = time.perf_counter()
-        self.timer._marks.append((self.phase, self.start, end))
+        self.timer._marks.append((self.phase, self.start, self.timer._now()))
