@@ -26,6 +26,10 @@ class Batch:
     ``seq_lens`` and ``roots`` describe the state *before* the iteration: tokens in
     the cache and the last verified token (not yet cached). ``histories`` hold each
     request's prompt plus output so far (root included) as Python lists.
+
+    The engine reuses one Batch while the running requests stay the same and advances
+    its tensors and lists in place after ``on_verify``: read them during a call, never
+    keep or modify them.
     """
 
     request_ids: list[int]
