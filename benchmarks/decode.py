@@ -45,6 +45,20 @@ def model_config(shape: str, max_pos: int) -> ModelConfig:
                        max_position_embeddings=max_pos, **s)
 
 
+def random_target(shape: str, device: str, max_pos: int):
+    """A Target (spectool.load's type) of one of SHAPES with random weights and no tokenizer:
+    float32 on CPU, bf16 on CUDA, seeded."""
+    from spectool.model.loader import Target
+
+    cfg = model_config(shape, max_pos)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Transformer(cfg).to(dtype).eval().requires_grad_(False)
+    return Target(model=model, config=cfg, tokenizer=None, device=torch.device(device), dtype=dtype,
+                  name=f"random-{shape}", model_hash="random", eos_token_ids=[])
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()

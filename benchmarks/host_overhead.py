@@ -34,38 +34,16 @@ import time
 from pathlib import Path
 
 import torch
-from decode import model_config
+from decode import random_target
+from speculative import draft_config
 
 import spectool as st
-from spectool.model.llama import Transformer
-from spectool.model.loader import Target
 
 METHODS = ("none", "ngram", "eagle", "multi_layer_eagle")
 TOP_PHASES = ("draft_us", "verify_us", "commit_us", "trie_put_us")
 # cProfile rows ("file:line(function)") outside the model forward (its modules and its torch ops).
 _OUTSIDE_FORWARD = (r"^(?!.*(spectool/model/|spectool/kernels/|torch/nn/modules/|_nn\.|torch\.rms_norm"
                     r"|torch\.embedding|scaled_dot_product))")
-
-
-def tiny_target(device: str, max_pos: int) -> Target:
-    """decode.py's "tiny" shape with random weights (float32 on CPU, bf16 on CUDA), no tokenizer."""
-    cfg = model_config("tiny", max_pos)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = Transformer(cfg).to(dtype).eval().requires_grad_(False)
-    return Target(model=model, config=cfg, tokenizer=None, device=torch.device(device), dtype=dtype,
-                  name="random-tiny", model_hash="random", eos_token_ids=[])
-
-
-def draft_config(method: str, demo: Path):
-    if method == "none":
-        return None
-    if method == "ngram":
-        return st.NgramConfig()
-    if method == "eagle":
-        return st.EagleConfig(str(demo / "eagle"))
-    return st.MultiLayerEagleConfig(str(demo / "multi_layer_eagle"))
 
 
 def prompts_for(target, batch: int, length: int) -> list[list[int]]:
@@ -97,7 +75,7 @@ def run_once(engine, prompts, new_tokens: int, record: bool) -> dict:
 
 def measure(method: str, batch: int, args, targets: dict, demo: Path) -> dict:
     target = targets["demo" if method in ("eagle", "multi_layer_eagle") else "tiny"]
-    engine = st.Engine(target, draft=draft_config(method, demo), max_batch_size=batch,
+    engine = st.Engine(target, draft=draft_config("plain" if method == "none" else method, demo), max_batch_size=batch,
                        max_seq_len=args.prompt_len + args.new_tokens + 8)
     prompts = prompts_for(target, batch, args.prompt_len)
     run_once(engine, prompts, args.new_tokens, args.record)  # warm-up: graph capture, allocator, JIT
@@ -134,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = Path(st.demo_model())
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    targets = {"tiny": tiny_target(args.device, args.prompt_len + args.new_tokens + 64)}
+    targets = {"tiny": random_target("tiny", args.device, args.prompt_len + args.new_tokens + 64)}
     if {"eagle", "multi_layer_eagle"} & set(args.methods):
         targets["demo"] = st.load(str(demo / "target"), device=args.device, dtype=dtype)
 

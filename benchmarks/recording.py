@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 
 import torch
-from decode import SHAPES, model_config
+from decode import SHAPES, random_target
+from speculative import draft_config
 
 from spectool.trace.recorder import Recorder
 
@@ -177,29 +178,8 @@ def measure_host(device: str, new_tokens: int, steps: int) -> list[dict]:
 
 
 def _draft_config(method: str, demo: Path):
-    import spectool as st
-
-    if method == "none":
-        return None
-    if method == "ngram":
-        return st.NgramConfig()
-    if method == "eagle":
-        return st.EagleConfig(str(demo / "eagle"))
-    return st.MultiLayerEagleConfig(str(demo / "multi_layer_eagle"))
-
-
-def random_target(shape: str, device: str, prompt_len: int, max_new_tokens: int):
-    """A Target of one of decode.py's model shapes with random weights and no tokenizer."""
-    from spectool.model.llama import Transformer
-    from spectool.model.loader import Target
-
-    cfg = model_config(shape, prompt_len + max_new_tokens + 64)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = Transformer(cfg).to(dtype).eval().requires_grad_(False)
-    return Target(model=model, config=cfg, tokenizer=None, device=torch.device(device), dtype=dtype,
-                  name=f"random-{shape}", model_hash="random", eos_token_ids=[])
+    """The draft of ``method`` (this benchmark says "none" where speculative.py says "plain")."""
+    return draft_config("plain" if method == "none" else method, demo)
 
 
 def measure_engine(device: str, batches: tuple[int, ...], repeats: int, max_new_tokens: int,
@@ -214,7 +194,7 @@ def measure_engine(device: str, batches: tuple[int, ...], repeats: int, max_new_
         prompts, methods = load_prompts(demo / "prompts.jsonl"), METHODS
     else:
         prompt_len = 256
-        target = random_target(shape, device, prompt_len, max_new_tokens)
+        target = random_target(shape, device, prompt_len + max_new_tokens + 64)
         gen = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
                    for _ in range(max(batches))]
