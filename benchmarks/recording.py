@@ -19,10 +19,10 @@ record graph's extra GPU time).
 record=True vs record=False, at bs 1 and 16, for each method (none, ngram, eagle,
 multi_layer_eagle); on and off runs alternate ``--repeats`` times and the table
 shows the medians and their ratio (on / off, 1.0 = free). ``--shape 8B|1B`` runs the
-engine part on a target of the Llama-3-8B / Llama-3.2-1B shape with random weights (bf16 on
-CUDA) instead, for methods none and ngram only (no draft layers exist for random weights),
-prompts of random token ids; there a fixed per-iteration recording cost weighs as much as it
-would on a real model.
+engine part on a target of one of decode.py's shapes (Llama-3-8B, Llama-3.2-1B, the 107M
+trained target's) with random weights (bf16 on CUDA) instead, and random draft layers of that
+shape, prompts of random token ids; there a fixed per-iteration recording cost weighs as much
+as it would on a real model.
 Prints tables and writes recording.json (recording_<shape>.json) to $OUT when it is set.
 """
 
@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 from decode import SHAPES, random_target
+from profile_iteration import random_drafts
 from speculative import draft_config
 
 from spectool.trace.recorder import Recorder
@@ -198,7 +199,11 @@ def measure_engine(device: str, batches: tuple[int, ...], repeats: int, max_new_
         gen = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
                    for _ in range(max(batches))]
-        methods = ("none", "ngram")
+        methods = METHODS
+        # Random draft layers of the target's shape: acceptance means nothing, but every graph has
+        # its real size, so what recording adds per iteration is what a trained draft pays.
+        drafts_dir = tempfile.TemporaryDirectory()  # removed when this function returns
+        demo = random_drafts(target, Path(drafts_dir.name))
     results = []
     for method in methods:
         for bs in batches:

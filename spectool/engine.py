@@ -137,6 +137,8 @@ class Engine:
         if self.drafter is not None:
             self.drafter.allocate()
         self._stop = threading.Event()
+        # (batch, tree, why) of a draft made at the end of the last iteration for the next one.
+        self._next_draft: tuple[Batch, DraftTree, dict] | None = None
 
     # ----------------------------------------------------------------- public API
 
@@ -206,6 +208,7 @@ class Engine:
         iteration = 0
         prefilled: dict[int, int] = {}  # first tokens not yet reported in an event
         batch = lens_roots = None  # the running batch, rebuilt only when requests join or leave
+        self._next_draft = None
         try:
             while waiting or running:
                 if self._stop.is_set():
@@ -426,13 +429,12 @@ class Engine:
                    timer: PhaseTimer, stops: set[int], live_records: bool) -> StepEvent:
         """One draft + verify + accept cycle; ``began`` is when its host work started and
         ``lens_roots`` the [2, B] tensor behind ``batch.seq_lens`` and ``batch.roots``."""
-        timer.reset()
-        why: dict = {}
-        with timer("draft"):
-            if self.drafter is None:
-                tree = self._root_tree(batch.roots, batch.seq_lens)
-            else:
-                tree, why = self.drafter.draft(batch, timer)
+        drafted, self._next_draft = self._next_draft, None
+        if drafted is not None and drafted[0] is batch:  # drafted early, at the end of the last iteration
+            tree, why = drafted[1:]
+        else:
+            with timer("draft"):
+                tree, why = self._draft(batch, timer)
         n = tree.tokens.shape[1]
         b = len(running)
         self._kv_len = None if self.on_cuda else max(batch.seq_lens_host) + n
@@ -454,6 +456,12 @@ class Engine:
                     commit_kv(self.cache.k, self.cache.v, batch.slots, batch.seq_lens, res.accept_path,
                               res.accept_length)
                 table = _host_table(tree, res)
+        # What runs from here on feeds the next iteration's draft and is timed into it: waiting for
+        # the draft-extend here would idle the GPU between iterations.
+        timer.end_iteration()
+        on_device = self.drafter is not None and not self.drafter.host_accepted
+        if on_device:  # launched before the host sync, so the GPU goes on from the verify to the extend
+            self._after_verify(batch, tree, res, hidden, None, lens_roots, table, timer)
         if recorder is not None:
             # Before the host sync below, so on CUDA this host work overlaps the step on the GPU.
             packed = (PackedRows(self._record_layouts[n], packed_data[0]) if greedy
@@ -468,12 +476,8 @@ class Engine:
         # Row b: next seq_len, bonus, accept length a, the tree's depth, then the tokens along the
         # accepted path (root first), so row[5:5 + a] are the accepted drafts.
         accepted = [row[5:5 + row[2]] + [row[1]] for row in host]
-        if self.drafter is not None:
-            # Launched before the bookkeeping below, which then overlaps it on the GPU.
-            self.drafter.on_verify(batch, tree, res, hidden, accepted, timer)
-        # The batch's seq_lens and roots move on to the next iteration (after on_verify, which reads
-        # the old ones).
-        lens_roots.copy_(table[:, :2].T)
+        if not on_device:
+            self._after_verify(batch, tree, res, hidden, accepted, lens_roots, table, timer)
         event = StepEvent(iteration, {}, {}, [], [], {})
         accept_lengths = []
         for i, (req, row, gained) in enumerate(zip(running, host, accepted)):
@@ -487,6 +491,11 @@ class Engine:
             event.accept_lengths[req.request_id] = a
             if req.finish_reason is not None:
                 event.finished.append(req.request_id)
+        if self.drafter is not None and not event.finished and not self._stop.is_set():
+            # The batch stays as it is, so its next draft can start now: on the GPU it then runs
+            # while this thread reads the timings, updates the stats and yields the event.
+            with timer("draft"):
+                self._next_draft = (batch, *self._draft(batch, timer))
         timings = timer.micros()
         timings["iteration_us"] = (time.perf_counter() - began) * 1e6
         stats.add_iteration(iteration, batch.request_ids, accept_lengths, [row[3] for row in host], timings)
@@ -495,6 +504,20 @@ class Engine:
             if live_records:
                 event.records = recorder.iteration_rows()
         return event
+
+    def _draft(self, batch: Batch, timer: PhaseTimer) -> tuple[DraftTree, dict]:
+        if self.drafter is None:
+            return self._root_tree(batch.roots, batch.seq_lens), {}
+        return self.drafter.draft(batch, timer)
+
+    def _after_verify(self, batch: Batch, tree: DraftTree, res: VerifyResult, hidden: torch.Tensor,
+                      accepted: list[list[int]] | None, lens_roots: torch.Tensor, table: torch.Tensor,
+                      timer: PhaseTimer) -> None:
+        """The drafter's on_verify, then the running batch's seq_lens and roots move on to the next
+        iteration (after on_verify, which reads the old ones)."""
+        if self.drafter is not None:
+            self.drafter.on_verify(batch, tree, res, hidden, accepted, timer)
+        lens_roots.copy_(table[:, :2].T)
 
     def _append_output(self, req: _Request, new: list[int], stops: set[int]) -> list[int]:
         """Append what fits before max_new_tokens, up to and including a stop token; returns it."""

@@ -1,9 +1,13 @@
 """Per-phase timing of one iteration without stalling the GPU.
 
 On CUDA each phase is bracketed by events recorded on the current stream and read
-after the iteration's one host sync; on the CPU the host clock is exact. The events
-are reused from one iteration to the next (micros() has read them by then), so an
-iteration creates no CUDA events.
+after the iteration's one host sync; on the CPU the host clock is exact. Events are
+recycled once read, so an iteration creates no CUDA events.
+
+Work launched for the next iteration before this one's host sync (the engine starts
+the draft-extend and the next draft early, see Engine._iteration) is timed into the
+next iteration: ``end_iteration()`` closes the marks of this one, and ``micros()``
+reports and drops only those, keeping the later ones for the next call.
 """
 
 from __future__ import annotations
@@ -18,42 +22,42 @@ PHASE_KEYS = tuple(f"{phase}_us" for phase in PHASES)
 
 
 class PhaseTimer:
-    """Collects µs per phase for one iteration: ``with timer("verify"): ...``."""
+    """Collects µs per phase: ``with timer("verify"): ...``, then ``end_iteration()`` and ``micros()``."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._marks: list[tuple[str, object, object]] = []
-        self._events: list[torch.cuda.Event] = []  # CUDA: the pool, the first _used taken since reset
-        self._used = 0
+        self._closed: int | None = None  # marks[:_closed] are the iteration micros() reports (None: all)
+        self._free: list[torch.cuda.Event] = []  # CUDA: events read by micros(), ready for reuse
 
     def __call__(self, phase: str) -> _Phase:
         return _Phase(self, phase)
 
-    def reset(self) -> None:
-        self._marks.clear()
-        self._used = 0
+    def end_iteration(self) -> None:
+        """Marks made so far belong to the current iteration; later ones to the next."""
+        self._closed = len(self._marks)
 
     def _now(self) -> object:
         """A point in time: the host clock on the CPU, a CUDA event recorded on the current stream."""
         if not self.cuda:
             return time.perf_counter()
-        if self._used == len(self._events):
-            self._events.append(torch.cuda.Event(enable_timing=True))
-        event = self._events[self._used]
-        self._used += 1
+        event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
     def micros(self) -> dict[str, float]:
-        """µs per phase since the last reset, keyed ``"<phase>_us"`` (on CUDA, waits for the last
-        phase to finish)."""
+        """µs per phase of the closed iteration, keyed ``"<phase>_us"`` (on CUDA, waits for its
+        last phase to finish). Marks made after ``end_iteration()`` stay for the next call."""
         out = dict.fromkeys(PHASE_KEYS, 0.0)
-        if self.cuda and self._marks:
-            self._marks[-1][2].synchronize()  # type: ignore[union-attr]
-        for phase, start, end in self._marks:
+        cut = len(self._marks) if self._closed is None else self._closed
+        closed, self._marks, self._closed = self._marks[:cut], self._marks[cut:], None
+        if self.cuda and closed:
+            closed[-1][2].synchronize()  # type: ignore[union-attr]
+        for phase, start, end in closed:
             key = phase + "_us"
             if self.cuda:
                 out[key] += start.elapsed_time(end) * 1e3  # type: ignore[union-attr]
+                self._free += [start, end]
             else:
                 out[key] += (end - start) * 1e6  # type: ignore[operator]
         return out

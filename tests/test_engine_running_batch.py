@@ -74,7 +74,7 @@ def test_every_draft_sees_the_host_state(target, demo_model_dir, prompts, method
     stop = plain[1][3]  # ends some requests early, so slots free up mid-run and new ones join
     seen = _seen_batches(engine)
     history = {rid: list(p) for rid, p in enumerate(prompts)}
-    checked = 0
+    checked = iterations = 0
     for event in engine.stream(prompts, max_new_tokens=MAX_NEW, stop_token_ids=[stop], record=False):
         for rid, first in event.prefill_tokens.items():
             history[rid].append(first)
@@ -90,6 +90,10 @@ def test_every_draft_sees_the_host_state(target, demo_model_dir, prompts, method
         assert len(set(batch["slots"])) == len(batch["slots"])
         for rid, new in event.new_tokens.items():
             history[rid].extend(new)
+        iterations += 1
+    # One draft per iteration: a draft made early (at the end of the last iteration, when no
+    # request finished) is the one used, and none is made for a batch about to change.
+    assert len(seen) == iterations
     assert checked > len(prompts)  # requests were drafted for over several iterations
     assert len({rid for b in seen for rid in b["request_ids"]}) == len(prompts)
     # The stream's histories end in the outputs a plain run gives (cut at the stop token).

@@ -8,8 +8,15 @@ A drafter sees the engine at four fixed points:
   per-row reasons the recorder stores: ngram match length and breadth, EAGLE
   per-step top-k);
 - ``on_verify(batch, tree, result, hidden, accepted, timer)`` after acceptance and KV
-  commit (``accepted[b]`` = tokens gained by row b: accepted drafts then the bonus);
+  commit (``accepted[b]`` = tokens gained by row b: accepted drafts then the bonus).
+  A drafter whose ``host_accepted`` is False works from ``result`` on the device alone:
+  the engine then calls it before its host sync with ``accepted=None``, so the GPU goes
+  straight on from the verify to the draft-extend;
 - ``release(batch)`` when requests finish (slots are reused afterwards).
+
+When no request finished in an iteration, the engine calls ``draft`` for the next one at
+the end of this one (the batch and its host state already advanced), so the draft's GPU
+work overlaps the engine's own host work; its phases are timed into the next iteration.
 """
 
 from __future__ import annotations

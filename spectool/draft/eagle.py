@@ -28,6 +28,8 @@ _TREE_FIELDS = ("tokens", "parents", "depth", "scores", "valid", "mask", "positi
 class EagleDrafter:
     """Drafts an EAGLE-2 tree from one draft layer with its own KV cache."""
 
+    host_accepted = False  # on_verify reads only device tensors
+
     def __init__(self, config: EagleConfig, engine) -> None:
         from spectool.model.draft_layer import load_draft
 
@@ -119,7 +121,7 @@ class EagleDrafter:
             self._extend_step(batch.slots[b:b + 1], zero, tokens, hiddens[b][None, :n], zero + n - 1)
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
-                  accepted: list[list[int]], timer) -> None:
+                  accepted: list[list[int]] | None, timer) -> None:
         with timer("draft"):
             self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host)
             self._extend_runner(batch.size, slots=batch.slots, starts=batch.seq_lens, tree_tokens=tree.tokens,

@@ -27,6 +27,8 @@ from spectool.graphs import GraphRunner
 class MultiLayerEagleDrafter:
     """Drafts a top-1 chain of ``num_steps`` tokens from the first ``num_steps`` layers."""
 
+    host_accepted = False  # on_verify reads only device tensors
+
     def __init__(self, config: MultiLayerEagleConfig, engine) -> None:
         from spectool.model.draft_layer import load_draft
 
@@ -118,7 +120,7 @@ class MultiLayerEagleDrafter:
                 self._layer_step(k, slot, zero, zero + n - 1, window=n, kv_len=n + k + 1)
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
-                  accepted: list[list[int]], timer) -> None:
+                  accepted: list[list[int]] | None, timer) -> None:
         with timer("draft"):
             self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host) + self.num_draft_tokens
             new_last = self.graph_runners[0](

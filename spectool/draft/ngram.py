@@ -22,6 +22,8 @@ from spectool.prompts import read_jsonl, read_text
 class NgramDrafter:
     """Drafts from a ``NgramCorpus`` shared by all requests of the engine."""
 
+    host_accepted = True  # on_verify feeds the accepted tokens to the trie
+
     def __init__(self, config: NgramConfig, engine) -> None:
         from spectool.native import NgramCorpus
 
