@@ -12,11 +12,12 @@ decodes ``--tokens`` tokens under torch.profiler after a warm-up run; every time
 and each kernel is charged to the phase whose host range launched it (through the
 runtime call's correlation id), or to "outside" (the engine's own ops between phases).
 
-Per method and phase, per iteration: host µs (the range's wall time on the engine
-thread), GPU µs (its kernels' summed durations) and kernels. A phase whose host time is
-far above its GPU time is launch- or Python-bound; the reverse means the GPU queue was
-already ahead. ``iteration`` is the engine's own iteration_us and ``gpu busy`` the union
-of every kernel interval in the run divided by the iterations. Prints a table; writes
+Per method and phase, per iteration: host µs (the phase's wall time on the engine thread,
+from a run without the profiler; "profiled": the same under the profiler), GPU µs (its
+kernels' summed durations) and kernels. A phase whose host time is far above its GPU time
+is launch- or Python-bound; the reverse means the GPU queue was already ahead.
+``iteration`` is the engine's own iteration_us (unprofiled, then profiled) and ``gpu busy``
+the union of every kernel interval in the run divided by the iterations. Prints a table; writes
 profile_iteration.json to $OUT when it is set.
 """
 
@@ -29,6 +30,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -51,18 +53,25 @@ def random_drafts(target, root: Path) -> Path:
     return root
 
 
-def _ranged_phases():
-    """Make every PhaseTimer phase a profiler range too (restored by the returned undo)."""
+def _ranged_phases(host_us: dict[str, float] | None = None):
+    """Make every PhaseTimer phase a profiler range too, or (``host_us`` given) add its host wall
+    time there instead; restored by the returned undo."""
     enter, exit_ = timing._Phase.__enter__, timing._Phase.__exit__
 
     def new_enter(self):
-        self.range = torch.profiler.record_function(f"phase:{self.phase}")
-        self.range.__enter__()
+        if host_us is None:
+            self.range = torch.profiler.record_function(f"phase:{self.phase}")
+            self.range.__enter__()
+        else:
+            self.host_start = time.perf_counter()
         enter(self)
 
     def new_exit(self, *exc):
         exit_(self, *exc)
-        self.range.__exit__(*exc)
+        if host_us is None:
+            self.range.__exit__(*exc)
+        else:
+            host_us[self.phase] = host_us.get(self.phase, 0.0) + (time.perf_counter() - self.host_start) * 1e6
 
     timing._Phase.__enter__, timing._Phase.__exit__ = new_enter, new_exit
 
@@ -115,6 +124,12 @@ def profile_method(target, method: str, drafts: Path, batch: int, tokens: int, p
                        max_batch_size=batch, max_seq_len=prompt_len + 2 * tokens + 64)
     prompts = prompts_for(target, batch, prompt_len)
     engine.generate(prompts, max_new_tokens=tokens, ignore_eos=True, record=False)  # captures, JIT
+    host_us: dict[str, float] = {}
+    undo = _ranged_phases(host_us)  # first without the profiler, whose own host cost inflates every range
+    try:
+        plain_run = engine.generate(prompts, max_new_tokens=tokens, ignore_eos=True, record=False)
+    finally:
+        undo()
     undo = _ranged_phases()
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
@@ -133,7 +148,15 @@ def profile_method(target, method: str, drafts: Path, batch: int, tokens: int, p
     found = attribute(events)
     n = len(iters)
     phases = {p: {k: v / n for k, v in d.items()} for p, d in found["phases"].items()}
+    plain_cols = plain_run.stats.columns
+    plain_iters = sorted(set(plain_cols["iteration"]))
+    for p, us in host_us.items():
+        row = phases.setdefault(p, {"host_us": 0.0, "gpu_us": 0.0, "kernels": 0})
+        row["host_us_unprofiled"] = us / len(plain_iters)
     return {"method": method, "batch": batch, "iterations": n, "iteration_us": statistics.median(per_iter),
+            "iteration_us_unprofiled": statistics.median(
+                plain_cols["iteration_us"][plain_cols["iteration"].index(i)] for i in plain_iters),
+            "tokens_per_s_unprofiled": plain_run.stats.tokens_per_s,
             "gpu_busy_us": found["gpu_busy_us"] / n, "tokens_per_s": res.stats.tokens_per_s,
             "accept_length": res.stats.mean_accept_length, "phases": phases}
 
@@ -155,11 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods:
             row = profile_method(target, method, drafts, args.batch, args.tokens, args.prompt_len)
             rows.append(row)
-            print(f"\n{method}, bs {args.batch}, {args.shape}: iteration {row['iteration_us']:.0f} µs, GPU busy "
-                  f"{row['gpu_busy_us']:.0f} µs, {row['tokens_per_s']:.0f} tok/s ({row['iterations']} iterations)")
-            print(f"  {'phase':>10} {'host µs':>9} {'GPU µs':>9} {'kernels':>8}")
+            print(f"\n{method}, bs {args.batch}, {args.shape}: iteration {row['iteration_us_unprofiled']:.0f} µs "
+                  f"({row['iteration_us']:.0f} profiled), GPU busy {row['gpu_busy_us']:.0f} µs, "
+                  f"{row['tokens_per_s_unprofiled']:.0f} tok/s ({row['iterations']} iterations)")
+            print(f"  {'phase':>10} {'host µs':>9} {'profiled':>9} {'GPU µs':>9} {'kernels':>8}")
             for phase, d in sorted(row["phases"].items(), key=lambda kv: -kv[1]["gpu_us"]):
-                print(f"  {phase:>10} {d['host_us']:>9.1f} {d['gpu_us']:>9.1f} {d['kernels']:>8.1f}")
+                print(f"  {phase:>10} {d.get('host_us_unprofiled', 0.0):>9.1f} {d['host_us']:>9.1f} "
+                      f"{d['gpu_us']:>9.1f} {d['kernels']:>8.1f}")
     out = os.environ.get("OUT")
     if out:
         Path(out, "profile_iteration.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
