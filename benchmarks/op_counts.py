@@ -150,10 +150,10 @@ def instrument_engine(counter: OpCounter, engine: st.Engine) -> None:
     runners = {"verify step": engine._greedy_runner, "verify step (record)": engine._greedy_record_runner,
                "verify forward (sampling)": engine._forward_runner}
     drafter = engine.drafter
-    if hasattr(drafter, "_draft_runner"):
-        runners.update({"draft": drafter._draft_runner, "extend": drafter._extend_runner})
-    elif drafter is not None and hasattr(drafter, "graph_runners"):
-        runners.update({f"extend layer {k}": r for k, r in enumerate(drafter.graph_runners)})
+    if hasattr(drafter, "_extend_runner"):  # EAGLE and multi-layer EAGLE: the extend after a verify
+        runners["extend"] = drafter._extend_runner
+    if hasattr(drafter, "_draft_runner"):  # EAGLE's draft alone, after a prefill or a change of batch
+        runners["draft"] = drafter._draft_runner
     for name, runner in runners.items():
         runner.fn = graphed(counter, name, runner.fn)
     engine._prefill = labelled(counter, "prefill", engine._prefill)

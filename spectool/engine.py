@@ -333,8 +333,11 @@ class Engine:
                             kv_len=self._kv_len)
         return hidden, self.model.logits(hidden)
 
-    def _greedy_step(self, slots, record: bool = False, **tree_tensors):
+    def _greedy_step(self, slots, record: bool = False, **inputs):
         """Forward, greedy verify and KV commit in one (graph-captured) step.
+
+        ``inputs`` are the tree's tensors, or for plain decoding ``roots`` and ``seq_lens``: the
+        one-node tree is then made inside the graph, which saves the host its launches.
 
         With ``record`` the step also packs the iteration's per-request trace fields into one
         [B, R] byte table (its layout kept in ``_record_layouts``), so recording costs the
@@ -344,7 +347,10 @@ class Engine:
         It also makes the table the engine's host sync reads (``_host_table``), so no op runs
         between the replay and the sync.
         """
-        tree = DraftTree(**tree_tensors, max_depth=tree_tensors["tokens"].shape[1] - 1)
+        if "roots" in inputs:
+            tree = self._root_tree(inputs["roots"], inputs["seq_lens"])
+        else:
+            tree = DraftTree(**inputs, max_depth=inputs["tokens"].shape[1] - 1)
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
         res = verify_greedy(tree, logits)
         if tree.num_nodes > 1:
@@ -429,21 +435,26 @@ class Engine:
                    timer: PhaseTimer, stops: set[int], live_records: bool) -> StepEvent:
         """One draft + verify + accept cycle; ``began`` is when its host work started and
         ``lens_roots`` the [2, B] tensor behind ``batch.seq_lens`` and ``batch.roots``."""
+        greedy = sampling["temperature"] == 0.0
         drafted, self._next_draft = self._next_draft, None
-        if drafted is not None and drafted[0] is batch:  # drafted early, at the end of the last iteration
-            tree, why = drafted[1:]
+        if self.drafter is None and greedy:  # the greedy graph makes plain decoding's one-node tree
+            tree, why, n = None, {}, 1
         else:
-            with timer("draft"):
-                tree, why = self._draft(batch, timer)
-        n = tree.tokens.shape[1]
+            if drafted is not None and drafted[0] is batch:  # drafted early, at the end of the last iteration
+                tree, why = drafted[1:]
+            else:
+                with timer("draft"):
+                    tree, why = self._draft(batch, timer)
+            n = tree.tokens.shape[1]
         b = len(running)
         self._kv_len = None if self.on_cuda else max(batch.seq_lens_host) + n
-        greedy = sampling["temperature"] == 0.0
         with timer("verify"):
             if greedy:
                 runner = self._greedy_record_runner if recorder is not None else self._greedy_runner
+                inputs = ({"roots": batch.roots, "seq_lens": batch.seq_lens} if tree is None
+                          else {name: getattr(tree, name) for name in _TREE_TENSORS})
                 hidden, status, path, length, bonus, argmax, coins, table, *packed_data = runner(
-                    b, slots=batch.slots, **{name: getattr(tree, name) for name in _TREE_TENSORS})
+                    b, slots=batch.slots, **inputs)
                 res = VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus,
                                    coins=coins, target_argmax=argmax)
             else:
@@ -459,17 +470,18 @@ class Engine:
         # What runs from here on feeds the next iteration's draft and is timed into it: waiting for
         # the draft-extend here would idle the GPU between iterations.
         timer.end_iteration()
-        on_device = self.drafter is not None and not self.drafter.host_accepted
-        if on_device:  # launched before the host sync, so the GPU goes on from the verify to the extend
-            self._after_verify(batch, tree, res, hidden, None, lens_roots, table, timer)
         if recorder is not None:
-            # Before the host sync below, so on CUDA this host work overlaps the step on the GPU.
+            # Before the host sync below, so on CUDA this host work overlaps the step on the GPU; and
+            # before on_verify, whose graphs may rewrite the tree's and the draft's static buffers.
             packed = (PackedRows(self._record_layouts[n], packed_data[0]) if greedy
                       else self._pack_sampling_record(tree, res))
             recorder.record_batch({"iteration": iteration, "method": self.method,
                                    "temperature": sampling["temperature"],
                                    "request_id": np.asarray(batch.request_ids, dtype=np.int32),
                                    "num_nodes": n, **why}, packed)
+        on_device = self.drafter is not None and not self.drafter.host_accepted
+        if on_device:  # launched before the host sync, so the GPU goes on from the verify to the extend
+            self._after_verify(batch, tree, res, hidden, None, lens_roots, table, timer)
 
         # The iteration's one host sync: the engine needs the accepted tokens to stop requests.
         host = table.tolist()

@@ -74,7 +74,7 @@ def test_op_counts_cover_every_graph_without_host_syncs(op_counts):
     graphs = {m: {row for row in r["rows"] if row.startswith("graph: ")} for m, r in op_counts.items()}
     assert graphs["plain"] == {"graph: verify step"}
     assert graphs["eagle"] == {"graph: verify step", "graph: draft", "graph: extend"}
-    assert graphs["multi_layer_eagle"] == {"graph: verify step"} | {f"graph: extend layer {k}" for k in range(4)}
+    assert graphs["multi_layer_eagle"] == {"graph: verify step", "graph: extend"}
     for r in op_counts.values():
         # .item()-like reads inside graphed code would break CUDA-graph capture.
         assert r["syncs_in_graphs"] == {}
@@ -85,9 +85,14 @@ def test_op_counts_cover_every_graph_without_host_syncs(op_counts):
 
 
 def test_op_counts_split_the_draft_layer_from_bookkeeping(op_counts):
-    eagle = op_counts["eagle"]["rows"]
-    # 5 steps: the extend runs the layer once, the draft graph once per further step (4).
-    assert eagle["graph: draft"]["draft layer"] == pytest.approx(4 * eagle["graph: extend"]["draft layer"])
-    assert eagle["graph: draft"]["lm_head"] == pytest.approx(4 * eagle["graph: extend"]["lm_head"])
-    layer = op_counts["multi_layer_eagle"]["rows"]
-    assert len({layer[f"graph: extend layer {k}"]["draft layer"] for k in range(4)}) == 1  # same block shape
+    """At bs 1 every iteration's verify is followed by one extend; EAGLE's draft graph runs only
+    for the first iteration (later drafts come from the extend graph). Per call, EAGLE's extend
+    runs the layer 1 + 4 times (5 steps), its draft graph 4 times, multi-layer EAGLE's extend
+    each of its 4 layers once: all the same block, so one layer's op count comes out equal."""
+    eagle, its = op_counts["eagle"]["rows"], op_counts["eagle"]["iterations"]
+    layer = eagle["graph: draft"]["draft layer"] * its / 4  # one draft-graph call over `its` iterations
+    assert layer > 0
+    assert eagle["graph: extend"]["draft layer"] == pytest.approx(5 * layer)
+    assert eagle["graph: extend"]["lm_head"] == pytest.approx(5 / 4 * eagle["graph: draft"]["lm_head"] * its)
+    multi = op_counts["multi_layer_eagle"]["rows"]
+    assert multi["graph: extend"]["draft layer"] == pytest.approx(4 * layer)

@@ -58,9 +58,13 @@ class EagleDrafter:
         self._kv_len: int | None = None
         self._make_draft_constants()
         scratch = {"slots": e.max_batch_size}
-        self._extend_runner = GraphRunner(self._verify_extend_step, e.graph_buckets, e.cuda_graphs, scratch)
+        # After a verify one graph extends the layer and drafts the next tree: a graph launch costs
+        # the host about as much as the draft costs the GPU at small batches. The draft graph alone
+        # serves the first iteration after a prefill or a change of the batch.
+        self._extend_runner = GraphRunner(self._extend_and_draft_step, e.graph_buckets, e.cuda_graphs, scratch)
         self._draft_runner = GraphRunner(self._draft_step, e.graph_buckets, e.cuda_graphs, scratch)
         self.graph_runners = [self._extend_runner, self._draft_runner]
+        self._next: tuple[Batch, tuple] | None = None  # the batch on_verify drafted for, and the draft
 
     def _make_draft_constants(self) -> None:
         """What the draft step needs that depends only on (num_steps, topk): building it inside
@@ -111,6 +115,13 @@ class EagleDrafter:
         # verify_sampling: cut the gained tokens to it so tokens and hidden states line up.
         return self._extend_step(slots, starts, tokens[:, :path.shape[1]], path_hidden, length)
 
+    def _extend_and_draft_step(self, slots, starts, tree_tokens, path, length, bonus, hidden):
+        """The extend after a verify, then the next iteration's draft (root = the bonus token)."""
+        self._verify_extend_step(slots, starts, tree_tokens, path, length, bonus, hidden)
+        if self._kv_len is not None:  # CPU: a verify adds at most N tokens to the longest row
+            self._kv_len += self.num_draft_tokens
+        return self._draft_step(slots, starts + length + 1, bonus)
+
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
         for b in range(batch.size):
             hist = batch.histories[b]
@@ -124,18 +135,23 @@ class EagleDrafter:
                   accepted: list[list[int]] | None, timer) -> None:
         with timer("draft"):
             self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host)
-            self._extend_runner(batch.size, slots=batch.slots, starts=batch.seq_lens, tree_tokens=tree.tokens,
-                                path=result.accept_path, length=result.accept_length, bonus=result.bonus,
-                                hidden=hidden)
+            out = self._extend_runner(batch.size, slots=batch.slots, starts=batch.seq_lens, tree_tokens=tree.tokens,
+                                      path=result.accept_path, length=result.accept_length, bonus=result.bonus,
+                                      hidden=hidden)
+            self._next = (batch, out)
 
     def release(self, batch: Batch) -> None:
         """Slots are overwritten by the next prefill; nothing to free."""
+        self._next = None
 
     # ------------------------------------------------------------ draft
 
     def draft(self, batch: Batch, timer) -> tuple[DraftTree, dict]:
-        self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host)
-        out = self._draft_runner(batch.size, slots=batch.slots, seq_lens=batch.seq_lens, roots=batch.roots)
+        if self._next is not None and self._next[0] is batch:  # drafted by the extend graph
+            out = self._next[1]
+        else:
+            self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host)
+            out = self._draft_runner(batch.size, slots=batch.slots, seq_lens=batch.seq_lens, roots=batch.roots)
         tree = DraftTree(**dict(zip(_TREE_FIELDS, out[:-2])), max_depth=self.config.num_steps)
         return tree, {"step_topk_tokens": out[-2], "step_topk_probs": out[-1]}
 

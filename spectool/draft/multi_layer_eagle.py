@@ -10,8 +10,10 @@ root, d1, ..., dK is complete when the extend ends: ``draft()`` only assembles i
 
 Everything stays on the device: per slot, the committed tokens (then the drafts)
 and the target's hidden states by index. After a verify each layer runs one
-fixed-shape step (window N + k, where N-1 is the most a verify can accept), so each
-layer has its own CUDA graph per batch bucket.
+fixed-shape step (window N + k, where N-1 is the most a verify can accept). The K steps
+and the next iteration's chain tree are captured together as one CUDA graph per batch
+bucket: a graph launch costs the host more than a draft layer costs the GPU at small
+batches, so one launch per layer would leave the GPU waiting.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from spectool.config import MultiLayerEagleConfig
 from spectool.draft import Batch, accepted_inputs
 from spectool.draft.tree import DraftTree, chain_tree
 from spectool.graphs import GraphRunner
+
+# DraftTree tensors the graphed extend returns for the next iteration (max_depth is num_steps).
+_TREE_FIELDS = ("tokens", "parents", "depth", "scores", "valid", "mask", "positions", "retrieve_index",
+                "retrieve_next_token", "retrieve_next_sibling", "seq_lens")
 
 
 class MultiLayerEagleDrafter:
@@ -58,12 +64,10 @@ class MultiLayerEagleDrafter:
         self.chain_p = torch.ones(e.num_slots, 1 + self.steps, device=self.device)
         self._arange = torch.arange(n + self.steps, device=self.device)  # window offsets of every step
         self._kv_len: int | None = None
-        scratch = {"slots": e.max_batch_size}
-        # Layer 0's graph also stores what the verify accepted; the later layers take its new lengths.
-        self.graph_runners = [GraphRunner(self._verify_step, e.graph_buckets, e.cuda_graphs, scratch)] + [
-            GraphRunner(lambda slots, old_lens, new_last, k=k: self._layer_step(k, slots, old_lens, new_last),
-                        e.graph_buckets, e.cuda_graphs, scratch)
-            for k in range(1, self.steps)]
+        self._next: tuple[Batch, tuple] | None = None  # the batch on_verify drafted for, and its tree
+        self._extend_runner = GraphRunner(self._extend_step, e.graph_buckets, e.cuda_graphs,
+                                          {"slots": e.max_batch_size})
+        self.graph_runners = [self._extend_runner]
 
     def _layer_step(self, k: int, slots, old_lens, new_last, window: int | None = None,
                     kv_len: int | None = None):
@@ -96,9 +100,10 @@ class MultiLayerEagleDrafter:
         self.chain_p[slots, k + 1] = p
         return p
 
-    def _verify_step(self, slots, old_lens, tree_tokens, path, length, bonus, hidden):
-        """After a verify: store the gained tokens and the path's hidden states, then run layer 0.
-        Returns each row's new last index, new length - 1 (the later layers' input)."""
+    def _extend_step(self, slots, old_lens, tree_tokens, path, length, bonus, hidden):
+        """After a verify: store the gained tokens and the path's hidden states, run every layer
+        in order (each drafts from the drafts before it), and return the next iteration's chain
+        tree (root = the bonus token) as a tuple of its tensors (``_TREE_FIELDS``)."""
         n = self.num_draft_tokens
         tokens, path_hidden = accepted_inputs(tree_tokens, path, length, bonus, hidden)
         rows = slots[:, None]
@@ -106,8 +111,14 @@ class MultiLayerEagleDrafter:
         self.tokens[rows, index + 1] = tokens
         self.hidden[rows, index] = path_hidden[:, :n]
         new_last = old_lens + length
-        self._layer_step(0, slots, old_lens, new_last)
-        return new_last
+        for k in range(self.steps):
+            self._layer_step(k, slots, old_lens, new_last)
+        tree = self._chain(slots, bonus, new_last + 1)
+        return tuple(getattr(tree, name) for name in _TREE_FIELDS)
+
+    def _chain(self, slots, roots, seq_lens) -> DraftTree:
+        tokens = torch.cat([roots[:, None], self.chain[slots]], dim=1)
+        return chain_tree(tokens, self.chain_p[slots], seq_lens)
 
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
         for b, h in enumerate(hiddens):
@@ -123,17 +134,18 @@ class MultiLayerEagleDrafter:
                   accepted: list[list[int]] | None, timer) -> None:
         with timer("draft"):
             self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host) + self.num_draft_tokens
-            new_last = self.graph_runners[0](
+            out = self._extend_runner(
                 batch.size, slots=batch.slots, old_lens=batch.seq_lens, tree_tokens=tree.tokens,
                 path=result.accept_path, length=result.accept_length, bonus=result.bonus, hidden=hidden)
-            for runner in self.graph_runners[1:]:
-                runner(batch.size, slots=batch.slots, old_lens=batch.seq_lens, new_last=new_last)
+            self._next = (batch, out)
 
     def release(self, batch: Batch) -> None:
         """Slots are overwritten by the next prefill; nothing to free."""
+        self._next = None
 
     def draft(self, batch: Batch, timer) -> tuple[DraftTree, dict]:
-        with timer("index"):
-            tokens = torch.cat([batch.roots[:, None], self.chain[batch.slots]], dim=1)
-            tree = chain_tree(tokens, self.chain_p[batch.slots], batch.seq_lens)
+        if self._next is not None and self._next[0] is batch:  # made by the extend graph
+            return DraftTree(**dict(zip(_TREE_FIELDS, self._next[1])), max_depth=self.steps), {}
+        with timer("index"):  # after a prefill, or the batch changed since the extend
+            tree = self._chain(batch.slots, batch.roots, batch.seq_lens)
         return tree, {}
