@@ -119,22 +119,23 @@ def attribute(events: list[dict]) -> dict:
     return {"phases": dict(out), "gpu_busy_us": _union_us(intervals)}
 
 
-def profile_method(target, method: str, drafts: Path, batch: int, tokens: int, prompt_len: int) -> dict:
+def profile_method(target, method: str, drafts: Path, batch: int, tokens: int, prompt_len: int,
+                   record: bool = False) -> dict:
     engine = st.Engine(target, draft=draft_config("plain" if method == "none" else method, drafts),
                        max_batch_size=batch, max_seq_len=prompt_len + 2 * tokens + 64)
     prompts = prompts_for(target, batch, prompt_len)
-    engine.generate(prompts, max_new_tokens=tokens, ignore_eos=True, record=False)  # captures, JIT
+    engine.generate(prompts, max_new_tokens=tokens, ignore_eos=True, record=record)  # captures, JIT
     host_us: dict[str, float] = {}
     undo = _ranged_phases(host_us)  # first without the profiler, whose own host cost inflates every range
     try:
-        plain_run = engine.generate(prompts, max_new_tokens=tokens, ignore_eos=True, record=False)
+        plain_run = engine.generate(prompts, max_new_tokens=tokens, ignore_eos=True, record=record)
     finally:
         undo()
     undo = _ranged_phases()
     try:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
-            res = engine.generate(prompts, max_new_tokens=tokens, ignore_eos=True, record=False)
+            res = engine.generate(prompts, max_new_tokens=tokens, ignore_eos=True, record=record)
             torch.cuda.synchronize()
     finally:
         undo()
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--tokens", type=int, default=96)
     p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--record", action="store_true", help="decode with record=True (what recording adds)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/profile_iteration.py profiles CUDA kernels: it needs a GPU")
@@ -176,9 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         drafts = random_drafts(target, Path(tmp))
         for method in args.methods:
-            row = profile_method(target, method, drafts, args.batch, args.tokens, args.prompt_len)
+            row = profile_method(target, method, drafts, args.batch, args.tokens, args.prompt_len, args.record)
             rows.append(row)
-            print(f"\n{method}, bs {args.batch}, {args.shape}: iteration {row['iteration_us_unprofiled']:.0f} µs "
+            print(f"\n{method}, bs {args.batch}, {args.shape}, record={args.record}: "
+                  f"iteration {row['iteration_us_unprofiled']:.0f} µs "
                   f"({row['iteration_us']:.0f} profiled), GPU busy {row['gpu_busy_us']:.0f} µs, "
                   f"{row['tokens_per_s_unprofiled']:.0f} tok/s ({row['iterations']} iterations)")
             print(f"  {'phase':>10} {'host µs':>9} {'profiled':>9} {'GPU µs':>9} {'kernels':>8}")
@@ -187,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{d['gpu_us']:>9.1f} {d['kernels']:>8.1f}")
     out = os.environ.get("OUT")
     if out:
-        Path(out, "profile_iteration.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+        name = "profile_iteration_record.json" if args.record else "profile_iteration.json"
+        Path(out, name).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     return 0
 
 
