@@ -19,7 +19,7 @@ import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -137,6 +137,9 @@ class Engine:
         if self.drafter is not None:
             self.drafter.allocate()
         self._stop = threading.Event()
+        # The verify's host table: pinned copies per shape, and the event behind the last copy.
+        self._pinned_tables: dict[torch.Size, torch.Tensor] = {}
+        self._table_copied = torch.cuda.Event() if self.on_cuda else None
         # (batch, tree, why) of a draft made at the end of the last iteration for the next one.
         self._next_draft: tuple[Batch, DraftTree, dict] | None = None
 
@@ -470,6 +473,7 @@ class Engine:
         # What runs from here on feeds the next iteration's draft and is timed into it: waiting for
         # the draft-extend here would idle the GPU between iterations.
         timer.end_iteration()
+        rows = self._table_to_host(table)
         if recorder is not None:
             # Before the host sync below, so on CUDA this host work overlaps the step on the GPU; and
             # before on_verify, whose graphs may rewrite the tree's and the draft's static buffers.
@@ -484,7 +488,7 @@ class Engine:
             self._after_verify(batch, tree, res, hidden, None, lens_roots, table, timer)
 
         # The iteration's one host sync: the engine needs the accepted tokens to stop requests.
-        host = table.tolist()
+        host = rows()
         # Row b: next seq_len, bonus, accept length a, the tree's depth, then the tokens along the
         # accepted path (root first), so row[5:5 + a] are the accepted drafts.
         accepted = [row[5:5 + row[2]] + [row[1]] for row in host]
@@ -516,6 +520,23 @@ class Engine:
             if live_records:
                 event.records = recorder.iteration_rows()
         return event
+
+    def _table_to_host(self, table: torch.Tensor) -> Callable[[], list[list[int]]]:
+        """Start copying the verify's host table off the device; the returned function waits for
+        the copy alone and gives its rows. On CUDA the copy goes to pinned memory behind an event,
+        so work launched after it (the draft-extend) is not waited for, as a blocking copy would."""
+        if not self.on_cuda:
+            return table.tolist
+        pinned = self._pinned_tables.get(table.shape)
+        if pinned is None:
+            pinned = self._pinned_tables[table.shape] = torch.empty(table.shape, dtype=table.dtype, pin_memory=True)
+        pinned.copy_(table, non_blocking=True)
+        self._table_copied.record()
+
+        def rows() -> list[list[int]]:
+            self._table_copied.synchronize()
+            return pinned.tolist()
+        return rows
 
     def _draft(self, batch: Batch, timer: PhaseTimer) -> tuple[DraftTree, dict]:
         if self.drafter is None:

@@ -2,9 +2,10 @@
 and the running batch advanced on the device gives the same tokens as plain decoding.
 
 Syncs are counted with ``torch.cuda.set_sync_debug_mode("warn")``: stream and device syncs
-and blocking copies warn, attributed to the Python line that made them. Waits on an event
-(the phase timer's for its last phase, the recorder's for its pinned copies) are left out,
-should the torch version report them.
+and blocking copies warn, attributed to the Python line that made them. Event waits do not
+warn there, so the test makes ``torch.cuda.Event.synchronize`` warn too (the engine waits on
+an event for its host table); those of the phase timer (for its last phase) and of the
+recorder (for its pinned copies) are left out.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def test_one_host_sync_per_steady_iteration(target, demo_model_dir, prompts, met
     engine.generate(prompts, max_new_tokens=16, ignore_eos=True, record=record)  # captures the graphs
     stream = engine.stream(prompts, max_new_tokens=64, ignore_eos=True, record=record)
     counts, rebuilt = [], True
+    original_wait = torch.cuda.Event.synchronize
+
+    def reported_wait(event):
+        warnings.warn("event synchronize", stacklevel=2)
+        return original_wait(event)
+    torch.cuda.Event.synchronize = reported_wait
     try:
         while True:
             with warnings.catch_warnings(record=True) as caught:
@@ -69,6 +76,7 @@ def test_one_host_sync_per_steady_iteration(target, demo_model_dir, prompts, met
                 counts.append((len(syncs), [f"{w.filename}:{w.lineno}" for w in syncs]))
             rebuilt = bool(event.finished or event.prefill_tokens)
     finally:
+        torch.cuda.Event.synchronize = original_wait
         stream.close()
     assert len(counts) >= 10
     assert all(n == 1 for n, _ in counts), counts
