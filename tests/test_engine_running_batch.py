@@ -117,3 +117,41 @@ def test_live_stats_follow_their_columns(target, demo_model_dir, prompts):
             per_iteration.setdefault(it, set()).add(v)
         assert all(len(v) == 1 for v in per_iteration.values())
     assert sum(cols["trie_get_us"]) > 0
+
+
+def test_ngram_feeds_the_trie_each_requests_latest_tokens(target, demo_model_dir, prompts):
+    """After every verify the N-gram drafter puts, per request, the last max_trie_depth tokens
+    it had plus the ones it gained (and the new history length). Oracle: the histories rebuilt
+    from the stream's events."""
+    engine = make_engine(target, demo_model_dir, "ngram")
+    depth = engine.drafter.config.max_trie_depth
+    puts: list[tuple[list[list[int]], list[int], list[int]]] = []
+
+    class SpyCorpus:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+        def batch_put(self, windows, req_ids, total_lens):
+            puts.append(([list(w) for w in windows], list(req_ids), list(total_lens)))
+            return self._inner.batch_put(windows, req_ids=req_ids, total_lens=total_lens)
+
+    engine.drafter.corpus = SpyCorpus(engine.drafter.corpus)
+    history = {rid: list(p) for rid, p in enumerate(prompts)}
+    checked = 0
+    for event in engine.stream(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False):
+        for rid, first in event.prefill_tokens.items():
+            history[rid].append(first)
+        windows, req_ids, total_lens = puts[-1]  # this iteration's on_verify
+        assert sorted(req_ids) == sorted(event.new_tokens)
+        for window, rid, total in zip(windows, req_ids, total_lens):
+            new = event.new_tokens[rid]
+            if rid not in event.finished:  # a finishing request's output may be cut short of what it gained
+                assert window == (history[rid] + new)[-(depth + len(new)):]
+                assert total == len(history[rid]) + len(new)
+                checked += 1
+        for rid, new in event.new_tokens.items():
+            history[rid].extend(new)
+    assert checked >= len(prompts)

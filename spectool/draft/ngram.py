@@ -80,10 +80,12 @@ class NgramDrafter:
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
                   accepted: list[list[int]], timer) -> None:
         with timer("trie_put"):
-            histories = [h + a for h, a in zip(batch.histories, accepted)]
+            # Each window is the last max_trie_depth tokens before the gained ones plus those (histories
+            # do not hold them yet): O(depth) per request, however long its history.
             depth = self.config.max_trie_depth
-            windows = [h[-(depth + len(a)):] for h, a in zip(histories, accepted)]
-            self.corpus.batch_put(windows, req_ids=batch.request_ids, total_lens=[len(h) for h in histories])
+            windows = [h[-depth:] + a for h, a in zip(batch.histories, accepted)]
+            self.corpus.batch_put(windows, req_ids=batch.request_ids,
+                                  total_lens=[len(h) + len(a) for h, a in zip(batch.histories, accepted)])
 
     def release(self, batch: Batch) -> None:
         self.corpus.erase_match_state(batch.request_ids)
