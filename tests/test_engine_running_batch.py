@@ -11,6 +11,7 @@ prompts than slots, a stop token that ends some early, different max_new_tokens 
 from __future__ import annotations
 
 import pytest
+import torch
 from test_engine_support import cut_prompts, demo_token_streams, load_demo_target
 
 import spectool as st
@@ -155,3 +156,42 @@ def test_ngram_feeds_the_trie_each_requests_latest_tokens(target, demo_model_dir
         for rid, new in event.new_tokens.items():
             history[rid].extend(new)
     assert checked >= len(prompts)
+
+
+@pytest.mark.parametrize("method", ["eagle", "multi_layer_eagle"])
+def test_the_extend_graphs_draft_equals_a_fresh_draft(target, demo_model_dir, prompts, method):
+    """After a verify each EAGLE's extend step also drafts the next iteration's tree (one graph
+    on the GPU). Outputs stay lossless even with a wrong tree, so compare the tree itself: at
+    every draft served that way, the drafter's own draft for the same batch state (the draft
+    graph, or the chain from its buffers) must give the same tree."""
+    from spectool.draft.eagle import _TREE_FIELDS
+
+    engine = make_engine(target, demo_model_dir, method)
+    drafter = engine.drafter
+    draft = drafter.draft
+    compared = 0
+
+    def checked_draft(batch, timer):
+        nonlocal compared
+        stored = drafter._next is not None and drafter._next[0] is batch
+        tree, why = draft(batch, timer)
+        if stored:
+            drafter._next = None  # the fresh path: drafted from the batch alone
+            fresh, fresh_why = draft(batch, timer)
+            assert fresh.max_depth == tree.max_depth
+            for name in _TREE_FIELDS:
+                got, want = getattr(tree, name), getattr(fresh, name)
+                if want.is_floating_point():
+                    assert torch.allclose(got, want, atol=1e-5), name
+                else:
+                    assert torch.equal(got, want), name
+            assert torch.equal(tree.tokens[:, 0], batch.roots)
+            assert torch.equal(tree.seq_lens, batch.seq_lens)
+            for key in why:
+                assert torch.allclose(why[key].float(), fresh_why[key].float(), atol=1e-5), key
+            compared += 1
+        return tree, why
+
+    drafter.draft = checked_draft
+    engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False)
+    assert compared >= len(prompts)
