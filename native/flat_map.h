@@ -2,24 +2,25 @@
 //
 // The suffix automaton looks up one transition per step of every walk, so the lookup
 // must be a few loads, not a node-based std::unordered_map (the trie has its own,
-// smaller index: node_index.h). Linear probing with
-// backward-shift deletion keeps the table free of tombstones under LRU eviction.
+// smaller index: node_index.h). Linear probing with backward-shift deletion (probe_table.h).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "huge_pages.h"
+#include "probe_table.h"
 
 namespace spectool {
 
-// Backward-shift deletion, shared by FlatMap and NodeIndex: may the entry at slot j, whose home
-// slot is `home`, move into the hole at slot `hole` (earlier in j's probe run, wrapping)?
-inline bool fills_hole(size_t hole, size_t j, size_t home) {
-  return hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
-}
+namespace flat_map_detail {
+constexpr uint64_t kEmpty = ~uint64_t{0};
+struct Slot {
+  uint64_t key = kEmpty;
+  int32_t value = -1;
+};
+}  // namespace flat_map_detail
 
-class FlatMap {
+class FlatMap : public ProbeTable<flat_map_detail::Slot> {
  public:
   static uint64_t key(int32_t parent, int32_t token) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) | static_cast<uint32_t>(token);
@@ -42,7 +43,7 @@ class FlatMap {
 
   // Inserts or overwrites.
   void put(uint64_t k, int32_t value) {
-    if ((size_ + 1) * 10 > slots_.size() * 7) grow();
+    if (full_for_one_more()) grow();
     for (size_t i = slot_of(k);; i = (i + 1) & mask_) {
       Slot& s = slots_[i];
       if (s.key == k) {
@@ -65,35 +66,13 @@ class FlatMap {
       if (slots_[i].key == kEmpty) return;
       i = (i + 1) & mask_;
     }
-    // Backward shift: pull later entries of the probe run into the hole when their home
-    // slot allows it, so every remaining key stays reachable from its home slot.
-    size_t hole = i;
-    for (size_t j = (i + 1) & mask_; slots_[j].key != kEmpty; j = (j + 1) & mask_) {
-      if (fills_hole(hole, j, slot_of(slots_[j].key))) {
-        slots_[hole] = slots_[j];
-        hole = j;
-      }
-    }
-    slots_[hole].key = kEmpty;
-    --size_;
+    erase_at(i, [](const Slot& s) { return s.key == kEmpty; },
+             [this](const Slot& s) { return slot_of(s.key); });
   }
-
-  void clear() {
-    slots_.clear();
-    slots_.shrink_to_fit();
-    size_ = 0;
-    mask_ = 0;
-  }
-
-  size_t size() const { return size_; }
-  size_t bytes() const { return slots_.capacity() * sizeof(Slot); }
 
  private:
-  static constexpr uint64_t kEmpty = ~uint64_t{0};
-  struct Slot {
-    uint64_t key = kEmpty;
-    int32_t value = -1;
-  };
+  using Slot = flat_map_detail::Slot;
+  static constexpr uint64_t kEmpty = flat_map_detail::kEmpty;
 
   size_t slot_of(uint64_t k) const {
     k ^= k >> 33;
@@ -103,21 +82,9 @@ class FlatMap {
   }
 
   void grow() {
-    std::vector<Slot> old;
-    old.swap(slots_);
-    size_t n = old.empty() ? 1024 : old.size() * 2;
-    slots_.reserve(n);
-    advise_huge_pages(slots_.data(), n * sizeof(Slot));  // before the fill touches the pages
-    slots_.assign(n, Slot{});
-    mask_ = n - 1;
-    size_ = 0;
-    for (const Slot& s : old)
+    for (const Slot& s : reallocate())
       if (s.key != kEmpty) put(s.key, s.value);
   }
-
-  std::vector<Slot> slots_;
-  size_t size_ = 0;
-  size_t mask_ = 0;
 };
 
 }  // namespace spectool

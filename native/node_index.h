@@ -1,6 +1,6 @@
 // The trie's index from (parent node, token) to the child node, 8 bytes a slot.
 //
-// Open addressing with linear probing and backward-shift deletion, like FlatMap, but a
+// Open addressing with linear probing and backward-shift deletion (probe_table.h), like FlatMap, but a
 // slot holds only the node id and 32 bits of the key's hash, not the key: the hash picks
 // the home slot and filters the probe, and a candidate is confirmed against the node
 // itself (its parent and token), which the trie reads anyway. Half the bytes of a
@@ -13,11 +13,19 @@
 #include <vector>
 
 #include "flat_map.h"
-#include "huge_pages.h"
+#include "probe_table.h"
 
 namespace spectool {
 
-class NodeIndex {
+namespace node_index_detail {
+struct Slot {
+  uint32_t hash = 0;
+  int32_t id = -1;  // -1: empty
+};
+static_assert(sizeof(Slot) == 8, "eight slots per cache line");
+}  // namespace node_index_detail
+
+class NodeIndex : public ProbeTable<node_index_detail::Slot> {
  public:
   static uint32_t hash(int32_t parent, int32_t token) {
     uint64_t k = FlatMap::key(parent, token);
@@ -47,7 +55,7 @@ class NodeIndex {
 
   // Adds node id under hash h; its key must not be in the index.
   void insert(uint32_t h, int32_t id) {
-    if ((size_ + 1) * 10 > slots_.size() * 7) grow();
+    if (full_for_one_more()) grow();
     size_t i = h & mask_;
     while (slots_[i].id >= 0) i = (i + 1) & mask_;
     slots_[i] = Slot{h, id};
@@ -62,52 +70,16 @@ class NodeIndex {
       if (slots_[i].id < 0) return;
       i = (i + 1) & mask_;
     }
-    // Backward shift: pull later entries of the probe run into the hole when their home
-    // slot allows it, so every remaining entry stays reachable from its home slot.
-    size_t hole = i;
-    for (size_t j = (i + 1) & mask_; slots_[j].id >= 0; j = (j + 1) & mask_) {
-      if (fills_hole(hole, j, slots_[j].hash & mask_)) {
-        slots_[hole] = slots_[j];
-        hole = j;
-      }
-    }
-    slots_[hole] = Slot{};
-    --size_;
+    erase_at(i, [](const Slot& s) { return s.id < 0; }, [this](const Slot& s) { return s.hash & mask_; });
   }
-
-  void clear() {
-    slots_.clear();
-    slots_.shrink_to_fit();
-    size_ = 0;
-    mask_ = 0;
-  }
-
-  size_t size() const { return size_; }
-  size_t bytes() const { return slots_.capacity() * sizeof(Slot); }
 
  private:
-  struct Slot {
-    uint32_t hash = 0;
-    int32_t id = -1;  // -1: empty
-  };
-  static_assert(sizeof(Slot) == 8, "eight slots per cache line");
+  using Slot = node_index_detail::Slot;
 
-  void grow() {
-    std::vector<Slot> old;
-    old.swap(slots_);
-    const size_t n = old.empty() ? 1024 : old.size() * 2;  // hashes are 32-bit: at most 2^32 slots
-    slots_.reserve(n);
-    advise_huge_pages(slots_.data(), n * sizeof(Slot));  // before the fill touches the pages
-    slots_.assign(n, Slot{});
-    mask_ = n - 1;
-    size_ = 0;
-    for (const Slot& s : old)
+  void grow() {  // hashes are 32-bit: at most 2^32 slots
+    for (const Slot& s : reallocate())
       if (s.id >= 0) insert(s.hash, s.id);
   }
-
-  std::vector<Slot> slots_;
-  size_t size_ = 0;
-  size_t mask_ = 0;
 };
 
 }  // namespace spectool
