@@ -14,7 +14,6 @@ Plain decoding (``draft=None``) is the same loop with a one-node tree.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 import time
@@ -27,7 +26,7 @@ import torch
 
 from spectool.config import DraftConfig
 from spectool.draft import Batch, make_drafter
-from spectool.draft.tree import DraftTree, chain_tree
+from spectool.draft.tree import TREE_TENSORS, DraftTree, chain_tree
 from spectool.graphs import GraphRunner
 from spectool.stats import RunStats
 from spectool.timing import PhaseTimer
@@ -35,7 +34,6 @@ from spectool.trace.recorder import PackedRows, Recorder, pack_rows
 from spectool.verify import VerifyResult, commit_kv, verify_greedy, verify_sampling
 
 # Tree tensors the verify step takes as (graph) inputs; max_depth is fixed to N-1 per graph.
-_TREE_TENSORS = tuple(f.name for f in dataclasses.fields(DraftTree) if f.name != "max_depth")
 
 
 @dataclass
@@ -455,7 +453,7 @@ class Engine:
             if greedy:
                 runner = self._greedy_record_runner if recorder is not None else self._greedy_runner
                 inputs = ({"roots": batch.roots, "seq_lens": batch.seq_lens} if tree is None
-                          else {name: getattr(tree, name) for name in _TREE_TENSORS})
+                          else dict(zip(TREE_TENSORS, tree.tensors())))
                 hidden, status, path, length, bonus, argmax, coins, table, *packed_data = runner(
                     b, slots=batch.slots, **inputs)
                 res = VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus,

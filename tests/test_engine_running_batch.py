@@ -164,7 +164,7 @@ def test_the_extend_graphs_draft_equals_a_fresh_draft(target, demo_model_dir, pr
     on the GPU). Outputs stay lossless even with a wrong tree, so compare the tree itself: at
     every draft served that way, the drafter's own draft for the same batch state (the draft
     graph, or the chain from its buffers) must give the same tree."""
-    from spectool.draft.eagle import _TREE_FIELDS
+    from spectool.draft.tree import TREE_TENSORS
 
     engine = make_engine(target, demo_model_dir, method)
     drafter = engine.drafter
@@ -179,7 +179,7 @@ def test_the_extend_graphs_draft_equals_a_fresh_draft(target, demo_model_dir, pr
             drafter._next = None  # the fresh path: drafted from the batch alone
             fresh, fresh_why = draft(batch, timer)
             assert fresh.max_depth == tree.max_depth
-            for name in _TREE_FIELDS:
+            for name in TREE_TENSORS:
                 got, want = getattr(tree, name), getattr(fresh, name)
                 if want.is_floating_point():
                     assert torch.allclose(got, want, atol=1e-5), name

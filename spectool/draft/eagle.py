@@ -20,10 +20,6 @@ from spectool.draft import Batch, accepted_inputs
 from spectool.draft.tree import DraftTree, eagle_tree_from_candidates
 from spectool.graphs import GraphRunner
 
-# DraftTree tensors the graphed draft step returns (max_depth is num_steps).
-_TREE_FIELDS = ("tokens", "parents", "depth", "scores", "valid", "mask", "positions", "retrieve_index",
-                "retrieve_next_token", "retrieve_next_sibling", "seq_lens")
-
 
 class EagleDrafter:
     """Drafts an EAGLE-2 tree from one draft layer with its own KV cache."""
@@ -152,7 +148,7 @@ class EagleDrafter:
         else:
             self._kv_len = None if self.engine.on_cuda else max(batch.seq_lens_host)
             out = self._draft_runner(batch.size, slots=batch.slots, seq_lens=batch.seq_lens, roots=batch.roots)
-        tree = DraftTree(**dict(zip(_TREE_FIELDS, out[:-2])), max_depth=self.config.num_steps)
+        tree = DraftTree.from_tensors(out[:-2], max_depth=self.config.num_steps)
         return tree, {"step_topk_tokens": out[-2], "step_topk_probs": out[-1]}
 
     def _draft_step(self, slots, seq_lens, roots):
@@ -207,4 +203,4 @@ class EagleDrafter:
             block += kk
         tree = eagle_tree_from_candidates(cand_tok, cand_score, cand_parent, self.num_draft_tokens, seq_lens,
                                           max_depth=steps)
-        return (*(getattr(tree, name) for name in _TREE_FIELDS), chosen_tok, chosen_p)
+        return (*tree.tensors(), chosen_tok, chosen_p)

@@ -25,10 +25,6 @@ from spectool.draft import Batch, accepted_inputs
 from spectool.draft.tree import DraftTree, chain_tree
 from spectool.graphs import GraphRunner
 
-# DraftTree tensors the graphed extend returns for the next iteration (max_depth is num_steps).
-_TREE_FIELDS = ("tokens", "parents", "depth", "scores", "valid", "mask", "positions", "retrieve_index",
-                "retrieve_next_token", "retrieve_next_sibling", "seq_lens")
-
 
 class MultiLayerEagleDrafter:
     """Drafts a top-1 chain of ``num_steps`` tokens from the first ``num_steps`` layers."""
@@ -103,7 +99,7 @@ class MultiLayerEagleDrafter:
     def _extend_step(self, slots, old_lens, tree_tokens, path, length, bonus, hidden):
         """After a verify: store the gained tokens and the path's hidden states, run every layer
         in order (each drafts from the drafts before it), and return the next iteration's chain
-        tree (root = the bonus token) as a tuple of its tensors (``_TREE_FIELDS``)."""
+        tree (root = the bonus token) as a tuple of its tensors (``DraftTree.tensors``)."""
         n = self.num_draft_tokens
         tokens, path_hidden = accepted_inputs(tree_tokens, path, length, bonus, hidden)
         rows = slots[:, None]
@@ -114,7 +110,7 @@ class MultiLayerEagleDrafter:
         for k in range(self.steps):
             self._layer_step(k, slots, old_lens, new_last)
         tree = self._chain(slots, bonus, new_last + 1)
-        return tuple(getattr(tree, name) for name in _TREE_FIELDS)
+        return tree.tensors()
 
     def _chain(self, slots, roots, seq_lens) -> DraftTree:
         tokens = torch.cat([roots[:, None], self.chain[slots]], dim=1)
@@ -145,7 +141,7 @@ class MultiLayerEagleDrafter:
 
     def draft(self, batch: Batch, timer) -> tuple[DraftTree, dict]:
         if self._next is not None and self._next[0] is batch:  # made by the extend graph
-            return DraftTree(**dict(zip(_TREE_FIELDS, self._next[1])), max_depth=self.steps), {}
+            return DraftTree.from_tensors(self._next[1], max_depth=self.steps), {}
         with timer("index"):  # after a prefill, or the batch changed since the extend
             tree = self._chain(batch.slots, batch.roots, batch.seq_lens)
         return tree, {}

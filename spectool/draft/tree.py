@@ -12,6 +12,7 @@ call it on the GPU inside the draft loop.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from spectool.kernels.tree_indices import (
 
 __all__ = [
     "DraftTree",
+    "TREE_TENSORS",
     "TreeError",
     "build_eagle_tree",
     "chain_tree",
@@ -238,6 +240,15 @@ class DraftTree:
     def device(self) -> torch.device:
         return self.tokens.device
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor field, in ``TREE_TENSORS`` order (what a graphed step returns)."""
+        return tuple(getattr(self, name) for name in TREE_TENSORS)
+
+    @classmethod
+    def from_tensors(cls, tensors: Sequence[torch.Tensor], max_depth: int) -> DraftTree:
+        """The tree of :meth:`tensors`' output (e.g. a graph's static outputs)."""
+        return cls(**dict(zip(TREE_TENSORS, tensors)), max_depth=max_depth)
+
     @classmethod
     def from_parents(
         cls,
@@ -299,6 +310,10 @@ class DraftTree:
             retrieve_next_token=next_token, retrieve_next_sibling=next_sibling, seq_lens=seq_lens,
             max_depth=int(depth.max()) if max_depth is None else max_depth,
         )
+
+
+# The tensor fields of a DraftTree (every field but max_depth), in declaration order.
+TREE_TENSORS = tuple(f.name for f in dataclasses.fields(DraftTree) if f.name != "max_depth")
 
 
 _CHAIN_SHAPES: dict[tuple[int, int, torch.device], dict[str, torch.Tensor]] = {}
