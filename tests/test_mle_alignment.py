@@ -13,12 +13,19 @@ oracle's predictions must give the engine's per-iteration accept lengths, hence 
 Any misalignment of the draft-extend (shift, hidden state fed after a verify, cache
 positions after commit, stale entries of rejected drafts, window, RoPE position) breaks one.
 
+Both wirings are checked: unchained (every layer reads h[i]) and chained (layer k > 0 reads
+layer k-1's feature at i); the same weights serve both, only the checkpoint's flag differs.
+
 Argmax ties: the engine computes a layer's logits in a short cached window, the oracle in a
 full forward; in float32 they agree to ~1e-5, so a disagreement is allowed only where the
 oracle's top-2 logit gap is below ``TIE``.
 """
 
 from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,6 +43,15 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 @pytest.fixture(scope="module")
 def demo():
     return st.demo_model()
+
+
+def mle_checkpoint(demo: Path, chained: bool, tmp_path: Path) -> Path:
+    """The bundled multi-layer checkpoint, wired chained or not."""
+    out = tmp_path / f"mle_chained_{chained}"
+    shutil.copytree(demo / "multi_layer_eagle", out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | {"chained": chained}))
+    return out
 
 
 def teacher_forced(target, draft, seq: list[int], steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,11 +103,14 @@ def walk(preds: torch.Tensor, seq: list[int], prompt_len: int, max_new: int) -> 
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("chained", [False, True])
 @pytest.mark.parametrize("steps,batch_size", [(4, 1), (3, 2)])
-def test_engine_drafts_what_training_teaches(demo, device, steps, batch_size):
+def test_engine_drafts_what_training_teaches(demo, device, steps, batch_size, chained, tmp_path):
     dtype = torch.float32
     target = st.load(demo / "target", device=device, dtype=dtype)
-    draft = load_draft(demo / "multi_layer_eagle", target)
+    path = mle_checkpoint(demo, chained, tmp_path)
+    draft = load_draft(path, target)
+    assert draft.chained == chained
     # Three prompts of different lengths (the last repeats a chunk: deep acceptance); with a
     # batch of 2 the third waits and takes a freed slot, whose draft caches hold the old request.
     prompts = cut_prompts(demo_token_streams(target, demo), 3, seed=steps, min_len=30, max_len=120,
@@ -101,7 +120,7 @@ def test_engine_drafts_what_training_teaches(demo, device, steps, batch_size):
     # Plain greedy a little past max_new: the last iteration drafts beyond the output's end.
     reference = plain.generate(prompts, max_new_tokens=max_new + steps + 1, ignore_eos=True,
                                record=False).token_ids
-    engine = st.Engine(target, draft=st.MultiLayerEagleConfig(demo / "multi_layer_eagle", num_steps=steps),
+    engine = st.Engine(target, draft=st.MultiLayerEagleConfig(path, num_steps=steps),
                        max_batch_size=batch_size, max_seq_len=512, cuda_graphs=device == "cuda")
     drafts = spy_on_drafts(engine)
     result = engine.generate(prompts, max_new_tokens=max_new, ignore_eos=True, record=False)

@@ -65,6 +65,40 @@ def test_round_trip_and_cache_path(target, tmp_path):
         torch.testing.assert_close(torch.cat([p[1] for p in parts], 1), plain_normed, atol=1e-5, rtol=0)
 
 
+def test_chained_flag_round_trip_and_wiring(target, tmp_path):
+    """A chained checkpoint keeps its flag; draft_chain feeds layer k the feature of layer k-1."""
+    from spectool.train.draft import draft_chain, target_view
+
+    cfg = target.config
+    draft = random_draft(cfg, 2, "multi_layer_eagle")
+    draft.chained = True
+    save_draft(draft, tmp_path / "chained")
+    save_draft(draft, tmp_path / "plain", chained=False)
+    assert load_draft(tmp_path / "chained", target).chained
+    assert not load_draft(tmp_path / "plain", target).chained
+
+    tokens = torch.randint(0, cfg.vocab_size, (1, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        view = target_view(target, tokens)
+        got = [(f, logits) for _, f, logits in draft_chain(draft, target, view, 2)]
+        positions = torch.arange(1, 10)[None]
+        f0, _ = draft.layers[0](view.emb[:, 1:], view.hidden[:, :9], positions)
+        f1, n1 = draft.layers[1](view.emb[:, 2:], f0[:, :8], positions[:, 1:])
+    torch.testing.assert_close(got[0][0], f0)
+    torch.testing.assert_close(got[1][0], f1)
+    torch.testing.assert_close(got[1][1], target.model.lm_head(n1).float())
+
+
+def test_chained_bad_input(target, tmp_path):
+    with pytest.raises(ValueError, match="chained"):
+        DraftModel(target.config, 1, "eagle", chained=True)
+    save_draft(random_draft(target.config, 1, "multi_layer_eagle"), tmp_path / "d")
+    meta = json.loads((tmp_path / "d" / "config.json").read_text())
+    (tmp_path / "d" / "config.json").write_text(json.dumps(meta | {"chained": "yes"}))
+    with pytest.raises(ValueError, match="chained"):
+        load_draft(tmp_path / "d", target)
+
+
 def test_misfit_checkpoints(target, tmp_path):
     cfg = target.config
     save_draft(random_draft(cfg, 1, "eagle"), tmp_path / "ok")

@@ -116,6 +116,7 @@ def test_train_draft_writes_a_loadable_checkpoint(trained, corpus, tmp_path, met
                          device="cpu", progress=False)
     draft = load_draft(out, st.load(target_dir))
     assert draft.kind == method and draft.num_layers == layers
+    assert draft.chained == (method == "multi_layer_eagle")  # the recipe's default wiring
     assert len(result["agreement"]) == (layers if method == "multi_layer_eagle" else 3)
     assert all(0.0 <= a <= 1.0 for a in result["agreement"])
     assert 0.0 <= result["greedy_accept_length"] <= len(result["agreement"])

@@ -7,6 +7,9 @@ indices, plus the last k indices it had fed with drafted tokens (those inputs ar
 known for certain now). Beyond the root, layer k's input tokens are the drafts of
 layers 0..k-1 at the last index, so the layers run in order and the chain
 root, d1, ..., dK is complete when the extend ends: ``draft()`` only assembles it.
+A chained checkpoint's layer k > 0 reads layer k-1's feature at index i in place of h[i];
+layer k-1 has written it by then (same window indices, or kept from the last extend, whose
+inputs at those indices were all committed).
 
 Everything stays on the device: per slot, the committed tokens (then the drafts)
 and the target's hidden states by index. After a verify each layer runs one
@@ -55,6 +58,9 @@ class MultiLayerEagleDrafter:
         self.tokens = torch.zeros(e.num_slots, e.cache_len + 2 * n + 1, dtype=torch.long, device=self.device)
         self.hidden = torch.zeros(e.num_slots, e.cache_len + 2 * n, e.config.hidden_size, dtype=e.target.dtype,
                                   device=self.device)
+        # Chained layers: layer k's feature by index, read by layer k+1 (the last layer's is not read).
+        self.features = (torch.zeros(self.steps - 1, *self.hidden.shape, dtype=self.hidden.dtype, device=self.device)
+                         if self.checkpoint.chained else None)
         self.chain = torch.zeros(e.num_slots, self.steps, dtype=torch.long, device=self.device)
         # Chain scores with the root's 1.0 in front, so draft() reads them in one op.
         self.chain_p = torch.ones(e.num_slots, 1 + self.steps, device=self.device)
@@ -83,8 +89,11 @@ class MultiLayerEagleDrafter:
         positions = index + (k + 1)  # also the indices of the input tokens
         rows = slots[:, None]
         emb = model.embed_tokens(self.tokens[rows, positions])
-        _, normed = self.checkpoint.layers[k](emb, self.hidden[rows, index], positions, self.caches[k], slots, start,
-                                              None, kv_len)
+        hidden = self.hidden if k == 0 or self.features is None else self.features[k - 1]
+        feature, normed = self.checkpoint.layers[k](emb, hidden[rows, index], positions, self.caches[k], slots,
+                                                    start, None, kv_len)
+        if self.features is not None and k < self.steps - 1:
+            self.features[k][rows, index] = feature
         last = new_last - start  # >= 0, padded graph rows included (their inputs are 0)
         out = normed.gather(1, last[:, None, None].expand(-1, 1, normed.shape[-1]))[:, 0]
         # NaN/inf logits (a broken layer) make NaN probabilities: count them as 0 so the

@@ -5,9 +5,13 @@ into a feature for the next-next token: ``eh_proj([enorm(emb); hnorm(hidden)])``
 one decoder block of the target's architecture, then a final norm; logits come from
 the target's lm_head on the normed output. Every layer has its own one-layer KVCache.
 
+Multi-layer drafts may be *chained* (as DeepSeek-V3's MTP modules): layer k > 0 then reads
+layer k-1's feature at the same index in place of the target hidden state, as EAGLE's
+later steps read their own. Unchained layers all read the target's hidden state.
+
 Checkpoint directory (what :func:`save_draft` writes and :func:`load_draft` reads):
 config.json ``{"spectool_draft": "eagle" | "multi_layer_eagle", "num_layers": K,
-"style": {...}, ...ModelConfig fields of the block}`` and model.safetensors with
+"chained": bool (absent = false), "style": {...}, ...ModelConfig fields of the block}`` and model.safetensors with
 ``layers.{k}.enorm.weight, layers.{k}.hnorm.weight, layers.{k}.eh_proj.weight,
 layers.{k}.block.<Hugging Face block names>, layers.{k}.norm.weight``.
 
@@ -87,17 +91,23 @@ class DraftLayer(nn.Module):
 
 
 class DraftModel(nn.Module):
-    """K draft layers of one kind, sharing the target's RoPE table."""
+    """K draft layers of one kind, sharing the target's RoPE table.
+
+    ``chained`` (multi-layer only): layer k > 0 reads layer k-1's feature instead of the
+    target's hidden state (module docstring).
+    """
 
     def __init__(self, cfg: ModelConfig, num_layers: int, kind: str, style: DraftStyle = DraftStyle(),
-                 rope: RotaryEmbedding | None = None):
+                 rope: RotaryEmbedding | None = None, chained: bool = False):
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"draft kind must be one of {KINDS}, got {kind!r}")
         if num_layers < 1:
             raise ValueError(f"a draft model needs at least one layer, got {num_layers}")
+        if chained and kind != "multi_layer_eagle":
+            raise ValueError("only multi-layer drafts can be chained (EAGLE's steps always read their own feature)")
         rope = rope if rope is not None else RotaryEmbedding(cfg)
-        self.config, self.kind, self.style = cfg, kind, style
+        self.config, self.kind, self.style, self.chained = cfg, kind, style, chained
         self.layers = nn.ModuleList(DraftLayer(cfg, style, rope) for _ in range(num_layers))
 
     @property
@@ -120,10 +130,14 @@ def _layer_layout(layer: DraftLayer, k: int) -> dict:
     return {ours: parts for ours, parts in lay.items() if ours in have}
 
 
-def save_draft(layers: DraftModel | Sequence[DraftLayer], path: str | Path, kind: str | None = None) -> None:
-    """Write draft layers as config.json + model.safetensors (the format :func:`load_draft` reads)."""
+def save_draft(layers: DraftModel | Sequence[DraftLayer], path: str | Path, kind: str | None = None,
+               chained: bool | None = None) -> None:
+    """Write draft layers as config.json + model.safetensors (the format :func:`load_draft` reads).
+    ``kind`` and ``chained`` default to the DraftModel's (a bare layer list: unchained)."""
     layer_list = list(layers.layers if isinstance(layers, DraftModel) else layers)
     kind = kind or (layers.kind if isinstance(layers, DraftModel) else None)
+    if chained is None:
+        chained = layers.chained if isinstance(layers, DraftModel) else False
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not layer_list:
@@ -137,7 +151,8 @@ def save_draft(layers: DraftModel | Sequence[DraftLayer], path: str | Path, kind
         tensors.update(split(_layer_layout(layer, k), state))
     skip = ("num_layers", "bos_token_id", "eos_token_ids")
     fields = {n: v for n, v in cfg.to_dict().items() if n not in skip}
-    meta = {"spectool_draft": kind, "num_layers": len(layer_list), "style": dataclasses.asdict(style),
+    meta = {"spectool_draft": kind, "num_layers": len(layer_list), "chained": chained,
+            "style": dataclasses.asdict(style),
             **fields}
     (out / "config.json").write_text(json.dumps(meta, indent=2))
     save_file(tensors, str(out / "model.safetensors"))
@@ -165,9 +180,12 @@ def load_draft(path: str | Path, target: Target) -> DraftModel:
     num_layers = meta.get("num_layers")
     if not isinstance(num_layers, int) or num_layers < 1:
         raise ValueError(f"{root}/config.json field 'num_layers' must be a positive int, got {num_layers!r}")
+    chained = meta.get("chained", False)
+    if not isinstance(chained, bool):
+        raise ValueError(f"{root}/config.json field 'chained' must be true or false, got {chained!r}")
     with torch.device("meta"):  # every tensor is assigned from the checkpoint below
         model = DraftModel(cfg, num_layers, meta["spectool_draft"], DraftStyle(**meta.get("style", {})),
-                           target.model.rope)
+                           target.model.rope, chained)
     for k, layer in enumerate(model.layers):
         state = gather(_layer_layout(layer, k), weights.get, target.dtype, target.device)
         _assign(layer, {n.removeprefix(f"layers.{k}."): t for n, t in state.items()})

@@ -82,6 +82,9 @@ def train_draft_main(argv: list[str]) -> int:
     _common(p, d.steps, d.batch_size, d.seq_len, d.lr, d.checkpoint_every)
     p.add_argument("--intermediate-size", type=int, default=None,
                    help="MLP width of the draft block (default: the target's)")
+    p.add_argument("--chained", action=argparse.BooleanOptionalAction, default=d.chained,
+                   help="multi_layer_eagle: layer k > 0 reads layer k-1's feature instead of the target's "
+                        "hidden state, as DeepSeek-V3's MTP (default: chained)")
     p.add_argument("--unroll", type=int, default=d.unroll, help="EAGLE: draft steps unrolled in training")
     p.add_argument("--greedy-fraction", type=float, default=d.greedy_fraction,
                    help="share of each batch's sequences that are a corpus prefix followed by the target's "
@@ -94,7 +97,7 @@ def train_draft_main(argv: list[str]) -> int:
     try:
         recipe = DraftRecipe(method=a.method, layers=layers, steps=a.steps, batch_size=a.batch_size,
                              seq_len=a.seq_len, lr=a.lr, checkpoint_every=a.checkpoint_every, seed=a.seed,
-                             intermediate_size=a.intermediate_size, unroll=a.unroll,
+                             intermediate_size=a.intermediate_size, chained=a.chained, unroll=a.unroll,
                              edit_fraction=a.edit_fraction, epochs=a.epochs,
                              greedy_fraction=a.greedy_fraction)
         train_draft(a.target, a.corpus, a.out, recipe, device=a.device, resume=a.resume,

@@ -6,7 +6,8 @@ Alignment is the engine's (docs/INTERNALS.md), with h = target hidden before the
   position i+s. Training unrolls ``unroll`` such steps (gradients flow through the features) and
   also regresses each step's feature onto h at the index it stands for, so long chains stay on track.
 - Multi-layer EAGLE, layer k: at index i reads (emb(x[i+k+1]), h[i]) at position i+k+1 and
-  predicts the target's prediction at i+k+1.
+  predicts the target's prediction at i+k+1. Chained (the default), layer k > 0 reads layer
+  k-1's feature at i in place of h[i] (gradients flow through it, as through EAGLE's unroll).
 
 Labels are the target's own next-token distributions (self-distillation): acceptance, not corpus
 likelihood, is what the loss optimises.
@@ -65,6 +66,7 @@ class DraftRecipe:
     eval_windows: int = 32
     seed: int = 0
     intermediate_size: int | None = None  # the draft block's MLP width; None = the target's
+    chained: bool = True       # multi-layer EAGLE: layer k > 0 reads layer k-1's feature, not h
     unroll: int = 5            # EAGLE: draft steps unrolled in training (the engine drafts 5)
     feature_weight: float = 1.0  # EAGLE: weight of the feature regression loss
     eval_steps: int = 5        # EAGLE: chain steps evaluated
@@ -83,6 +85,8 @@ class DraftRecipe:
         if self.method == "eagle" and self.layers != 1:
             raise ValueError(f"EAGLE reuses one draft layer for every step; --layers must be 1, "
                              f"got {self.layers}")
+        if self.method == "eagle":
+            self.chained = False  # a property of multi-layer drafts only
         for name in ("steps", "batch_size", "checkpoint_every", "eval_windows", "unroll", "eval_steps",
                      "greedy_refresh"):
             if getattr(self, name) < 1:
@@ -162,10 +166,9 @@ def draft_chain(draft: DraftModel, target: Target, view: TargetView, depth: int)
     for s in range(depth):
         n = T - s - 1
         positions = torch.arange(s + 1, T, device=view.hidden.device).expand(view.hidden.shape[0], n)
-        if draft.kind == "multi_layer_eagle":
-            layer, hidden = draft.layers[s], view.hidden[:, :n]
-        else:
-            layer, hidden = draft.layers[0], view.hidden[:, :n] if feature is None else feature[:, :n]
+        own = feature is not None and (draft.kind == "eagle" or draft.chained)
+        layer = draft.layers[s] if draft.kind == "multi_layer_eagle" else draft.layers[0]
+        hidden = feature[:, :n] if own else view.hidden[:, :n]
         feature, normed = layer(view.emb[:, s + 1:], hidden, positions)
         yield s, feature, target.model.lm_head(normed).float()
 
@@ -389,9 +392,10 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
     if state is not None:
         if state.get("kind") != "draft":
             raise ValueError(f"{out / CHECKPOINT_NAME} is not a draft checkpoint")
-        for name in ("method", "layers", "intermediate_size"):
-            if state["recipe"][name] != getattr(recipe, name):
-                raise ValueError(f"cannot resume: the checkpoint has {name}={state['recipe'][name]!r}, "
+        for name in ("method", "layers", "intermediate_size", "chained"):
+            had = state["recipe"].get(name, False)  # checkpoints from before "chained" are unchained
+            if had != getattr(recipe, name):
+                raise ValueError(f"cannot resume: the checkpoint has {name}={had!r}, "
                                  f"this run {getattr(recipe, name)!r}")
         if state["target_hash"] != target.model_hash:
             raise ValueError(f"cannot resume: {out} was trained against a different target")
@@ -410,7 +414,7 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
     cfg = target.config
     if recipe.intermediate_size:
         cfg = dataclasses.replace(cfg, intermediate_size=recipe.intermediate_size)
-    draft = DraftModel(cfg, recipe.layers, recipe.method, rope=target.model.rope)
+    draft = DraftModel(cfg, recipe.layers, recipe.method, rope=target.model.rope, chained=recipe.chained)
     init_weights(draft, 1)
     draft.to(dev).train()
     opt = make_optimizer(draft.parameters(), recipe.lr, recipe.weight_decay, fused=dev.type == "cuda")
@@ -437,7 +441,7 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
                      checkpoint_every=recipe.checkpoint_every,
                      batch_size=recipe.batch_size, out_dir=out, desc=recipe.method, progress=progress,
                      max_seconds=max_seconds)
-    export = DraftModel(cfg, recipe.layers, recipe.method)
+    export = DraftModel(cfg, recipe.layers, recipe.method, chained=recipe.chained)
     export.load_state_dict(draft.state_dict())
     save_draft(export.to(save_dtype), out)
     # Evaluate what was saved, loaded the way the engine loads it.
