@@ -19,6 +19,7 @@ from spectool.config import EagleConfig
 from spectool.draft import Batch, accepted_inputs
 from spectool.draft.tree import DraftTree, eagle_tree_from_candidates
 from spectool.graphs import GraphRunner
+from spectool.kernels import ops
 
 
 class EagleDrafter:
@@ -89,7 +90,7 @@ class EagleDrafter:
     def _probs(self, normed: torch.Tensor) -> torch.Tensor:
         """Next-token probabilities through the target's lm_head (only where they are needed:
         at a large vocabulary the head costs more than the draft layer)."""
-        return torch.softmax(self.engine.model.lm_head(normed).float(), dim=-1)
+        return torch.softmax(ops.linear(normed, self.engine.model.lm_head.weight), dim=-1, dtype=torch.float32)
 
     def _extend_step(self, slots, starts, tokens, hidden, last):
         """Feed (tokens[b], hidden[b]) at draft-cache index starts[b]; keep the feature and the

@@ -27,6 +27,7 @@ from spectool.config import MultiLayerEagleConfig
 from spectool.draft import Batch, accepted_inputs
 from spectool.draft.tree import DraftTree, chain_tree
 from spectool.graphs import GraphRunner
+from spectool.kernels import ops
 
 
 class MultiLayerEagleDrafter:
@@ -98,7 +99,7 @@ class MultiLayerEagleDrafter:
         out = normed.gather(1, last[:, None, None].expand(-1, 1, normed.shape[-1]))[:, 0]
         # NaN/inf logits (a broken layer) make NaN probabilities: count them as 0 so the
         # chain's scores stay valid; the target's verify rejects such drafts anyway.
-        probs = torch.softmax(model.lm_head(out).float(), dim=-1).nan_to_num(nan=0.0)
+        probs = torch.softmax(ops.linear(out, model.lm_head.weight), dim=-1, dtype=torch.float32).nan_to_num(nan=0.0)
         p, draft = probs.max(dim=-1)
         self.tokens[slots, new_last + (k + 2)] = draft
         self.chain[slots, k] = draft
