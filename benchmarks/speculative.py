@@ -153,6 +153,23 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
 # ------------------------------------------------------------------ this benchmark
 
 
+def parse_overrides(items: list[str]) -> dict[str, dict]:
+    """``["eagle.topk=2", ...]`` -> ``{"eagle": {"topk": 2}}``; values are JSON when they parse as JSON."""
+    out: dict[str, dict] = {}
+    for item in items:
+        name, eq, raw = item.partition("=")
+        method, dot, field = name.partition(".")
+        if not (eq and dot and field) or method not in METHODS or method == "plain":
+            raise ValueError(f"--set {item!r}: expected METHOD.FIELD=VALUE with METHOD one of "
+                             f"{', '.join(METHODS[1:])}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out.setdefault(method, {})[field] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(p)
@@ -164,7 +181,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="prompts per cell at least: a batch smaller than this decodes them in turn")
     p.add_argument("--budget-s", type=float, default=float("inf"),
                    help="start no cell after this many seconds")
+    p.add_argument("--set", action="append", default=[], metavar="METHOD.FIELD=VALUE",
+                   help="override one field of a method's config, e.g. eagle.num_draft_tokens=8 (repeatable)")
     args = p.parse_args(argv)
+    try:
+        overrides = parse_overrides(args.set)
+    except ValueError as e:
+        p.error(str(e))
     batches = [int(b) for b in args.batches.split(",")]
     methods = args.methods.split(",")
     if "plain" not in methods:
@@ -174,7 +197,11 @@ def main(argv: list[str] | None = None) -> int:
         batches, new_tokens, max_prompt = [1], 3, 16
     seed_all(args.seed)
     target = load_target(args.model, args.device)
-    configs = {m: draft_config(m, args.draft_dir) for m in methods}  # bad names fail before any decoding
+    # Bad method or field names fail here, before any decoding.
+    try:
+        configs = {m: draft_config(m, args.draft_dir, **overrides.get(m, {})) for m in methods}
+    except (TypeError, ValueError) as e:
+        p.error(f"--set: {e}")
     max_seq_len = target.config.max_position_embeddings
 
     started = time.perf_counter()

@@ -50,6 +50,19 @@ def test_speculative_equal_work_and_lossless(speculative_json):
     assert all(r["mean_accept_length"] == 0 for r in rows if r["method"] == "plain")
 
 
+def test_speculative_set_overrides_a_method_setting(tmp_path):
+    data = run_script("speculative", tmp_path, "--methods", "eagle", "--workloads", "completion",
+                      "--set", "eagle.num_draft_tokens=4", "--set", "eagle.num_steps=2")
+    eagle = data["meta"]["settings"]["eagle"]
+    assert (eagle["num_draft_tokens"], eagle["num_steps"], eagle["topk"]) == (4, 2, 4)
+    row = next(r for r in data["rows"] if r["method"] == "eagle")
+    assert row["mean_accept_length"] <= 2 and row["same_tokens_as_plain"] is True
+    for bad in ("eagle.bogus=1", "eagle.topk=0", "plain.x=1", "eagle"):
+        with pytest.raises(SystemExit) as exit_:
+            run_script("speculative", tmp_path, "--set", bad)
+        assert exit_.value.code == 2
+
+
 def test_step_times_implied_speedup_follows_from_times(speculative_json):
     spec, out = speculative_json
     data = run_script("step_times_8b", out, "--accept-json", str(out / "speculative.json"))
