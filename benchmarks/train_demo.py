@@ -3,6 +3,8 @@
     python benchmarks/pack_stdlib.py                           # .corpus/stdlib-3.11.tar.xz (8.4 M tokens)
     python benchmarks/train_demo.py --out /tmp/demo --stdlib .corpus/stdlib-3.11.tar.xz   # one GPU, <= 5.5 min
     python benchmarks/train_demo.py --out /tmp/demo --tiny     # the same pipeline on CPU in seconds
+    python benchmarks/train_demo.py --out /tmp/demo --stdlib .corpus/stdlib-3.11.tar.xz \
+        --from spectool/demo --methods multi_layer_eagle --budget-s 0   # retrain one draft kind only
 
 Writes OUT/target/ (Hugging Face Llama: config.json, model.safetensors, tokenizer.json),
 OUT/eagle/, OUT/multi_layer_eagle/ (draft checkpoints), OUT/prompts.jsonl (held-out completion
@@ -12,6 +14,8 @@ count is fitted to the budget after the first steps (printed, and recorded in me
 With --steps-* given explicitly and --budget-s 0, a run is repeatable step for step.
 --stdlib picks the standard library the corpus, the held-out split and the prompts come from
 (default: the running Python's; the recipe is sized for Python 3.11's).
+With --from BUNDLE the target (and every draft kind not named in --methods) is copied from an
+existing bundle, metrics included, and only the named drafts are trained against that target.
 If $OUT is set, metrics.json is also copied there.
 """
 
@@ -68,17 +72,24 @@ def recipes(tiny: bool, seed: int) -> tuple[TargetRecipe, DraftRecipe, DraftReci
 
 
 def train_all(out: Path, corpus: str | Path, target_r: TargetRecipe, draft_rs: tuple[DraftRecipe, ...],
-              device: str, budget: float | None, t0: float, stdlib: str | Path | None = None
-              ) -> tuple[dict, dict[str, dict]]:
-    """Train the target into OUT/target, then each draft recipe into OUT/<method>; returns their evals."""
+              device: str, budget: float | None, t0: float, stdlib: str | Path | None = None,
+              reuse: Path | None = None) -> tuple[dict, dict[str, dict]]:
+    """Train the target into OUT/target, then each draft recipe into OUT/<method>; returns their evals.
+
+    ``reuse``: a bundle whose target is copied (with its metrics) instead of trained.
+    """
     progress = sys.stderr.isatty()
 
     def phase_budget(name: str) -> float | None:
         return None if budget is None else SHARES[name] * budget
 
-    print(f"[{time.perf_counter() - t0:6.1f}s] training the target", flush=True)
-    target = train_target(corpus, out / "target", target_r, device=device, progress=progress,
-                          max_seconds=phase_budget("target"), stdlib=stdlib)
+    if reuse is None:
+        print(f"[{time.perf_counter() - t0:6.1f}s] training the target", flush=True)
+        target = train_target(corpus, out / "target", target_r, device=device, progress=progress,
+                              max_seconds=phase_budget("target"), stdlib=stdlib)
+    else:
+        shutil.copytree(reuse / "target", out / "target")
+        target = json.loads((reuse / "metrics.json").read_text())["target"] | {"reused_from": str(reuse)}
     drafts = {}
     for recipe in draft_rs:
         print(f"[{time.perf_counter() - t0:6.1f}s] training {recipe.method}", flush=True)
@@ -131,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mle-greedy-fraction", type=float, default=0.0,
                    help="multi-layer EAGLE: share of each batch that is a corpus prefix followed by the "
                         "target's greedy continuation (DraftRecipe.greedy_fraction; default %(default)s)")
+    p.add_argument("--from", dest="reuse", type=Path, default=None,
+                   help="an existing bundle (e.g. spectool/demo): reuse its target and the drafts not in --methods")
+    p.add_argument("--methods", default="eagle,multi_layer_eagle",
+                   help="draft kinds to train (default: both); with --from the others are copied")
     p.add_argument("--completion-prompts", type=int, default=32)
     p.add_argument("--editing-prompts", type=int, default=16)
     a = p.parse_args(argv)
@@ -154,12 +169,32 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: --mle-greedy-fraction: {e}", file=sys.stderr)
         return 2
+    methods = [m for m in a.methods.split(",") if m]
+    if not methods or any(m not in ("eagle", "multi_layer_eagle") for m in methods):
+        print(f"error: --methods must name eagle and/or multi_layer_eagle, got {a.methods!r}", file=sys.stderr)
+        return 2
+    reuse_metrics = None
+    if a.reuse is not None:
+        try:
+            reuse_metrics = json.loads((a.reuse / "metrics.json").read_text())
+            if not (a.reuse / "target" / "config.json").is_file():
+                raise FileNotFoundError(a.reuse / "target" / "config.json")
+        except (OSError, ValueError) as e:
+            print(f"error: --from {a.reuse} is not a demo bundle (target/ and metrics.json): {e}", file=sys.stderr)
+            return 2
     try:
         corpus = tiny_corpus(out / "tiny_corpus.txt", a.stdlib) if a.tiny else "stdlib"
         budget = a.budget_s if a.budget_s > 0 and not a.tiny else None
         # The tiny corpus is a plain file; --stdlib then only picks the prompts' held-out modules.
-        target, drafts = train_all(out, corpus, target_r, (eagle_r, mle_r), a.device, budget, t0,
-                                   None if a.tiny else a.stdlib)
+        draft_rs = tuple(r for r in (eagle_r, mle_r) if r.method in methods)
+        target, drafts = train_all(out, corpus, target_r, draft_rs, a.device, budget, t0,
+                                   None if a.tiny else a.stdlib, a.reuse)
+        if a.reuse is not None:  # the kinds not retrained come with the bundle, metrics and all
+            for kind in ("eagle", "multi_layer_eagle"):
+                if kind not in methods:
+                    shutil.copytree(a.reuse / kind, out / kind)
+                    drafts[kind] = reuse_metrics[kind]
+            drafts = {k: drafts[k] for k in ("eagle", "multi_layer_eagle")}
         write_prompts(out, a.completion_prompts, a.editing_prompts, a.seed, a.stdlib)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -171,18 +206,22 @@ def main(argv: list[str] | None = None) -> int:
     (out / "tiny_corpus.txt").unlink(missing_ok=True)
     weight_bytes = sum(f.stat().st_size for f in out.rglob("*.safetensors"))
 
+    # Entries copied with --from may predate a field: keep what they have.
     metrics = {
-        "target": {k: target[k] for k in ("heldout_loss", "heldout_source", "params", "steps",
-                                          "planned_steps", "tokens_per_s", "train_tokens", "seconds")},
+        "target": {k: target[k] for k in ("heldout_loss", "heldout_source", "params", "steps", "planned_steps",
+                                          "tokens_per_s", "train_tokens", "seconds", "reused_from")
+                   if k in target},
         **{m: {k: r[k] for k in ("agreement", "greedy_accept_length", "greedy_accept_length_per_position",
-                                 "greedy_eval", "params", "steps", "planned_steps", "tokens_per_s", "seconds")}
+                                 "greedy_eval", "params", "steps", "planned_steps", "tokens_per_s", "seconds",
+                                 "device") if k in r}
            for m, r in drafts.items()},
         "held_out_modules": list(data.HELD_OUT_MODULES),
         "stdlib": a.stdlib or "running interpreter",
         "edit_fraction": target_r.edit_fraction,
         "prompts": {"completion": a.completion_prompts, "editing": a.editing_prompts},
         "weight_bytes": weight_bytes,
-        "device": target["device"],
+        "device": next((r["device"] for m, r in drafts.items() if m in methods), None) if a.reuse
+        else target["device"],
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "seed": a.seed,

@@ -34,3 +34,18 @@ def test_tiny_demo_pipeline_writes_the_bundle_layout(tmp_path, monkeypatch):
     assert not list(out.rglob("train_state.pt"))  # training state is not part of the bundle
     # A second run refuses to overwrite a non-empty directory.
     assert train_demo.main(["--out", str(out), "--tiny", "--device", "cpu"]) == 2
+
+    # --from retrains only the named drafts against the bundle's target; the rest is copied.
+    again = tmp_path / "again"
+    assert train_demo.main(["--out", str(again), "--tiny", "--device", "cpu", "--from", str(out),
+                            "--methods", "multi_layer_eagle", "--seed", "1"]) == 0
+    for name in ("target/model.safetensors", "target/tokenizer.json", "eagle/model.safetensors"):
+        assert (again / name).read_bytes() == (out / name).read_bytes()
+    assert (again / "multi_layer_eagle/model.safetensors").read_bytes() != \
+        (out / "multi_layer_eagle/model.safetensors").read_bytes()
+    assert load_draft(again / "multi_layer_eagle", st.load(again / "target")).chained
+    redone = json.loads((again / "metrics.json").read_text())
+    assert redone["target"] == metrics["target"] | {"reused_from": str(out)}
+    assert redone["eagle"] == metrics["eagle"]
+    for bad in (["--from", str(tmp_path / "nothing")], ["--methods", "medusa"]):
+        assert train_demo.main(["--out", str(tmp_path / "bad"), "--tiny", "--device", "cpu", *bad]) == 2
