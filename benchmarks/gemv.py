@@ -1,18 +1,20 @@
-"""One-row GEMV at the decoder's weight shapes: cuBLAS vs the fused Triton kernels.
+"""GEMVs of 1 to 16 rows at the decoder's weight shapes: cuBLAS vs the fused Triton kernels.
 
-    python3 benchmarks/gemv.py                 # H200: 8B shapes, a sweep of kernel configs
+    python3 benchmarks/gemv.py                 # H200: 8B shapes, one row, a sweep of kernel configs
     python3 benchmarks/gemv.py --shapes 8B 1B --configs default
+    python3 benchmarks/gemv.py --shapes 8B 107M --rows 1,4,16   # also the few-row kernel's sweep
 
-For each projection of a decoder layer at batch 1 (and the lm_head) it times, inside a
-CUDA graph of back-to-back calls (weights rotated over copies so that nothing stays in
-the 50 MB L2):
+For each projection of a decoder layer (and the lm_head) and each row count (1: a batch-1
+decode step; 16: a batch-1 tree verify) it times, inside a CUDA graph of back-to-back
+calls (weights rotated over copies so that nothing stays in the 50 MB L2):
 
 * ``cublas``: ``F.linear`` alone (the floor for the unfused path's matmul);
 * ``unfused``: the glue kernel the model ran before it (residual + RMSNorm, or SiLU·mul)
   followed by ``F.linear``;
-* ``triton``: ``gemv_triton`` with the prologue fused, for every config of the sweep;
+* ``triton``: ``gemv_triton`` with the prologue fused, for every config of the sweep (the
+  one-row kernel's sweep for one row, the few-row kernel's for more);
 * ``one-pass norm``: the RMSNorm prologue without the unfused path's roundings
-  (``exact_norm=False``), at the default config.
+  (``exact_norm=False``, one row only), at the default config.
 
 µs per call, achieved GB/s (weight bytes / time) and the best config. Prints a table;
 writes gemv.json to $OUT when it is set.
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 from decode import SHAPES
 
 from spectool.kernels import ops
-from spectool.kernels.gemv import default_config, gemv_triton
+from spectool.kernels.gemv import MAX_ROWS, default_config, gemv_triton
 
 # projection -> (N, K, prologue) as functions of the shape's hidden size H, MLP width I, vocab V.
 PROJECTIONS = {
@@ -41,6 +43,8 @@ PROJECTIONS = {
     "lm_head": lambda H, I, V, kv: (V, H, "rms_norm"),
 }
 SWEEP = [c for c in itertools.product((4, 8, 16, 32), (256, 512, 1024), (4, 8), (3, 4)) if c[0] * c[1] <= 8192]
+# The few-row kernel's tl.dot needs BLOCK_N >= 16.
+ROWS_SWEEP = [c for c in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (2, 3, 4)) if c[0] * c[1] <= 16384]
 
 
 def graph_time_us(fn, calls: int, device: torch.device) -> float:
@@ -66,13 +70,13 @@ def graph_time_us(fn, calls: int, device: torch.device) -> float:
     return sorted(times)[2]
 
 
-def bench_projection(name: str, n: int, k: int, prologue: str, configs: list, calls: int,
+def bench_projection(name: str, n: int, k: int, prologue: str, rows: int, configs: list, calls: int,
                      device: torch.device, dtype: torch.dtype) -> dict:
     copies = max(2, min(16, (400 << 20) // (n * k * 2) + 1))  # > 400 MB in all: past the L2
     weights = [torch.randn(n, k, device=device, dtype=dtype) / k**0.5 for _ in range(copies)]
     width = 2 * k if prologue == "silu_mul" else k
-    x = torch.randn(1, 1, width, device=device, dtype=dtype)
-    res = torch.randn(1, 1, k, device=device, dtype=dtype)
+    x = torch.randn(1, rows, width, device=device, dtype=dtype)  # one sequence of `rows` tokens
+    res = torch.randn(1, rows, k, device=device, dtype=dtype)
     nw = torch.ones(k, device=device, dtype=dtype)
     out_dtype = torch.float32 if name == "lm_head" else dtype
     residual = res if prologue == "rms_norm" and name != "lm_head" else None
@@ -92,7 +96,7 @@ def bench_projection(name: str, n: int, k: int, prologue: str, configs: list, ca
                                      config, exact_norm)
 
     bytes_ = n * k * 2
-    row = {"projection": name, "N": n, "K": k, "prologue": prologue, "MB": bytes_ / 2**20}
+    row = {"projection": name, "N": n, "K": k, "prologue": prologue, "rows": rows, "MB": bytes_ / 2**20}
     with torch.inference_mode():
         row["cublas_us"] = graph_time_us(lambda i: F.linear(x[..., :k], weights[i % copies]), calls, device)
         row["unfused_us"] = graph_time_us(unfused, calls, device)
@@ -103,11 +107,11 @@ def bench_projection(name: str, n: int, k: int, prologue: str, configs: list, ca
             except Exception as exc:  # a config the compiler rejects (e.g. out of registers)
                 results[config] = float("inf")
                 row.setdefault("failed", []).append(f"{config}: {type(exc).__name__}")
-        if prologue == "rms_norm":  # what the unfused roundings cost: the one-pass variant
+        if prologue == "rms_norm" and rows == 1:  # what the unfused roundings cost: the one-pass variant
             row["triton_onepass_us"] = graph_time_us(fused(default_config(k), exact_norm=False), calls, device)
     best = min(results, key=results.get)
-    row.update(triton_default_us=results.get(default_config(k)), triton_best_us=results[best], best_config=best,
-               all={str(c): t for c, t in results.items()})
+    row.update(triton_default_us=results.get(default_config(k, rows, n)), triton_best_us=results[best],
+               best_config=best, all={str(c): t for c, t in results.items()})
     for key in ("cublas", "unfused", "triton_best"):
         row[f"{key}_gb_s"] = bytes_ / (row[f"{key}_us"] * 1e-6) / 1e9
     return row
@@ -118,12 +122,16 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--shapes", nargs="+", default=["8B"], choices=sorted(SHAPES))
     parser.add_argument("--configs", choices=("sweep", "default"), default="sweep")
+    parser.add_argument("--rows", default="1",
+                        help=f"comma-separated input row counts, each 1 to {MAX_ROWS} (e.g. 1,4,16)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
+    row_counts = [int(r) for r in args.rows.split(",")]
+    if not all(1 <= r <= MAX_ROWS for r in row_counts):
+        parser.error(f"--rows takes counts from 1 to {MAX_ROWS}, got {args.rows!r}")
     device = torch.device(args.device)
     if device.type != "cuda":
         raise SystemExit("benchmarks/gemv.py times CUDA kernels: it needs a GPU")
-    configs = None if args.configs == "default" else SWEEP
     rows = []
     for shape in args.shapes:
         s = SHAPES[shape]
@@ -131,20 +139,25 @@ def main() -> None:
         kv = H // s["num_heads"] * s["num_kv_heads"]
         for name, make in PROJECTIONS.items():
             n, k, prologue = make(H, I, V, kv)
-            row = bench_projection(name, n, k, prologue, configs or [default_config(k)],
-                                   8 if args.quick else 32, device, torch.bfloat16)
-            row["shape"] = shape
-            rows.append(row)
-            print(f"{shape} {name:8s} {n}x{k} {prologue:9s} cublas {row['cublas_us']:7.1f} µs "
-                  f"({row['cublas_gb_s']:5.0f} GB/s) | unfused {row['unfused_us']:7.1f} | triton best "
-                  f"{row['triton_best_us']:7.1f} ({row['triton_best_gb_s']:5.0f} GB/s) {row['best_config']} | "
-                  f"default {row['triton_default_us']}", flush=True)
-    print("\n| shape | projection | N×K | prologue | cuBLAS µs | glue + cuBLAS µs | fused Triton µs | "
+            for m in row_counts:
+                if args.configs == "default":
+                    configs = [default_config(k, m, n)]
+                else:
+                    configs = SWEEP if m == 1 else ROWS_SWEEP
+                row = bench_projection(name, n, k, prologue, m, configs, 8 if args.quick else 32, device,
+                                       torch.bfloat16)
+                row["shape"] = shape
+                rows.append(row)
+                print(f"{shape} {name:8s} {n}x{k} {prologue:9s} rows {m:2d} cublas {row['cublas_us']:7.1f} µs "
+                      f"({row['cublas_gb_s']:5.0f} GB/s) | unfused {row['unfused_us']:7.1f} | triton best "
+                      f"{row['triton_best_us']:7.1f} ({row['triton_best_gb_s']:5.0f} GB/s) {row['best_config']} | "
+                      f"default {row['triton_default_us']}", flush=True)
+    print("\n| shape | projection | N×K | prologue | rows | cuBLAS µs | glue + cuBLAS µs | fused Triton µs | "
           "one-pass norm µs | config (BLOCK_N, BLOCK_K, warps, stages) |")
-    print("|---|---|---|---|---:|---:|---:|---:|---|")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
         onepass = f"{r['triton_onepass_us']:.1f}" if "triton_onepass_us" in r else "–"
-        print(f"| {r['shape']} | {r['projection']} | {r['N']}×{r['K']} | {r['prologue']} | "
+        print(f"| {r['shape']} | {r['projection']} | {r['N']}×{r['K']} | {r['prologue']} | {r['rows']} | "
               f"{r['cublas_us']:.1f} | {r['unfused_us']:.1f} | {r['triton_best_us']:.1f} | {onepass} | "
               f"{r['best_config']} |")
     if os.environ.get("OUT"):

@@ -1,10 +1,11 @@
-"""The fused one-row GEMV kernels against their torch reference and the unfused ops they
-replace, on the CPU via TRITON_INTERPRET=1 (arrangement of test_kernels_fused.py).
+"""The fused GEMV kernels (one row, and 2 to 16 rows) against their torch reference and the
+unfused ops they replace, on the CPU via TRITON_INTERPRET=1 (arrangement of
+test_kernels_fused.py).
 
 The unfused oracle is what the model computes without them: ``F.linear`` after
-``ops.silu_mul`` or after the residual add + ``F.rms_norm``. The fused norm skips one
-rounding of the normalised input, so it matches that oracle to the activation dtype's
-precision, not exactly.
+``ops.silu_mul`` or after the residual add + ``F.rms_norm``. The float32 sums run in
+another order than torch's, and the interpreter truncates float32 -> bfloat16 where the
+GPU rounds, so they match that oracle to the activation dtype's precision, not exactly.
 """
 
 from __future__ import annotations
@@ -102,9 +103,9 @@ def test_rms_norm_prologue(n, k, dtype, tol, config, with_residual, exact_norm):
 @in_interpreter
 def test_bad_input_is_a_clear_error():
     w = torch.randn(8, 16)
-    with pytest.raises(ValueError, match="one row"):
-        gemv.gemv_triton(torch.randn(2, 16), w)
-    with pytest.raises(ValueError, match="one row"):
+    with pytest.raises(ValueError, match="1 to 16 rows"):
+        gemv.gemv_triton(torch.randn(17, 16), w)
+    with pytest.raises(ValueError, match="1 to 16 rows"):
         gemv.gemv_triton(torch.randn(1, 16), w, prologue="silu_mul")
     with pytest.raises(ValueError, match="prologue"):
         gemv.gemv_triton(torch.randn(1, 16), w, prologue="gelu")
@@ -112,3 +113,159 @@ def test_bad_input_is_a_clear_error():
         gemv.gemv_triton(torch.randn(1, 16), w, prologue="rms_norm")
     with pytest.raises(ValueError, match="residual"):
         gemv.gemv_triton(torch.randn(1, 16), w, residual=torch.randn(1, 16))
+    with pytest.raises(ValueError, match="one row only"):
+        gemv.gemv_triton(torch.randn(2, 16), w, prologue="rms_norm", norm_weight=torch.ones(16), exact_norm=False)
+    with pytest.raises(ValueError, match="contiguous along K"):
+        gemv.gemv_triton(torch.randn(16, 2).t(), w)
+
+
+# ---------------------------------------------------------------------------------
+# 2 to 16 rows (tree verify, EAGLE draft steps): one weight tile read serves every row
+
+ROWS = [1, 2, 5, 16]  # 1: the one-row kernel behind the same entry point
+ROW_CONFIGS = [(16, 64, 4, 2), None]  # several N tiles and K chunks with ragged edges; the default
+ROW_SHAPES = [(40, 72), (33, 300)]
+
+
+def rows_of(gen: torch.Generator, m: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """[1, m, width] (one sequence of m tokens), each row at its own scale: a kernel that normalised
+    every row by another row's rstd would be off by up to 16x."""
+    scale = torch.logspace(-2, 2, m, base=2.0)[:, None]
+    return (torch.randn(m, width, generator=gen) * scale).to(dtype)[None]
+
+
+def unfused_norm(summed: torch.Tensor, nw: torch.Tensor, eps: float) -> torch.Tensor:
+    """``F.rms_norm`` of the (rounded) sum with the unfused kernels' roundings: normalised, then
+    times the weight."""
+    normed = F.rms_norm(summed.float(), (summed.shape[-1],), None, eps).to(summed.dtype)
+    return (normed.float() * nw.float()).to(summed.dtype)
+
+
+@in_interpreter
+@pytest.mark.parametrize("config", ROW_CONFIGS)
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("n,k", ROW_SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_rows_plain(m, n, k, dtype, tol, config, with_bias):
+    gen = torch.Generator().manual_seed(m * n + k)
+    x = rows_of(gen, m, k, dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype) if with_bias else None
+    y, s = gemv.gemv_triton(x, w, bias, config=config)
+    assert s is None
+    expected = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+    close(y, expected.to(dtype), tol)
+    y32, _ = gemv.gemv_triton(x, w, bias, out_dtype=torch.float32, config=config)
+    close(y32, expected, tol)
+
+
+@in_interpreter
+@pytest.mark.parametrize("config", ROW_CONFIGS)
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("n,k", ROW_SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+def test_rows_silu_mul(m, n, k, dtype, tol, config):
+    gen = torch.Generator().manual_seed(m + n + k)
+    gate_up = (2 * torch.randn(1, m, 2 * k, generator=gen)).to(dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    y, s = gemv.gemv_triton(gate_up, w, prologue="silu_mul", config=config)
+    assert s is None
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    act = (F.silu(gate) * up).to(dtype)  # the unfused kernel's output, in the activation dtype
+    close(y, F.linear(act.float(), w.float()).to(dtype), tol)
+
+
+@in_interpreter
+@pytest.mark.parametrize("config", ROW_CONFIGS)
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("n,k", ROW_SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("with_residual,with_bias", [(False, False), (True, False), (True, True)])
+def test_rows_rms_norm(m, n, k, dtype, tol, config, with_residual, with_bias):
+    gen = torch.Generator().manual_seed(3 * m + n + k)
+    x = rows_of(gen, m, k, dtype)
+    res = rows_of(gen, m, k, dtype).flip(1) if with_residual else None
+    nw = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype) if with_bias else None
+    y, s = gemv.gemv_triton(x, w, bias, prologue="rms_norm", residual=res, norm_weight=nw, eps=1e-5,
+                            config=config)
+    summed = x if res is None else (x.float() + res.float()).to(dtype)
+    if res is None:
+        assert s is None
+    elif dtype == torch.float32:
+        assert torch.equal(s, x + res)
+    else:  # the interpreter truncates to bfloat16 where torch (and the GPU) round: one step apart
+        close(s, summed, tol)
+    b = None if bias is None else bias.float()
+    close(y, F.linear(unfused_norm(summed, nw, 1e-5).float(), w.float(), b).to(dtype), tol)
+    close(y, F.linear(F.rms_norm(summed.float(), (k,), nw.float(), 1e-5), w.float(), b).to(dtype), tol)
+
+
+@in_interpreter
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_rows_strided_and_mixed_dtype_inputs(dtype, tol):
+    """Slices as the model passes them (``hidden[:, -1:]``, ``normed[:, -k:]``): the same result as
+    their contiguous copies, whether the rows collapse to one stride or not."""
+    gen = torch.Generator().manual_seed(7)
+    k, n = 72, 40
+    hidden = torch.randn(3, 5, k, generator=gen).to(dtype)
+    other = torch.randn(3, 5, k, generator=gen).to(dtype)
+    nw = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    for last in (1, 2):  # [3, 1, k]: one row stride (a view); [3, 2, k]: two strides (a copy)
+        x, res = hidden[:, -last:], other[:, -last:]
+        y, s = gemv.gemv_triton(x, w, None, "rms_norm", res, nw, 1e-5, torch.float32)
+        y_ref, s_ref = gemv.gemv_triton(x.contiguous(), w, None, "rms_norm", res.contiguous(), nw, 1e-5,
+                                        torch.float32)
+        assert torch.equal(y, y_ref) and torch.equal(s, s_ref) and s.is_contiguous()
+        summed = (x.float() + res.float()).to(dtype)
+        close(y, F.linear(unfused_norm(summed, nw, 1e-5).float(), w.float()), tol)
+    # An activation in another dtype than the weight: float32 products, no tl.dot dtype clash.
+    x = hidden[0].float()
+    close(gemv.gemv_triton(x, w)[0], F.linear(x, w.float()), tol)
+
+
+@in_interpreter
+def test_ops_send_1_to_16_rows_to_the_fused_gemv(monkeypatch):
+    """The dispatch in ops.py, with its CUDA condition lifted so the interpreter stands in: 1 to 16
+    rows take one fused launch, 17 fall back to the unfused ops."""
+    from spectool.kernels import ops
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return gemv_triton(*args, **kwargs)
+
+    gemv_triton = gemv.gemv_triton
+    monkeypatch.setattr(ops, "_triton", lambda x: x.stride(-1) == 1 and not torch.is_grad_enabled())
+    monkeypatch.setattr(gemv, "gemv_triton", spy)
+    gen = torch.Generator().manual_seed(11)
+    k, n, tol = 64, 48, 1e-4
+    w = torch.randn(n, k, generator=gen) / k**0.5
+    w_down = torch.randn(n, n // 2, generator=gen) / n**0.5
+    nw = 1 + 0.1 * torch.randn(k, generator=gen)
+    with torch.no_grad():
+        for m, fused in ((1, True), (5, True), (16, True), (17, False)):
+            calls.clear()
+            x = torch.randn(1, m, k, generator=gen)
+            res = torch.randn(1, m, k, generator=gen)
+            close(ops.linear(x, w), F.linear(x, w), tol)
+            y, s = ops.rms_norm_linear(x, res, nw, 1e-5, w, None, torch.float32)
+            assert torch.equal(s, x + res)
+            close(y, F.linear(F.rms_norm(x + res, (k,), nw, 1e-5), w), tol)
+            gate_up = torch.randn(1, m, n, generator=gen)
+            gate, up = gate_up.chunk(2, dim=-1)
+            close(ops.silu_mul_linear(gate_up, w_down), F.linear(F.silu(gate) * up, w_down), tol)
+            assert len(calls) == (3 if fused else 0), (m, calls)
+        hidden = torch.randn(4, 6, k, generator=gen)  # Transformer.logits(hidden[:, -1:]): 4 strided rows
+        calls.clear()
+        logits = ops.rms_norm_linear(hidden[:, -1:], None, nw, 1e-5, w, None, torch.float32)[0]
+        assert len(calls) == 1
+        close(logits, F.linear(F.rms_norm(hidden[:, -1:], (k,), nw, 1e-5), w), tol)
+        monkeypatch.setattr(ops, "FUSED_GEMV", False)
+        calls.clear()
+        ops.linear(hidden[:, -1:], w)
+        assert not calls

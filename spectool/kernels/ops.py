@@ -8,6 +8,12 @@ unless the caller passes a host ``kv_len``, so every op is CUDA-graph safe.
 
 On CUDA tensors each op dispatches to its fused Triton kernel (kernels/fused.py,
 kernels/attention_triton.py; imported on first use so CPU runs never load Triton).
+The projections (``linear``, ``rms_norm_linear``, ``silu_mul_linear``) take the fused
+GEMVs of kernels/gemv.py for 1 to 16 rows in all, with the norm or SiLU·mul before them
+in the same launch: a batch-1 decode step, a batch-1 tree verify of up to 16 tokens and
+an EAGLE draft step then cost about the same number of launches, each reading the weight
+once (kernels/gemv.py says at which model sizes that is also faster); more rows go to
+cuBLAS after the separate glue kernels.
 """
 
 from __future__ import annotations
@@ -58,15 +64,20 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 FUSED_GEMV = True
 
 
-def _one_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    # One token in all (batch-1 decode): the fused GEMV beats a launch per glue op; more rows go to cuBLAS.
-    return FUSED_GEMV and _triton(x) and x.numel() == x.shape[-1] and weight.dtype == x.dtype and weight.stride(-1) == 1
+def _few_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    # 1 to gemv.MAX_ROWS rows in all (decode at small batch, a batch-1 tree verify, an EAGLE draft step):
+    # a fused GEMV reads the weight once for every row and saves the glue op's launch; more rows go to
+    # cuBLAS. gemv.py is imported only once the tensor is on CUDA, so CPU runs never load Triton.
+    if not (FUSED_GEMV and _triton(x) and weight.dtype == x.dtype and weight.stride(-1) == 1 and x.shape[-1]):
+        return False
+    from spectool.kernels.gemv import MAX_ROWS
+    return 1 <= x.numel() // x.shape[-1] <= MAX_ROWS
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``; a single row on CUDA goes to the Triton GEMV (kernels/gemv.py), which reads
-    small weights faster than cuBLAS's split-K kernels."""
-    if _one_row(x, weight):
+    """``F.linear``; 1 to 16 rows on CUDA go to the Triton GEMV (kernels/gemv.py), which for one
+    row reads small weights faster than cuBLAS's split-K kernels."""
+    if _few_rows(x, weight):
         from spectool.kernels.gemv import gemv_triton
         return gemv_triton(x, weight, bias)[0]
     return F.linear(x, weight, bias)
@@ -78,10 +89,10 @@ def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     """``s = x + residual`` (``x`` when residual is None); returns ``(linear(rms_norm(s)), s)``,
     the first in ``out_dtype`` (default x's).
 
-    One fused launch on CUDA for a single row (kernels/gemv.py); the norm's rounding is
-    skipped there, so it agrees with the unfused path to the activation dtype's precision.
+    One fused launch on CUDA for 1 to 16 rows (kernels/gemv.py), with the unfused path's
+    roundings of the normalised input; only the order of the float32 sums differs.
     """
-    if _one_row(x, weight) and (residual is None or residual.stride(-1) == 1):
+    if _few_rows(x, weight) and (residual is None or (residual.stride(-1) == 1 and residual.shape == x.shape)):
         from spectool.kernels.gemv import gemv_triton
         y, s = gemv_triton(x, weight, bias, "rms_norm", residual, norm_weight, eps, out_dtype)
         return y, x if s is None else s
@@ -119,8 +130,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``linear(silu_mul(gate_up), weight)`` (the MLP's down projection); one launch on CUDA for
-    a single row, with the same roundings as the unfused path."""
-    if _one_row(gate_up, weight):
+    1 to 16 rows, with the same roundings as the unfused path."""
+    if _few_rows(gate_up, weight):
         from spectool.kernels.gemv import gemv_triton
         return gemv_triton(gate_up, weight, prologue="silu_mul")[0]
     return F.linear(silu_mul(gate_up), weight)
