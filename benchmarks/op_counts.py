@@ -73,6 +73,7 @@ class OpCounter(TorchDispatchMode):
         self.path: list[str] = []
         self.counts: Counter[tuple[tuple[str, ...], str]] = Counter()
         self.paused = 0
+        self.head_weights: list[torch.Tensor] = []  # lm_head weights: ops.linear on them counts as "lm_head"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
@@ -138,6 +139,14 @@ def patched(counter: OpCounter) -> Iterator[None]:
             yield
     replace(timing.PhaseTimer, "__call__", phase)
     replace(DraftLayer, "forward", labelled(counter, "part:draft layer", DraftLayer.forward))
+    linear = ops.linear
+
+    def head_or_linear(x, weight, *args, **kwargs):  # the drafters run the head through ops.linear
+        if any(weight is w for w in counter.head_weights):
+            with counter.label("part:lm_head"):
+                return linear(x, weight, *args, **kwargs)
+        return linear(x, weight, *args, **kwargs)
+    replace(ops, "linear", head_or_linear)
     try:
         yield
     finally:
@@ -160,6 +169,7 @@ def instrument_engine(counter: OpCounter, engine: st.Engine) -> None:
     model = engine.model
     model.embed_tokens.forward = labelled(counter, "part:embedding", model.embed_tokens.forward)
     model.lm_head.forward = labelled(counter, "part:lm_head", model.lm_head.forward)
+    counter.head_weights.append(model.lm_head.weight)  # the drafters' head calls (see patched)
     model.forward = labelled(counter, "part:target forward", model.forward)
     model.logits = labelled(counter, "part:target logits", model.logits)
 

@@ -230,7 +230,8 @@ def test_rows_strided_and_mixed_dtype_inputs(dtype, tol):
 @in_interpreter
 def test_ops_send_1_to_16_rows_to_the_fused_gemv(monkeypatch):
     """The dispatch in ops.py, with its CUDA condition lifted so the interpreter stands in: 1 to 16
-    rows take one fused launch, 17 fall back to the unfused ops."""
+    rows of a small weight take one fused launch, 17 fall back to the unfused ops; SiLU·mul and
+    weights above FEW_ROWS_MAX_WEIGHT are fused for one row only."""
     from spectool.kernels import ops
 
     calls = []
@@ -259,7 +260,14 @@ def test_ops_send_1_to_16_rows_to_the_fused_gemv(monkeypatch):
             gate_up = torch.randn(1, m, n, generator=gen)
             gate, up = gate_up.chunk(2, dim=-1)
             close(ops.silu_mul_linear(gate_up, w_down), F.linear(F.silu(gate) * up, w_down), tol)
-            assert len(calls) == (3 if fused else 0), (m, calls)
+            assert len(calls) == (0 if not fused else 3 if m == 1 else 2), (m, calls)
+        with monkeypatch.context() as small:  # w just above the few-row limit: one row only is fused
+            small.setattr(ops, "FEW_ROWS_MAX_WEIGHT", w.numel() - 1)
+            for m in (1, 2):
+                calls.clear()
+                x = torch.randn(m, k, generator=gen)
+                close(ops.linear(x, w), F.linear(x, w), tol)
+                assert len(calls) == (m == 1)
         hidden = torch.randn(4, 6, k, generator=gen)  # Transformer.logits(hidden[:, -1:]): 4 strided rows
         calls.clear()
         logits = ops.rms_norm_linear(hidden[:, -1:], None, nw, 1e-5, w, None, torch.float32)[0]

@@ -9,11 +9,9 @@ unless the caller passes a host ``kv_len``, so every op is CUDA-graph safe.
 On CUDA tensors each op dispatches to its fused Triton kernel (kernels/fused.py,
 kernels/attention_triton.py; imported on first use so CPU runs never load Triton).
 The projections (``linear``, ``rms_norm_linear``, ``silu_mul_linear``) take the fused
-GEMVs of kernels/gemv.py for 1 to 16 rows in all, with the norm or SiLU·mul before them
-in the same launch: a batch-1 decode step, a batch-1 tree verify of up to 16 tokens and
-an EAGLE draft step then cost about the same number of launches, each reading the weight
-once (kernels/gemv.py says at which model sizes that is also faster); more rows go to
-cuBLAS after the separate glue kernels.
+GEMVs of kernels/gemv.py for one row, with the norm or SiLU·mul before them in the same
+launch, and for 2 to 16 rows where that measured faster (small weights, no SiLU·mul:
+``FEW_ROWS_MAX_WEIGHT``); the rest goes to cuBLAS after the separate glue kernels.
 """
 
 from __future__ import annotations
@@ -64,20 +62,31 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 FUSED_GEMV = True
 
 
-def _few_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    # 1 to gemv.MAX_ROWS rows in all (decode at small batch, a batch-1 tree verify, an EAGLE draft step):
-    # a fused GEMV reads the weight once for every row and saves the glue op's launch; more rows go to
-    # cuBLAS. gemv.py is imported only once the tensor is on CUDA, so CPU runs never load Triton.
+# Above one row the fused GEMV only wins where the weight is small: on the H200 at 16 rows
+# (benchmarks/gemv.py --rows 16, docs/BENCHMARKS.md) it beat norm + cuBLAS at the 107M model's
+# qkv, o, gate_up and lm_head (up to 4096 x 768) but lost at its SiLU-fused down projection and
+# at every 8B projection, where each program's repeated prologue over a wide input costs more
+# than the launch it saves.
+FEW_ROWS_MAX_WEIGHT = 4096 * 1024
+
+
+def _fused(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> bool:
+    # One row (decode at batch 1) always; 2 to gemv.MAX_ROWS rows (a batch-1 tree verify, an EAGLE
+    # draft step) where measured faster (above). gemv.py is imported only once the tensor is on
+    # CUDA, so CPU runs never load Triton.
     if not (FUSED_GEMV and _triton(x) and weight.dtype == x.dtype and weight.stride(-1) == 1 and x.shape[-1]):
         return False
+    rows = x.numel() // x.shape[-1]
+    if rows == 1:
+        return True
     from spectool.kernels.gemv import MAX_ROWS
-    return 1 <= x.numel() // x.shape[-1] <= MAX_ROWS
+    return rows <= MAX_ROWS and not silu_mul and weight.numel() <= FEW_ROWS_MAX_WEIGHT
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``; 1 to 16 rows on CUDA go to the Triton GEMV (kernels/gemv.py), which for one
-    row reads small weights faster than cuBLAS's split-K kernels."""
-    if _few_rows(x, weight):
+    """``F.linear``; on CUDA one row (and 2 to 16 rows of a small weight) go to the Triton GEMV
+    (kernels/gemv.py), which reads small weights faster than cuBLAS's split-K kernels."""
+    if _fused(x, weight):
         from spectool.kernels.gemv import gemv_triton
         return gemv_triton(x, weight, bias)[0]
     return F.linear(x, weight, bias)
@@ -89,10 +98,11 @@ def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     """``s = x + residual`` (``x`` when residual is None); returns ``(linear(rms_norm(s)), s)``,
     the first in ``out_dtype`` (default x's).
 
-    One fused launch on CUDA for 1 to 16 rows (kernels/gemv.py), with the unfused path's
-    roundings of the normalised input; only the order of the float32 sums differs.
+    One fused launch on CUDA for one row (and 2 to 16 rows of a small weight; kernels/gemv.py),
+    with the unfused path's roundings of the normalised input; only the order of the float32
+    sums differs.
     """
-    if _few_rows(x, weight) and (residual is None or (residual.stride(-1) == 1 and residual.shape == x.shape)):
+    if _fused(x, weight) and (residual is None or (residual.stride(-1) == 1 and residual.shape == x.shape)):
         from spectool.kernels.gemv import gemv_triton
         y, s = gemv_triton(x, weight, bias, "rms_norm", residual, norm_weight, eps, out_dtype)
         return y, x if s is None else s
@@ -130,8 +140,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``linear(silu_mul(gate_up), weight)`` (the MLP's down projection); one launch on CUDA for
-    1 to 16 rows, with the same roundings as the unfused path."""
-    if _few_rows(gate_up, weight):
+    one row, with the same roundings as the unfused path (more rows: slower fused, see ``_fused``)."""
+    if _fused(gate_up, weight, silu_mul=True):
         from spectool.kernels.gemv import gemv_triton
         return gemv_triton(gate_up, weight, prologue="silu_mul")[0]
     return F.linear(silu_mul(gate_up), weight)
