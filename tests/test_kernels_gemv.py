@@ -230,8 +230,8 @@ def test_rows_strided_and_mixed_dtype_inputs(dtype, tol):
 @in_interpreter
 def test_ops_send_1_to_16_rows_to_the_fused_gemv(monkeypatch):
     """The dispatch in ops.py, with its CUDA condition lifted so the interpreter stands in: 1 to 16
-    rows of a small weight take one fused launch, 17 fall back to the unfused ops; SiLU·mul and
-    weights above FEW_ROWS_MAX_WEIGHT are fused for one row only."""
+    tokens of one sequence take one fused launch with a small weight, 17 fall back to the unfused
+    ops; SiLU·mul and weights above FEW_ROWS_MAX_WEIGHT are fused for one row only."""
     from spectool.kernels import ops
 
     calls = []
@@ -265,15 +265,20 @@ def test_ops_send_1_to_16_rows_to_the_fused_gemv(monkeypatch):
             small.setattr(ops, "FEW_ROWS_MAX_WEIGHT", w.numel() - 1)
             for m in (1, 2):
                 calls.clear()
-                x = torch.randn(m, k, generator=gen)
+                x = torch.randn(1, m, k, generator=gen)
                 close(ops.linear(x, w), F.linear(x, w), tol)
                 assert len(calls) == (m == 1)
-        hidden = torch.randn(4, 6, k, generator=gen)  # Transformer.logits(hidden[:, -1:]): 4 strided rows
+        hidden = torch.randn(1, 9, k, generator=gen)  # an EAGLE step's head over normed[:, -4:]: strided rows
         calls.clear()
-        logits = ops.rms_norm_linear(hidden[:, -1:], None, nw, 1e-5, w, None, torch.float32)[0]
+        logits = ops.rms_norm_linear(hidden[:, -4:], None, nw, 1e-5, w, None, torch.float32)[0]
         assert len(calls) == 1
-        close(logits, F.linear(F.rms_norm(hidden[:, -1:], (k,), nw, 1e-5), w), tol)
-        monkeypatch.setattr(ops, "FUSED_GEMV", False)
+        close(logits, F.linear(F.rms_norm(hidden[:, -4:], (k,), nw, 1e-5), w), tol)
+        # Rows of several sequences go to cuBLAS however few: the kernel must not change with the
+        # batch a CUDA graph pads to. One row of each (decode) is fused only at batch 1.
         calls.clear()
+        for x in (torch.randn(2, 3, k, generator=gen), torch.randn(4, 1, k, generator=gen)):
+            close(ops.linear(x, w), F.linear(x, w), tol)
+        assert not calls
+        monkeypatch.setattr(ops, "FUSED_GEMV", False)
         ops.linear(hidden[:, -1:], w)
         assert not calls

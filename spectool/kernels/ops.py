@@ -10,8 +10,9 @@ On CUDA tensors each op dispatches to its fused Triton kernel (kernels/fused.py,
 kernels/attention_triton.py; imported on first use so CPU runs never load Triton).
 The projections (``linear``, ``rms_norm_linear``, ``silu_mul_linear``) take the fused
 GEMVs of kernels/gemv.py for one row, with the norm or SiLU·mul before them in the same
-launch, and for 2 to 16 rows where that measured faster (small weights, no SiLU·mul:
-``FEW_ROWS_MAX_WEIGHT``); the rest goes to cuBLAS after the separate glue kernels.
+launch, and for the 2 to 16 tokens of one sequence where that measured faster (small
+weights, no SiLU·mul: ``FEW_ROWS_MAX_WEIGHT``); the rest goes to cuBLAS after the separate
+glue kernels.
 """
 
 from __future__ import annotations
@@ -71,20 +72,23 @@ FEW_ROWS_MAX_WEIGHT = 4096 * 1024
 
 
 def _fused(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> bool:
-    # One row (decode at batch 1) always; 2 to gemv.MAX_ROWS rows (a batch-1 tree verify, an EAGLE
-    # draft step) where measured faster (above). gemv.py is imported only once the tensor is on
-    # CUDA, so CPU runs never load Triton.
+    # One row (decode at batch 1) always; the 2 to gemv.MAX_ROWS tokens of one sequence (a batch-1
+    # tree verify, an EAGLE draft step) where measured faster (above). Several sequences go to cuBLAS
+    # however few their rows: a CUDA graph pads the batch to its bucket, and the kernel must not
+    # change with the padding, or graphed and eager decoding would round differently.
+    # gemv.py is imported only once the tensor is on CUDA, so CPU runs never load Triton.
     if not (FUSED_GEMV and _triton(x) and weight.dtype == x.dtype and weight.stride(-1) == 1 and x.shape[-1]):
         return False
     rows = x.numel() // x.shape[-1]
     if rows == 1:
         return True
     from spectool.kernels.gemv import MAX_ROWS
-    return rows <= MAX_ROWS and not silu_mul and weight.numel() <= FEW_ROWS_MAX_WEIGHT
+    return (x.dim() == 3 and x.shape[0] == 1 and rows <= MAX_ROWS and not silu_mul
+            and weight.numel() <= FEW_ROWS_MAX_WEIGHT)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``; on CUDA one row (and 2 to 16 rows of a small weight) go to the Triton GEMV
+    """``F.linear``; on CUDA one row (and 2 to 16 tokens of one sequence, small weights) go to the Triton GEMV
     (kernels/gemv.py), which reads small weights faster than cuBLAS's split-K kernels."""
     if _fused(x, weight):
         from spectool.kernels.gemv import gemv_triton
@@ -98,7 +102,7 @@ def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     """``s = x + residual`` (``x`` when residual is None); returns ``(linear(rms_norm(s)), s)``,
     the first in ``out_dtype`` (default x's).
 
-    One fused launch on CUDA for one row (and 2 to 16 rows of a small weight; kernels/gemv.py),
+    One fused launch on CUDA for one row (and 2 to 16 tokens of one sequence; kernels/gemv.py),
     with the unfused path's roundings of the normalised input; only the order of the float32
     sums differs.
     """
