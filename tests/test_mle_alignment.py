@@ -144,7 +144,8 @@ def test_engine_drafts_what_training_teaches(demo, device, steps, batch_size, ch
         engine_accepts = [a for r, a in zip(result.stats.columns["request_id"],
                                             result.stats.columns["accept_length"]) if r == rid]
         assert engine_accepts == walk(preds, seq, len(prompt), max_new)
-    # Every iteration drafted, and the drafts went deep enough to test every layer.
+    # Every iteration drafted, and the drafts went deep enough to test every layer: an accept
+    # length of steps - 1 means the last layer's draft was compared with the oracle.
     assert len(drafts) == len(result.stats.columns["accept_length"])
-    assert max(result.stats.columns["accept_length"]) == steps
+    assert max(result.stats.columns["accept_length"]) >= steps - 1
     assert checked > len(drafts)
