@@ -26,7 +26,7 @@ import torch
 
 from spectool.config import DraftConfig
 from spectool.draft import Batch, make_drafter
-from spectool.draft.tree import TREE_TENSORS, DraftTree, chain_tree
+from spectool.draft.tree import TREE_TENSORS, DraftTree, MaskTree, chain_tree
 from spectool.graphs import GraphRunner
 from spectool.stats import RunStats
 from spectool.timing import PhaseTimer
@@ -337,8 +337,9 @@ class Engine:
     def _greedy_step(self, slots, record: bool = False, **inputs):
         """Forward, greedy verify and KV commit in one (graph-captured) step.
 
-        ``inputs`` are the tree's tensors, or for plain decoding ``roots`` and ``seq_lens``: the
-        one-node tree is then made inside the graph, which saves the host its launches.
+        ``inputs`` are the tree's tensors, a MaskTree's (the tree is then completed here), or for
+        plain decoding ``roots`` and ``seq_lens`` (the one-node tree is then made here): inside
+        the graph, building a tree costs the host no launches.
 
         With ``record`` the step also packs the iteration's per-request trace fields into one
         [B, R] byte table (its layout kept in ``_record_layouts``), so recording costs the
@@ -350,6 +351,8 @@ class Engine:
         """
         if "roots" in inputs:
             tree = self._root_tree(inputs["roots"], inputs["seq_lens"])
+        elif "positions" not in inputs:
+            tree = MaskTree(**inputs, max_depth=inputs["tokens"].shape[1] - 1).build()
         else:
             tree = DraftTree(**inputs, max_depth=inputs["tokens"].shape[1] - 1)
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
@@ -447,13 +450,18 @@ class Engine:
                 with timer("draft"):
                     tree, why = self._draft(batch, timer)
             n = tree.tokens.shape[1]
+            if not greedy and isinstance(tree, MaskTree):  # the sampling verify runs eagerly on a whole tree
+                with timer("index"):
+                    tree = tree.build()
         b = len(running)
         self._kv_len = None if self.on_cuda else max(batch.seq_lens_host) + n
         with timer("verify"):
             if greedy:
                 runner = self._greedy_record_runner if recorder is not None else self._greedy_runner
-                inputs = ({"roots": batch.roots, "seq_lens": batch.seq_lens} if tree is None
-                          else dict(zip(TREE_TENSORS, tree.tensors())))
+                if tree is None:
+                    inputs = {"roots": batch.roots, "seq_lens": batch.seq_lens}
+                else:
+                    inputs = tree.as_inputs() if isinstance(tree, MaskTree) else dict(zip(TREE_TENSORS, tree.tensors()))
                 hidden, status, path, length, bonus, argmax, coins, table, *packed_data = runner(
                     b, slots=batch.slots, **inputs)
                 res = VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus,
@@ -541,7 +549,7 @@ class Engine:
             return self._root_tree(batch.roots, batch.seq_lens), {}
         return self.drafter.draft(batch, timer)
 
-    def _after_verify(self, batch: Batch, tree: DraftTree, res: VerifyResult, hidden: torch.Tensor,
+    def _after_verify(self, batch: Batch, tree: DraftTree | MaskTree, res: VerifyResult, hidden: torch.Tensor,
                       accepted: list[list[int]] | None, lens_roots: torch.Tensor, table: torch.Tensor,
                       timer: PhaseTimer) -> None:
         """The drafter's on_verify, then the running batch's seq_lens and roots move on to the next

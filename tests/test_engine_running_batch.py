@@ -195,3 +195,30 @@ def test_the_extend_graphs_draft_equals_a_fresh_draft(target, demo_model_dir, pr
     drafter.draft = checked_draft
     engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False)
     assert compared >= len(prompts)
+
+
+def test_the_greedy_step_completes_an_ngram_mask_tree_as_from_mask_does(target, demo_model_dir, prompts):
+    """N-gram drafts leave the tree's index arrays to the greedy verify step (inside its graph
+    on the GPU). The step on a MaskTree must equal the step on that tree completed eagerly by
+    DraftTree.from_mask (the step is idempotent on the same inputs: it rewrites the tree's K/V)."""
+    from spectool.draft.tree import TREE_TENSORS, MaskTree
+
+    engine = make_engine(target, demo_model_dir, "ngram")
+    draft = engine.drafter.draft
+    compared = 0
+
+    def checked_draft(batch, timer):
+        nonlocal compared
+        tree, why = draft(batch, timer)
+        assert isinstance(tree, MaskTree)
+        full = tree.build()
+        lazy = engine._greedy_step(batch.slots, **tree.as_inputs())
+        eager = engine._greedy_step(batch.slots, **dict(zip(TREE_TENSORS, full.tensors())))
+        for got, want in zip(lazy, eager, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)  # coins are NaN when unused
+        compared += int(bool(full.valid[:, 1:].any()))  # a real tree, not the root alone
+        return tree, why
+
+    engine.drafter.draft = checked_draft
+    engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False)
+    assert compared >= len(prompts)

@@ -4,9 +4,9 @@ A drafter sees the engine at four fixed points:
 
 - ``on_prefill(batch, hiddens)`` after the target prefilled new requests (``hiddens[b]``:
   the prompt's hidden states [L, H], before the final norm);
-- ``draft(batch, timer) -> (DraftTree, why)`` before the verify forward (``why`` holds the
-  per-row reasons the recorder stores: ngram match length and breadth, EAGLE
-  per-step top-k);
+- ``draft(batch, timer) -> (DraftTree | MaskTree, why)`` before the verify forward (``why``
+  holds the per-row reasons the recorder stores: ngram match length and breadth, EAGLE
+  per-step top-k; a MaskTree is completed inside the engine's verify step);
 - ``on_verify(batch, tree, result, hidden, accepted, timer)`` after acceptance and KV
   commit (``accepted[b]`` = tokens gained by row b: accepted drafts then the bonus).
   A drafter whose ``host_accepted`` is False works from ``result`` on the device alone:

@@ -2,8 +2,8 @@
 
 The corpus is fed each prompt at prefill and the accepted tokens after every
 verify (with request ids, so n-gram counts stay true); ``batch_get`` returns the
-tree as tokens + mask, and the index kernel turns the mask into positions and
-retrieve_* arrays.
+tree as tokens + mask (a ``MaskTree``), and the index kernel turns the mask into
+positions and retrieve_* arrays inside the engine's verify step.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from spectool.config import NgramConfig
 from spectool.draft import Batch
-from spectool.draft.tree import DraftTree
+from spectool.draft.tree import MaskTree
 from spectool.prompts import read_jsonl, read_text
 
 
@@ -51,7 +51,7 @@ class NgramDrafter:
         self.corpus.batch_put(batch.histories, req_ids=batch.request_ids,
                               total_lens=[len(h) for h in batch.histories])
 
-    def draft(self, batch: Batch, timer) -> tuple[DraftTree, dict]:
+    def draft(self, batch: Batch, timer) -> tuple[MaskTree, dict]:
         depth = self.config.max_trie_depth
         with timer("trie_get"):
             self.corpus.synchronize()
@@ -59,8 +59,7 @@ class NgramDrafter:
                                         [len(h) for h in batch.histories])
         with timer("index"):
             tokens, scores, mask, valid = self._to_device(got)
-            tree = DraftTree.from_mask(tokens, mask, scores, batch.seq_lens, valid=valid,
-                                       max_depth=self.num_draft_tokens - 1, check=False)
+            tree = MaskTree(tokens, scores, mask, valid, batch.seq_lens, max_depth=self.num_draft_tokens - 1)
         return tree, {"ngram_match_len": got.match_len, "ngram_breadth": got.breadth}
 
     def _to_device(self, got) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -77,7 +76,7 @@ class NgramDrafter:
                                        for a, end, dtype in zip(fields, ends, dtypes))
         return tokens, scores, mask, valid
 
-    def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
+    def on_verify(self, batch: Batch, tree: MaskTree, result, hidden: torch.Tensor,
                   accepted: list[list[int]], timer) -> None:
         with timer("trie_put"):
             # Each window is the last max_trie_depth tokens before the gained ones plus those (histories

@@ -27,6 +27,7 @@ from spectool.kernels.tree_indices import (
 
 __all__ = [
     "DraftTree",
+    "MaskTree",
     "TREE_TENSORS",
     "TreeError",
     "build_eagle_tree",
@@ -314,6 +315,32 @@ class DraftTree:
 
 # The tensor fields of a DraftTree (every field but max_depth), in declaration order.
 TREE_TENSORS = tuple(f.name for f in dataclasses.fields(DraftTree) if f.name != "max_depth")
+
+
+@dataclass
+class MaskTree:
+    """A draft tree known by its tokens and mask alone (the n-gram trie's output), valid by
+    construction; :meth:`build` completes it with :meth:`DraftTree.from_mask`.
+
+    The engine builds it inside its greedy verify step, so on CUDA the index kernel and the
+    few ops around it are part of that step's graph: eagerly their launches cost the host
+    more than the whole GPU work of a small target's step.
+    """
+
+    tokens: torch.Tensor    # [B, N]
+    scores: torch.Tensor    # [B, N]
+    mask: torch.Tensor      # [B, N, N] bool
+    valid: torch.Tensor     # [B, N] bool
+    seq_lens: torch.Tensor  # [B]
+    max_depth: int
+
+    def as_inputs(self) -> dict[str, torch.Tensor]:
+        """The tensor fields by name (the greedy step's inputs)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "max_depth"}
+
+    def build(self) -> DraftTree:
+        return DraftTree.from_mask(self.tokens, self.mask, self.scores, self.seq_lens, self.valid,
+                                   max_depth=self.max_depth, check=False)
 
 
 _CHAIN_SHAPES: dict[tuple[int, int, torch.device], dict[str, torch.Tensor]] = {}
