@@ -73,9 +73,13 @@ def workload_prompts(target, path: str | Path, kind: str, count: int, max_tokens
 
 
 def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    """Warm-up prompts: random tokens (for N-gram they add trie entries that never match real text)."""
+    """Warm-up prompts: a random chunk of tokens written twice. For N-gram they add trie entries
+    that never match real text, and the repeat makes its drafts match, so the warm-up captures the
+    graph of its full-size tree as well as that of the roots alone (drafted when nothing matched)."""
     rng = random.Random(seed)
-    return [[rng.randrange(1, vocab) for _ in range(length)] for _ in range(count)]
+    half = (length + 1) // 2
+    chunks = [[rng.randrange(1, vocab) for _ in range(half)] for _ in range(count)]
+    return [(chunk * 2)[:length] for chunk in chunks]
 
 
 def draft_config(method: str, draft_dir: str | Path, **overrides):

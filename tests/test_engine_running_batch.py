@@ -222,3 +222,28 @@ def test_the_greedy_step_completes_an_ngram_mask_tree_as_from_mask_does(target, 
     engine.drafter.draft = checked_draft
     engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False)
     assert compared >= len(prompts)
+
+
+def test_ngram_verifies_the_roots_alone_when_nothing_matched(target, demo_model_dir, prompts):
+    """An iteration where no row's tail matched the trie (the trie's own match length 0 for every
+    row) verifies a one-node tree, a plain decoding step; every other keeps N nodes. Output stays
+    plain greedy decoding's."""
+    plain = st.Engine(target, max_batch_size=2, max_seq_len=64).generate(
+        prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False).token_ids
+    engine = make_engine(target, demo_model_dir, "ngram")
+    result = engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=True)
+    assert result.token_ids == plain
+    steps = result.trace.steps.select(["iteration", "num_nodes", "ngram_match_len"]).to_pylist()
+    by_iteration: dict[int, list[dict]] = {}
+    for row in steps:
+        by_iteration.setdefault(row["iteration"], []).append(row)
+    sizes = set()
+    for rows in by_iteration.values():
+        if rows[0]["iteration"] == 0 or rows[0]["ngram_match_len"] is None:
+            continue  # the prefill's first token: no draft
+        size = {r["num_nodes"] for r in rows}
+        assert len(size) == 1
+        nothing = all(r["ngram_match_len"] == 0 for r in rows)
+        assert size == ({1} if nothing else {engine.drafter.num_draft_tokens}), rows
+        sizes |= size
+    assert sizes == {1, engine.drafter.num_draft_tokens}  # both kinds of iteration happened

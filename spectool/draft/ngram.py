@@ -58,14 +58,19 @@ class NgramDrafter:
             got = self.corpus.batch_get(batch.request_ids, [h[-depth:] for h in batch.histories],
                                         [len(h) for h in batch.histories])
         with timer("index"):
-            tokens, scores, mask, valid = self._to_device(got)
-            tree = MaskTree(tokens, scores, mask, valid, batch.seq_lens, max_depth=self.num_draft_tokens - 1)
+            # No row matched anything: verify the roots alone, a plain decoding step, instead of N
+            # nodes of padding (a third of the iterations on free completion; valid nodes come first).
+            n = self.num_draft_tokens if got.valid[:, 1:].any() else 1
+            tokens, scores, mask, valid = self._to_device(got, n)
+            tree = MaskTree(tokens, scores, mask, valid, batch.seq_lens, max_depth=n - 1)
         return tree, {"ngram_match_len": got.match_len, "ngram_breadth": got.breadth}
 
-    def _to_device(self, got) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens int64, scores, mask, valid) of the trie's trees on the engine's device. The
-        staging buffer is rewritten only after the engine's next host sync, so the copy is safe."""
-        fields = (got.tokens.astype(np.int64), got.scores, got.mask, got.valid)
+    def _to_device(self, got, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens int64, scores, mask, valid) of the trie's trees, cut to their first n nodes, on
+        the engine's device. The staging buffer is rewritten only after the engine's next host
+        sync, so the copy is safe."""
+        fields = (got.tokens[:, :n].astype(np.int64), np.ascontiguousarray(got.scores[:, :n]),
+                  np.ascontiguousarray(got.mask[:, :n, :n]), np.ascontiguousarray(got.valid[:, :n]))
         dtypes = (torch.int64, torch.float32, torch.bool, torch.bool)
         host = self._staging.numpy()
         ends = np.cumsum([a.nbytes for a in fields])
