@@ -126,8 +126,8 @@ def main() -> None:
                         help=f"comma-separated input row counts, each 1 to {MAX_ROWS} (e.g. 1,4,16)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    row_counts = [int(r) for r in args.rows.split(",")]
-    if not all(1 <= r <= MAX_ROWS for r in row_counts):
+    row_counts = [int(r) for r in args.rows.split(",") if r.strip().isdigit()]
+    if len(row_counts) != len(args.rows.split(",")) or not all(1 <= r <= MAX_ROWS for r in row_counts):
         parser.error(f"--rows takes counts from 1 to {MAX_ROWS}, got {args.rows!r}")
     device = torch.device(args.device)
     if device.type != "cuda":
