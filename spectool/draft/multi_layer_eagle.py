@@ -66,16 +66,22 @@ class MultiLayerEagleDrafter:
         # Chain scores with the root's 1.0 in front, so draft() reads them in one op.
         self.chain_p = torch.ones(e.num_slots, 1 + self.steps, device=self.device)
         self._arange = torch.arange(n + self.steps, device=self.device)  # window offsets of every step
+        # Per layer k: how far its window starts before the old length (k), and where its draft goes
+        # past the new last index (k + 2): every layer's indices come from one op each per extend.
+        self._layer_back = torch.arange(self.steps, device=self.device)
+        self._draft_ahead = self._layer_back + 2
+        self._ones = torch.ones(e.num_slots, 1, device=self.device)  # the root's chain score
         self._kv_len: int | None = None
         self._next: tuple[Batch, tuple] | None = None  # the batch on_verify drafted for, and its tree
         self._extend_runner = GraphRunner(self._extend_step, e.graph_buckets, e.cuda_graphs,
                                           {"slots": e.max_batch_size})
         self.graph_runners = [self._extend_runner]
 
-    def _layer_step(self, k: int, slots, old_lens, new_last, window: int | None = None,
+    def _layer_step(self, k: int, slots, start, last, draft_at, window: int | None = None,
                     kv_len: int | None = None):
-        """Extend layer k over indices [old_len - k, new_last] (new_last = new length - 1);
-        store its draft d_{k+1}.
+        """Extend layer k over draft-cache indices [start, start + last] (start = old length - k,
+        at least 0; start + last = new length - 1); write its draft d_{k+1} to token index
+        ``draft_at`` (read by the later layers) and return ``(draft, its probability)``.
 
         ``window`` is the padded length (default N + k, the most a verify can need);
         rows with a shorter window compute junk past it, beyond anything valid.
@@ -84,7 +90,6 @@ class MultiLayerEagleDrafter:
         kv_len = self._kv_len if kv_len is None else kv_len
         model = self.engine.model
         t = self.num_draft_tokens + k if window is None else window
-        start = (old_lens - k).clamp(min=0) if k else old_lens
         offsets = self._arange[:t] if t <= self._arange.shape[0] else torch.arange(t, device=self.device)
         index = start[:, None] + offsets  # draft-cache indices
         positions = index + (k + 1)  # also the indices of the input tokens
@@ -95,16 +100,14 @@ class MultiLayerEagleDrafter:
                                                     start, None, kv_len)
         if self.features is not None and k < self.steps - 1:
             self.features[k][rows, index] = feature
-        last = new_last - start  # >= 0, padded graph rows included (their inputs are 0)
+        # last >= 0, padded graph rows included (their inputs are 0).
         out = normed.gather(1, last[:, None, None].expand(-1, 1, normed.shape[-1]))[:, 0]
         # NaN/inf logits (a broken layer) make NaN probabilities: count them as 0 so the
         # chain's scores stay valid; the target's verify rejects such drafts anyway.
         probs = torch.softmax(ops.linear(out, model.lm_head.weight), dim=-1, dtype=torch.float32).nan_to_num(nan=0.0)
         p, draft = probs.max(dim=-1)
-        self.tokens[slots, new_last + (k + 2)] = draft
-        self.chain[slots, k] = draft
-        self.chain_p[slots, k + 1] = p
-        return p
+        self.tokens[slots, draft_at] = draft
+        return draft, p
 
     def _extend_step(self, slots, old_lens, tree_tokens, path, length, bonus, hidden):
         """After a verify: store the gained tokens and the path's hidden states, run every layer
@@ -117,9 +120,16 @@ class MultiLayerEagleDrafter:
         self.tokens[rows, index + 1] = tokens
         self.hidden[rows, index] = path_hidden[:, :n]
         new_last = old_lens + length
-        for k in range(self.steps):
-            self._layer_step(k, slots, old_lens, new_last)
-        tree = self._chain(slots, bonus, new_last + 1)
+        starts = (old_lens[:, None] - self._layer_back).clamp(min=0)  # [B, steps]
+        lasts = new_last[:, None] - starts
+        draft_at = new_last[:, None] + self._draft_ahead
+        drafts, probs = zip(*(self._layer_step(k, slots, starts[:, k], lasts[:, k], draft_at[:, k])
+                              for k in range(self.steps)))
+        drafts, probs = torch.stack(drafts, 1), torch.stack(probs, 1)
+        self.chain[slots] = drafts  # for draft() after the batch changes
+        self.chain_p[slots, 1:] = probs
+        tree = chain_tree(torch.cat([bonus[:, None], drafts], 1), torch.cat([self._ones[:slots.shape[0]], probs], 1),
+                          new_last + 1)
         return tree.tensors()
 
     def _chain(self, slots, roots, seq_lens) -> DraftTree:
@@ -127,14 +137,16 @@ class MultiLayerEagleDrafter:
         return chain_tree(tokens, self.chain_p[slots], seq_lens)
 
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
+        zero = torch.zeros(1, dtype=torch.long, device=self.device)
         for b, h in enumerate(hiddens):
             n = h.shape[0]
             slot = batch.slots[b:b + 1]
             self.tokens[slot, : n + 1] = torch.tensor(batch.histories[b], device=self.device)
             self.hidden[slot, :n] = h
-            zero = torch.zeros(1, dtype=torch.long, device=self.device)
             for k in range(self.steps):
-                self._layer_step(k, slot, zero, zero + n - 1, window=n, kv_len=n + k + 1)
+                draft, p = self._layer_step(k, slot, zero, zero + n - 1, zero + n + k + 1, window=n,
+                                            kv_len=n + k + 1)
+                self.chain[slot, k], self.chain_p[slot, k + 1] = draft, p
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
                   accepted: list[list[int]] | None, timer) -> None:
