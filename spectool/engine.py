@@ -26,7 +26,7 @@ import torch
 
 from spectool.config import DraftConfig
 from spectool.draft import Batch, make_drafter
-from spectool.draft.tree import TREE_TENSORS, DraftTree, MaskTree, chain_tree
+from spectool.draft.tree import DraftTree, MaskTree, chain_tree
 from spectool.graphs import GraphRunner
 from spectool.stats import RunStats
 from spectool.timing import PhaseTimer
@@ -458,10 +458,7 @@ class Engine:
         with timer("verify"):
             if greedy:
                 runner = self._greedy_record_runner if recorder is not None else self._greedy_runner
-                if tree is None:
-                    inputs = {"roots": batch.roots, "seq_lens": batch.seq_lens}
-                else:
-                    inputs = tree.as_inputs() if isinstance(tree, MaskTree) else dict(zip(TREE_TENSORS, tree.tensors()))
+                inputs = {"roots": batch.roots, "seq_lens": batch.seq_lens} if tree is None else tree.as_inputs()
                 hidden, status, path, length, bonus, argmax, coins, table, *packed_data = runner(
                     b, slots=batch.slots, **inputs)
                 res = VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus,

@@ -201,7 +201,7 @@ def test_the_greedy_step_completes_an_ngram_mask_tree_as_from_mask_does(target, 
     """N-gram drafts leave the tree's index arrays to the greedy verify step (inside its graph
     on the GPU). The step on a MaskTree must equal the step on that tree completed eagerly by
     DraftTree.from_mask (the step is idempotent on the same inputs: it rewrites the tree's K/V)."""
-    from spectool.draft.tree import TREE_TENSORS, MaskTree
+    from spectool.draft.tree import MaskTree
 
     engine = make_engine(target, demo_model_dir, "ngram")
     draft = engine.drafter.draft
@@ -213,7 +213,7 @@ def test_the_greedy_step_completes_an_ngram_mask_tree_as_from_mask_does(target, 
         assert isinstance(tree, MaskTree)
         full = tree.build()
         lazy = engine._greedy_step(batch.slots, **tree.as_inputs())
-        eager = engine._greedy_step(batch.slots, **dict(zip(TREE_TENSORS, full.tensors())))
+        eager = engine._greedy_step(batch.slots, **full.as_inputs())
         for got, want in zip(lazy, eager, strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)  # coins are NaN when unused
         compared += int(bool(full.valid[:, 1:].any()))  # a real tree, not the root alone

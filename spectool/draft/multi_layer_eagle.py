@@ -70,7 +70,6 @@ class MultiLayerEagleDrafter:
         # past the new last index (k + 2): every layer's indices come from one op each per extend.
         self._layer_back = torch.arange(self.steps, device=self.device)
         self._draft_ahead = self._layer_back + 2
-        self._ones = torch.ones(e.num_slots, 1, device=self.device)  # the root's chain score
         self._kv_len: int | None = None
         self._next: tuple[Batch, tuple] | None = None  # the batch on_verify drafted for, and its tree
         self._extend_runner = GraphRunner(self._extend_step, e.graph_buckets, e.cuda_graphs,
@@ -125,12 +124,9 @@ class MultiLayerEagleDrafter:
         draft_at = new_last[:, None] + self._draft_ahead
         drafts, probs = zip(*(self._layer_step(k, slots, starts[:, k], lasts[:, k], draft_at[:, k])
                               for k in range(self.steps)))
-        drafts, probs = torch.stack(drafts, 1), torch.stack(probs, 1)
-        self.chain[slots] = drafts  # for draft() after the batch changes
-        self.chain_p[slots, 1:] = probs
-        tree = chain_tree(torch.cat([bonus[:, None], drafts], 1), torch.cat([self._ones[:slots.shape[0]], probs], 1),
-                          new_last + 1)
-        return tree.tensors()
+        self.chain[slots] = torch.stack(drafts, 1)
+        self.chain_p[slots, 1:] = torch.stack(probs, 1)
+        return self._chain(slots, bonus, new_last + 1).tensors()
 
     def _chain(self, slots, roots, seq_lens) -> DraftTree:
         tokens = torch.cat([roots[:, None], self.chain[slots]], dim=1)

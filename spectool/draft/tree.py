@@ -245,6 +245,10 @@ class DraftTree:
         """Every tensor field, in ``TREE_TENSORS`` order (what a graphed step returns)."""
         return tuple(getattr(self, name) for name in TREE_TENSORS)
 
+    def as_inputs(self) -> dict[str, torch.Tensor]:
+        """The tensor fields by name (the engine's greedy step takes them as keyword inputs)."""
+        return dict(zip(TREE_TENSORS, self.tensors()))
+
     @classmethod
     def from_tensors(cls, tensors: Sequence[torch.Tensor], max_depth: int) -> DraftTree:
         """The tree of :meth:`tensors`' output (e.g. a graph's static outputs)."""
