@@ -124,6 +124,18 @@ def write_prompts(out: Path, completion: int, editing: int, seed: int, stdlib: s
     return path
 
 
+def with_steps(target: TargetRecipe, eagle: DraftRecipe, mle: DraftRecipe, steps_target: int | None,
+               steps_draft: int | None) -> tuple[TargetRecipe, DraftRecipe, DraftRecipe]:
+    """The recipes with explicit step counts, which replace the epoch-derived ones (a recipe with
+    epochs > 0 takes its step count from them and would ignore ``steps``)."""
+    if steps_target:
+        target = dataclasses.replace(target, steps=steps_target, epochs=0.0)
+    if steps_draft:
+        eagle = dataclasses.replace(eagle, steps=steps_draft, epochs=0.0)
+        mle = dataclasses.replace(mle, steps=steps_draft, epochs=0.0)
+    return target, eagle, mle
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, type=Path, help="output directory (new or empty)")
@@ -137,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(benchmarks/pack_stdlib.py); default: this Python's")
     p.add_argument("--budget-s", type=float, default=300.0,
                    help="wall-clock budget for all training (0 = run the full step counts)")
-    p.add_argument("--steps-target", type=int, default=None)
-    p.add_argument("--steps-draft", type=int, default=None)
+    p.add_argument("--steps-target", type=int, default=None,
+                   help="target training steps (default: from the recipe's epochs)")
+    p.add_argument("--steps-draft", type=int, default=None,
+                   help="steps for each draft (default: from the recipe's epochs)")
     p.add_argument("--mle-greedy-fraction", type=float, default=0.0,
                    help="multi-layer EAGLE: share of each batch that is a corpus prefix followed by the "
                         "target's greedy continuation (DraftRecipe.greedy_fraction; default %(default)s)")
@@ -160,10 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     target_r, eagle_r, mle_r = recipes(a.tiny, a.seed)
-    if a.steps_target:
-        target_r.steps = a.steps_target
-    if a.steps_draft:
-        eagle_r.steps = mle_r.steps = a.steps_draft
+    target_r, eagle_r, mle_r = with_steps(target_r, eagle_r, mle_r, a.steps_target, a.steps_draft)
     try:
         mle_r = dataclasses.replace(mle_r, greedy_fraction=a.mle_greedy_fraction)
     except ValueError as e:

@@ -49,3 +49,17 @@ def test_tiny_demo_pipeline_writes_the_bundle_layout(tmp_path, monkeypatch):
     assert redone["eagle"] == metrics["eagle"]
     for bad in (["--from", str(tmp_path / "nothing")], ["--methods", "medusa"]):
         assert train_demo.main(["--out", str(tmp_path / "bad"), "--tiny", "--device", "cpu", *bad]) == 2
+
+
+def test_explicit_step_counts_replace_the_epoch_derived_ones(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("train_demo", SCRIPT)
+    train_demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_demo)
+    recipes = train_demo.recipes(False, 0)
+    assert all(r.epochs > 0 for r in recipes)  # the full recipe counts its steps in epochs
+    target, eagle, mle = train_demo.with_steps(*recipes, 7, 3)
+    # epoch_steps(0, ...) is 0, so training falls back to ``steps``
+    assert (target.steps, target.epochs, eagle.steps, eagle.epochs, mle.steps, mle.epochs) == (7, 0, 3, 0, 3, 0)
+    assert mle.chained and mle.layers == 4  # nothing else changes
+    assert train_demo.with_steps(*recipes, None, None) == recipes
