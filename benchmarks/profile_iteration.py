@@ -89,6 +89,12 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def _short(kernel: str) -> str:
+    """A kernel's name without its parameter list, cut to 80 characters (cuBLAS and ATen names
+    run to hundreds)."""
+    return kernel.replace("(anonymous namespace)::", "").split("(")[0].removeprefix("void ").strip()[:80]
+
+
 def attribute(events: list[dict]) -> dict:
     """Per phase: summed host range µs, kernel µs and kernel count; plus the kernels' union."""
     ranges = sorted((e["ts"], e["ts"] + e["dur"], e["name"].removeprefix("phase:")) for e in events
@@ -106,7 +112,9 @@ def attribute(events: list[dict]) -> dict:
                     break
                 i -= 1
             launch_phase[e["args"]["correlation"]] = phase
-    out = collections.defaultdict(lambda: {"host_us": 0.0, "gpu_us": 0.0, "kernels": 0})
+    out = collections.defaultdict(lambda: {"host_us": 0.0, "gpu_us": 0.0, "kernels": 0,
+                                           "by_kernel": collections.Counter(),
+                                           "count_by_kernel": collections.Counter()})
     for s, e, phase in ranges:
         out[phase]["host_us"] += e - s
     intervals = []
@@ -115,6 +123,8 @@ def attribute(events: list[dict]) -> dict:
             phase = launch_phase.get(e.get("args", {}).get("correlation"), "outside")
             out[phase]["gpu_us"] += e["dur"]
             out[phase]["kernels"] += 1
+            out[phase]["by_kernel"][_short(e["name"])] += e["dur"]
+            out[phase]["count_by_kernel"][_short(e["name"])] += 1
             intervals.append((e["ts"], e["ts"] + e["dur"]))
     return {"phases": dict(out), "gpu_busy_us": _union_us(intervals)}
 
@@ -148,7 +158,8 @@ def profile_method(target, method: str, drafts: Path, batch: int, tokens: int, p
     per_iter = [cols["iteration_us"][cols["iteration"].index(i)] for i in iters]
     found = attribute(events)
     n = len(iters)
-    phases = {p: {k: v / n for k, v in d.items()} for p, d in found["phases"].items()}
+    phases = {p: {k: ({name: x / n for name, x in v.items()} if isinstance(v, dict) else v / n)
+                  for k, v in d.items()} for p, d in found["phases"].items()}
     plain_cols = plain_run.stats.columns
     plain_iters = sorted(set(plain_cols["iteration"]))
     for p, us in host_us.items():
@@ -170,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=96)
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--record", action="store_true", help="decode with record=True (what recording adds)")
+    p.add_argument("--kernels", type=int, default=0, metavar="K",
+                   help="also list each phase's K kernels with the most GPU time per iteration")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/profile_iteration.py profiles CUDA kernels: it needs a GPU")
@@ -188,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
             for phase, d in sorted(row["phases"].items(), key=lambda kv: -kv[1]["gpu_us"]):
                 print(f"  {phase:>10} {d.get('host_us_unprofiled', 0.0):>9.1f} {d['host_us']:>9.1f} "
                       f"{d['gpu_us']:>9.1f} {d['kernels']:>8.1f}")
+            for phase, d in row["phases"].items() if args.kernels else ():
+                top = sorted(d["by_kernel"].items(), key=lambda kv: -kv[1])[:args.kernels]
+                if top:
+                    print(f"  {phase}: kernel, GPU µs and launches per iteration")
+                for name, us in top:
+                    print(f"    {us:>8.1f} {d['count_by_kernel'][name]:>6.1f}  {name}")
     out = os.environ.get("OUT")
     if out:
         name = "profile_iteration_record.json" if args.record else "profile_iteration.json"

@@ -171,7 +171,9 @@ class GraphRunner:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # Thread-local: the trace writer thread waits on CUDA events while the engine's thread
+        # captures; in the default (global) mode that wait invalidates the capture.
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             outputs = self.fn(**static)
         self.stats["captures"] += 1
         return _Graph(graph, static, outputs)

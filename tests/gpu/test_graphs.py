@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -91,3 +93,26 @@ def test_an_input_passed_again_is_copied_only_when_it_changed():
     assert runner(2, x=x[:2], y=y[:2]).tolist() == [21.0, 23.0]
     assert runner(3, x=x, y=torch.zeros(3, device="cuda")).tolist() == [20.0, 22.0, 24.0]
     assert runner.stats["captures"] == 1 and runner.stats["replays"] == 5
+
+
+def test_capture_survives_another_thread_waiting_on_an_event():
+    """The trace writer thread synchronizes CUDA events while the engine captures graphs."""
+    cfg, model = small_model()
+    event = torch.cuda.Event()
+    event.record()
+    stop = threading.Event()
+
+    def writer():  # what the recorder's writer thread does for every page it receives
+        while not stop.is_set():
+            event.synchronize()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        prompts = torch.randint(0, cfg.vocab_size, (3, 8), device="cuda")
+        graphed, stats = greedy(model, cfg, prompts, 6, graphs=True, scratch=4)
+    finally:
+        stop.set()
+        thread.join()
+    assert stats == {"replays": 6, "eager": 0, "captures": 1}
+    assert torch.equal(graphed, greedy(model, cfg, prompts, 6, graphs=False, scratch=4)[0])
