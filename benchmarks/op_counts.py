@@ -36,6 +36,8 @@ from speculative import add_common_arguments, draft_config, load_target, run_met
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import spectool as st
+import spectool.draft.eagle as eagle_module
+import spectool.draft.multi_layer_eagle as mle_module
 import spectool.draft.tree as tree_module
 import spectool.engine as engine_module
 import spectool.kernels.ops as ops
@@ -61,6 +63,8 @@ TRITON_PATHS = (
     (ops, "silu_mul", 1), (ops, "cached_attention", 2),  # split-KV pass + merge
     (engine_module, "verify_greedy", 3),  # chunked argmax + decision kernel + the coins' fill
     (tree_module, "reconstruct_indices_from_tree_mask", 1),
+    # softmax + top-k of the draft heads (rows up to topk.TRITON_MAX_ROW, as the demo's vocabulary)
+    (eagle_module, "row_topk", 1), (mle_module, "row_topk", 1),
     (llama, "check_forward_args", 0),  # its range checks run only off CUDA
 )
 

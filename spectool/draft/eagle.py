@@ -20,6 +20,7 @@ from spectool.draft import Batch, accepted_inputs
 from spectool.draft.tree import DraftTree, eagle_tree_from_candidates
 from spectool.graphs import GraphRunner
 from spectool.kernels import ops
+from spectool.kernels.topk import row_topk
 
 
 class EagleDrafter:
@@ -87,10 +88,12 @@ class EagleDrafter:
         emb = self.engine.model.embed_tokens(tokens)
         return self.layer(emb, hidden, positions, self.cache, slots, starts, tree_mask, kv_len)
 
-    def _probs(self, normed: torch.Tensor) -> torch.Tensor:
-        """Next-token probabilities through the target's lm_head (only where they are needed:
-        at a large vocabulary the head costs more than the draft layer)."""
-        return torch.softmax(ops.linear(normed, self.engine.model.lm_head.weight), dim=-1, dtype=torch.float32)
+    def _top_children(self, normed: torch.Tensor, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``topk`` most probable next tokens and their probabilities, through the target's
+        lm_head (only where they are needed: at a large vocabulary the head costs more than the
+        draft layer); softmax and top-k are one launch on CUDA (kernels/topk.py)."""
+        logits = ops.linear(normed, self.engine.model.lm_head.weight)
+        return row_topk(logits, self.config.topk, softmax=True, out=out)
 
     def _extend_step(self, slots, starts, tokens, hidden, last):
         """Feed (tokens[b], hidden[b]) at draft-cache index starts[b]; keep the feature and the
@@ -101,7 +104,7 @@ class EagleDrafter:
         feature, normed = self._run(tokens, hidden, positions, slots, starts, None, kv_len)
         at = last[:, None, None].expand(-1, 1, feature.shape[-1])
         self.feature[slots] = feature.gather(1, at)[:, 0]
-        p, i = self._probs(normed.gather(1, at)[:, 0]).topk(self.config.topk, dim=-1)
+        p, i = self._top_children(normed.gather(1, at)[:, 0])
         self.root_p[slots], self.root_i[slots] = p, i
         return p
 
@@ -189,9 +192,9 @@ class EagleDrafter:
                                         fed_mask[:, :n, :n], kv_len)
             tok, score = cand_tok[:, block:block + kk], cand_score[:, block:block + kk]
             p = torch.empty(b, k, k, device=dev)
-            torch.topk(self._probs(normed[:, -k:]), k, dim=-1, out=(p, tok.view(b, k, k)))
+            self._top_children(normed[:, -k:], out=(p, tok.view(b, k, k)))
             torch.mul(chosen_p[:, s - 1, :, None], p, out=score.view(b, k, k))  # path scores
-            best = torch.nan_to_num(score, nan=-1.0).topk(k, dim=-1).indices
+            best = row_topk(score, k)[1]
             torch.gather(tok, 1, best, out=chosen_tok[:, s])
             torch.gather(score, 1, best, out=chosen_p[:, s])
             if s < steps - 1:  # the next step expands this frontier: its nodes' flat index, hidden, mask rows

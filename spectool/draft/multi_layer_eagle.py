@@ -28,6 +28,7 @@ from spectool.draft import Batch, accepted_inputs
 from spectool.draft.tree import DraftTree, chain_tree
 from spectool.graphs import GraphRunner
 from spectool.kernels import ops
+from spectool.kernels.topk import row_topk
 
 
 class MultiLayerEagleDrafter:
@@ -101,10 +102,9 @@ class MultiLayerEagleDrafter:
             self.features[k][rows, index] = feature
         # last >= 0, padded graph rows included (their inputs are 0).
         out = normed.gather(1, last[:, None, None].expand(-1, 1, normed.shape[-1]))[:, 0]
-        # NaN/inf logits (a broken layer) make NaN probabilities: count them as 0 so the
-        # chain's scores stay valid; the target's verify rejects such drafts anyway.
-        probs = torch.softmax(ops.linear(out, model.lm_head.weight), dim=-1, dtype=torch.float32).nan_to_num(nan=0.0)
-        p, draft = probs.max(dim=-1)
+        # Softmax and argmax in one launch on CUDA. NaN logits (a broken layer) count as -inf, so
+        # the chain's scores stay valid; the target's verify rejects such drafts anyway.
+        p, draft = (t[:, 0] for t in row_topk(ops.linear(out, model.lm_head.weight), 1, softmax=True))
         self.tokens[slots, draft_at] = draft
         return draft, p
 
