@@ -5,8 +5,10 @@
     python benchmarks/speculative.py --model /tmp/large/target --draft-dir /tmp/large \
         --prompts /tmp/large/prompts.jsonl                              # then its speed figures
 
-The target (Llama shape: vocab 4096, hidden 768, 16 layers, 12 query / 4 kv heads, MLP 2048,
-untied head: 107M parameters) learns the stdlib training split; then one EAGLE layer and a K=4
+The target (Llama shape, untied head; ``--shape deep``, the default: vocab 4096, hidden 512,
+32 layers, 8 query / 2 kv heads, MLP 1792, 113M parameters; ``--shape wide``: hidden 768,
+16 layers, 12 query / 4 kv heads, MLP 2048, 107M, the shape of the earlier figures) learns the
+stdlib training split; then one EAGLE layer and a K=4
 multi-layer EAGLE are trained against it. Step counts are fitted to the time budget after the
 first steps of each phase (seeded; the fitted counts are printed and recorded). The weights go
 to --out (bf16) with held-out prompts (prompts.jsonl), the layout benchmarks/speculative.py
@@ -32,7 +34,14 @@ from spectool.train.target import TargetRecipe
 MIN_PARAMS = 100_000_000
 
 
-def recipes(tiny: bool, seed: int) -> tuple[TargetRecipe, DraftRecipe, DraftRecipe]:
+# Layers, hidden, query heads, kv heads, MLP width. At batch 1 every layer costs about the same
+# few microseconds of kernel launches whatever its width, so what sets the draft's share of an
+# iteration is the target's depth: "deep" has Llama-3-8B's 32 layers (one draft layer = 1/32 of
+# the target's launches, as at 8B); "wide" has 16, which doubles the draft's relative cost.
+SHAPES = {"deep": (32, 512, 8, 2, 1792), "wide": (16, 768, 12, 4, 2048)}
+
+
+def recipes(tiny: bool, seed: int, shape: str = "deep") -> tuple[TargetRecipe, DraftRecipe, DraftRecipe]:
     if tiny:
         target = TargetRecipe(vocab_size=320, hidden_size=96, num_layers=2, num_heads=6, num_kv_heads=2,
                               intermediate_size=256, steps=8, batch_size=4, seq_len=64, warmup=2,
@@ -41,8 +50,10 @@ def recipes(tiny: bool, seed: int) -> tuple[TargetRecipe, DraftRecipe, DraftReci
                  "gen_prompts": 2, "gen_tokens": 16, "seed": seed}
         return target, DraftRecipe(method="eagle", **small), DraftRecipe(method="multi_layer_eagle", layers=4,
                                                                          **small)
-    target = TargetRecipe(vocab_size=4096, hidden_size=768, num_layers=16, num_heads=12, num_kv_heads=4,
-                          intermediate_size=2048, max_position_embeddings=4096, tie_word_embeddings=False,
+    layers, hidden, heads, kv_heads, mlp = SHAPES[shape]
+    target = TargetRecipe(vocab_size=4096, hidden_size=hidden, num_layers=layers, num_heads=heads,
+                          num_kv_heads=kv_heads, intermediate_size=mlp, max_position_embeddings=4096,
+                          tie_word_embeddings=False,
                           epochs=6, batch_size=48, seq_len=1024, lr=1.5e-3, warmup=150, weight_decay=0.1,
                           checkpoint_every=1000, eval_windows=64, seed=seed, tokenizer_docs=2)
     # Epochs are upper bounds: the time budget ends each phase first on one H200.
@@ -61,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stdlib", default=None,
                    help="standard library to train on: a Lib/ directory or a .tar.xz of one; default: this Python's")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="deep",
+                   help="target shape: deep = 32 layers x 512 (default), wide = 16 layers x 768")
     p.add_argument("--budget-s", type=float, default=300.0,
                    help="wall-clock budget for training and evaluation (start-up and tokenizing come on top)")
     a = p.parse_args(argv)
@@ -72,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(a.seed)
-    target_r, eagle_r, mle_r = recipes(a.tiny, a.seed)
+    target_r, eagle_r, mle_r = recipes(a.tiny, a.seed, a.shape)
     try:
         corpus = tiny_corpus(out / "tiny_corpus.txt", a.stdlib) if a.tiny else "stdlib"
         target, drafts = train_all(out, corpus, target_r, (eagle_r, mle_r), a.device,
