@@ -5,7 +5,7 @@
 Prints a table and, when $OUT is set, writes $OUT/tree_kernels.json. Index kernel: µs per
 call of the Triton kernel and of the torch reference for bs x N; verify: µs per iteration
 outside the forward (greedy and sampling, V = 128256 logits per node; on CUDA also replayed
-from a CUDA graph, as the engine runs it). On CUDA the
+from a CUDA graph, as the engine runs it); draft top-k: ``row_topk`` against softmax + topk. On CUDA the
 timings are medians of triton.testing.do_bench (CUDA events); on CPU, medians of
 time.perf_counter over repeated calls.
 """
@@ -20,6 +20,7 @@ import time
 import torch
 
 from spectool.draft.tree import DraftTree, parents_to_mask
+from spectool.kernels.topk import row_topk
 from spectool.kernels.tree_indices import reconstruct_indices_torch, reconstruct_indices_triton
 from spectool.verify import verify_greedy, verify_sampling
 
@@ -124,6 +125,30 @@ def main() -> None:
         results["verify"].append({"bs": bs, "N": n, "greedy_us": greedy, "sampling_us": sampling,
                                   "greedy_graphed_us": graphed[0], "sampling_graphed_us": graphed[1]})
         print(f"{bs:>5} {n:>4} {greedy:>10.1f} {sampling:>10.1f} {graphed[0]:>15.1f} {graphed[1]:>17.1f}")
+
+    # The drafters' selections: softmax + top-k of the head's logits per frontier node, and the
+    # best k of k*k path scores (bf16 logits as the draft head writes them).
+    print("\ndraft top-k (µs per call; torch = softmax then topk, as the drafters ran before)")
+    print(f"{'rows':>9} {'V':>6} {'k':>3} {'softmax':>8} {'row_topk':>9} {'torch':>8} {'row_topk graphed':>17} "
+          f"{'torch graphed':>14}")
+    results["topk"] = []
+    for lead, v, k, softmax in (((1, 4), 4096, 4, True), ((16, 4), 4096, 4, True), ((1, 1), 4096, 1, True),
+                                ((1,), 16, 4, False), ((16,), 16, 4, False)):
+        x = torch.randn(*lead, v, generator=g).to(device, torch.bfloat16 if softmax else torch.float32)
+
+        def ours(x=x, k=k, softmax=softmax):
+            return row_topk(x, k, softmax)
+
+        def theirs(x=x, k=k, softmax=softmax):
+            return (torch.softmax(x, -1, dtype=torch.float32) if softmax else x).topk(k, dim=-1)
+        row = {"rows": list(lead), "V": v, "k": k, "softmax": softmax, "row_topk_us": bench_us(ours, device),
+               "torch_us": bench_us(theirs, device), "row_topk_graphed_us": float("nan"),
+               "torch_graphed_us": float("nan")}
+        if device.type == "cuda":
+            row["row_topk_graphed_us"], row["torch_graphed_us"] = graphed_us(ours), graphed_us(theirs)
+        results["topk"].append(row)
+        print(f"{'x'.join(map(str, lead)):>9} {v:>6} {k:>3} {str(softmax):>8} {row['row_topk_us']:>9.1f} "
+              f"{row['torch_us']:>8.1f} {row['row_topk_graphed_us']:>17.1f} {row['torch_graphed_us']:>14.1f}")
 
     out = os.environ.get("OUT")
     if out:
