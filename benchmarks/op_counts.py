@@ -64,7 +64,7 @@ TRITON_PATHS = (
     (engine_module, "verify_greedy", 3),  # chunked argmax + decision kernel + the coins' fill
     (tree_module, "reconstruct_indices_from_tree_mask", 1),
     # softmax + top-k of the draft heads (rows up to topk.TRITON_MAX_ROW, as the demo's vocabulary)
-    (eagle_module, "row_topk", 1), (mle_module, "row_topk", 1),
+    (eagle_module, "row_topk", 1), (mle_module, "row_topk", 1), (tree_module, "row_topk", 1),
     (llama, "check_forward_args", 0),  # its range checks run only off CUDA
 )
 

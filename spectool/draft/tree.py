@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spectool.kernels.topk import row_topk
 from spectool.kernels.tree_indices import (
     mask_to_parents,
     next_token_and_sibling,
@@ -496,14 +497,14 @@ def eagle_tree_from_candidates(
     """
     bs, total = tokens.shape
     keep = min(num_nodes, total)  # root included
-    key = torch.nan_to_num(scores.float(), nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-    key[:, 0] = math.inf  # the root sorts first
-    # Stable descending sort: equal scores keep candidate order (parents before children),
+    key = scores.float().clone()
+    key[:, 0] = math.inf  # the root comes first
+    # Best first, equal scores in candidate order (parents before children; NaN counts as -inf),
     # so the best are closed under ancestors; sorted back by index they are topological.
-    best = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :keep]
-    chosen = torch.sort(best, dim=1).values
+    best_scores, best = row_topk(key, keep)
+    chosen, order = torch.sort(best, dim=1)
     node_tokens = tokens.gather(1, chosen)
-    node_scores = key.gather(1, chosen)
+    node_scores = best_scores.gather(1, order)
     node_scores[:, 0] = 1.0
     # A parent's node number is its rank among the chosen indices (the root's -1 ranks before all).
     node_parents = torch.searchsorted(chosen, parents.gather(1, chosen), right=True) - 1
