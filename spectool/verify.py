@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from spectool.draft.tree import DraftTree
+from spectool.kernels.gather import commit_kv_torch, commit_kv_triton
 from spectool.kernels.tree_indices import triton_on_cpu
 
 NOT_VISITED, ACCEPTED, REJECTED = 0, 1, 2
@@ -230,7 +231,9 @@ def commit_kv(
     indices seq_len .. seq_len+N-1 in node order; entry ``seq_len + accept_path[b, j]``
     moves to ``seq_len + j`` for j = 0 .. accept_length[b]. Call it for each cache
     (target, draft layers); the caller then advances seq_len by accept_length + 1.
-    One gather and one scatter, no host sync.
+    No host sync: on CUDA (and on CPU with ``TRITON_INTERPRET=1``) one Triton launch for k
+    and v (``spectool.kernels.gather.commit_kv_triton``), elsewhere the torch reference
+    (``commit_kv_torch``: one gather and one scatter per cache).
     """
     for name, t in (("k", k), ("v", v)):
         if t.dim() != 5:
@@ -244,14 +247,7 @@ def commit_kv(
         raise ValueError(f"expected slots [B], seq_lens [B], accept_path [B, D+1], accept_length [B]; "
                          f"got {tuple(slots.shape)}, {tuple(seq_lens.shape)}, "
                          f"{tuple(accept_path.shape)}, {tuple(accept_length.shape)}")
-    width = accept_path.shape[1]
-    j = torch.arange(width, device=k.device)
-    base = seq_lens.long()[:, None]
-    # Entries past the accept length copy onto themselves (a no-op) so shapes stay static.
-    src = base + torch.where(j <= accept_length[:, None], accept_path.long(), j)
-    dst = (base + j).clamp(max=k.shape[3] - 1)
-    src = src.clamp(max=k.shape[3] - 1)
-    slot = slots.long()[:, None].expand(bs, width)
-    for cache in (k, v):
-        # Advanced indices on dims 1 and 3 (split by a slice) put [B, D+1] in front: [B, D+1, L, H, hd].
-        cache[:, slot, :, dst] = cache[:, slot, :, src]
+    if (k.is_cuda or triton_on_cpu()) and k.stride(-1) == 1 and v.stride(-1) == 1:
+        commit_kv_triton(k, v, slots, seq_lens, accept_path, accept_length)
+    else:
+        commit_kv_torch(k, v, slots, seq_lens, accept_path, accept_length)

@@ -7,7 +7,8 @@ here without touching model code. Shapes follow the model: activations are
 unless the caller passes a host ``kv_len``, so every op is CUDA-graph safe.
 
 On CUDA tensors each op dispatches to its fused Triton kernel (kernels/fused.py,
-kernels/attention_triton.py; imported on first use so CPU runs never load Triton).
+kernels/attention_triton.py, the embedding's row gather in kernels/gather.py; imported on
+first use so CPU runs never load Triton).
 The projections (``linear``, ``rms_norm_linear``, ``silu_mul_linear``) take the fused
 GEMVs of kernels/gemv.py for one row, with the norm or SiLU·mul before them in the same
 launch, and for the 2 to 16 tokens of one sequence where that measured faster (small
@@ -27,6 +28,22 @@ TRITON_ATTENTION_MAX_T = 64
 def _triton(x: torch.Tensor) -> bool:
     # The Triton kernels have no backward: training (grad enabled) takes the torch path.
     return x.is_cuda and x.stride(-1) == 1 and not torch.is_grad_enabled()
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``weight[ids]``: the token embedding, ``ids.shape + (H,)``.
+
+    On CUDA one Triton row gather (kernels/gather.py; torch's small-index gather is several
+    times slower for a few tokens), which clamps ids outside [0, V) instead of raising (a
+    check would sync; the engine checks prompt ids on the host, and every later id comes from
+    an argmax or a sample over the vocabulary). It also serves a frozen table under autograd
+    (the draft trainer embeds through the target's), as no gradient flows to it.
+    """
+    if (weight.is_cuda and ids.is_cuda and weight.stride(-1) == 1
+            and not (torch.is_grad_enabled() and weight.requires_grad)):
+        from spectool.kernels.gather import embedding_triton
+        return embedding_triton(ids, weight)
+    return F.embedding(ids, weight)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -37,6 +37,16 @@ class RMSNorm(nn.Module):
         return ops.rms_norm(x, self.weight, self.eps)
 
 
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` (same parameter, same state-dict key) whose lookup goes through
+    ``ops.embedding``: one Triton row gather on CUDA."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.max_norm is not None:  # renormalises rows in place: torch's path only
+            return super().forward(ids)
+        return ops.embedding(ids, self.weight)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -154,7 +164,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
