@@ -12,17 +12,20 @@ from spectool.kernels.topk import row_topk, row_topk_torch, row_topk_triton
 
 
 def brute_force(row: list[float], k: int, softmax: bool) -> tuple[list[float], list[int]]:
-    """The k best (value, index) pairs of one row: NaN as -inf, ties to the smaller index."""
+    """The k best (value, index) pairs of one row, ranked by the entries: NaN as -inf, +inf
+    (under softmax) above every finite entry, ties to the smaller index."""
     vals = [float("-inf") if math.isnan(v) else v for v in row]
+    order = sorted(range(len(vals)), key=lambda i: (-vals[i], i))[:k]
     if softmax:
-        finite = [v for v in vals if v > float("-inf")]
-        if finite:
-            m = max(finite)
-            z = sum(math.exp(v - m) for v in finite)
-            vals = [math.exp(v - m) / z if v > float("-inf") else 0.0 for v in vals]
+        if float("inf") in vals:  # the limit of softmax: the +inf entries share the mass
+            share = 1.0 / vals.count(float("inf"))
+            vals = [share if v == float("inf") else 0.0 for v in vals]
+        elif any(v > float("-inf") for v in vals):
+            m = max(vals)
+            z = sum(math.exp(v - m) for v in vals)
+            vals = [math.exp(v - m) / z for v in vals]
         else:
             vals = [0.0] * len(vals)
-    order = sorted(range(len(vals)), key=lambda i: (-vals[i], i))[:k]
     return [vals[i] for i in order], order
 
 
@@ -43,6 +46,9 @@ def cases():
     poisoned[2] = float("-inf")
     poisoned[2, 7] = 1.0
     poisoned[3, :3] = float("-inf")
+    poisoned[3, 10] = float("inf")
+    poisoned[0, 12] = float("inf")
+    poisoned[0, 15] = float("inf")
     out += [(poisoned, 4, True), (poisoned, 4, False)]
     return out
 

@@ -10,8 +10,11 @@ an EAGLE draft step. Here one program per row keeps a running max and sum of exp
 the row once, then writes the k best in descending order.
 
 Semantics, shared by both versions: NaN counts as -inf (a broken draft layer's NaN logits
-never win, and never poison the scores); ties go to the smaller index; probabilities are
-float32 (0 for a row with no finite logit). The torch reference is the CPU path.
+never win, and never poison the scores); under softmax +inf counts as the largest float32, so
+the +inf entries share the probability mass instead of making it NaN; ties go to the smaller
+index; the ranking is by the entries (logits), whose probabilities can round equal, and the
+values are float32 (probabilities: 0 for a row with no logit above -inf). The torch reference
+is the CPU path.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from spectool.kernels.tree_indices import triton_on_cpu
 TRITON_MAX_ROW = 32768
 BLOCK_MAX = 4096
 TRITON_MAX_K = 16  # the kernel unrolls k selection rounds per chunk
+FLOAT32_MAX = 3.4028234663852886e38  # +inf logits under softmax: the +inf entries share the mass
 
 
 def _check(x: torch.Tensor, k: int) -> None:
@@ -42,13 +46,15 @@ def _check(x: torch.Tensor, k: int) -> None:
 def row_topk_torch(x: torch.Tensor, k: int, softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference of :func:`row_topk`."""
     _check(x, k)
-    v = x.float().nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    v = x.float().nan_to_num(nan=float("-inf"), posinf=FLOAT32_MAX if softmax else float("inf"),
+                             neginf=float("-inf"))
+    # Ranked by the (cleaned) entries themselves, not their probabilities, which can round equal;
+    # a stable descending sort puts equal entries in index order.
+    indices = torch.sort(v, dim=-1, descending=True, stable=True).indices[..., :k].contiguous()
     if softmax:
         finite = (v > float("-inf")).any(-1, keepdim=True)
         v = torch.where(finite, torch.softmax(v, dim=-1), 0.0)
-    # A stable descending sort puts equal values in index order.
-    values, indices = torch.sort(v, dim=-1, descending=True, stable=True)
-    return values[..., :k].contiguous(), indices[..., :k].contiguous()
+    return v.gather(-1, indices), indices
 
 
 @triton.jit
@@ -71,6 +77,7 @@ def _row_topk_kernel(X, OutV, OutI, V, G, sx_b, sx_g, so_b, so_g, si_b, si_g,
         x = tl.load(x_row + offs, mask=valid, other=float("-inf")).to(tl.float32)
         x = tl.where(x != x, float("-inf"), x)
         if SOFTMAX:
+            x = tl.where(x == float("inf"), FLOAT32_MAX, x)
             new_m = tl.maximum(m, tl.max(x, axis=0))
             shift = tl.where(new_m == float("-inf"), 0.0, new_m)  # all -inf so far: exp(-inf) = 0, no NaN
             s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
