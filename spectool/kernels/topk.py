@@ -77,7 +77,7 @@ def _row_topk_kernel(X, OutV, OutI, V, G, sx_b, sx_g, so_b, so_g, si_b, si_g,
         x = tl.load(x_row + offs, mask=valid, other=float("-inf")).to(tl.float32)
         x = tl.where(x != x, float("-inf"), x)
         if SOFTMAX:
-            x = tl.where(x == float("inf"), FLOAT32_MAX, x)
+            x = tl.where(x == float("inf"), 3.4028234663852886e38, x)  # FLOAT32_MAX (no globals in a kernel)
             new_m = tl.maximum(m, tl.max(x, axis=0))
             shift = tl.where(new_m == float("-inf"), 0.0, new_m)  # all -inf so far: exp(-inf) = 0, no NaN
             s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
