@@ -72,12 +72,13 @@ def workload_prompts(target, path: str | Path, kind: str, count: int, max_tokens
     return out
 
 
-def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    """Warm-up prompts: a random chunk of tokens written twice. For N-gram they add trie entries
-    that never match real text, and the repeat makes its drafts match, so the warm-up captures the
-    graph of its full-size tree as well as that of the roots alone (drafted when nothing matched)."""
+def random_prompts(count: int, length: int, vocab: int, seed: int, repeat: bool = True) -> list[list[int]]:
+    """Warm-up prompts of random tokens, each a chunk written twice (``repeat``) or not. For N-gram
+    they add trie entries that never match real text; the repeat makes its drafts match, so the
+    warm-up captures the graph of its full-size tree, and the target's continuation of unrepeated
+    random text rarely matches anything, so it captures that of the roots alone (no row matched)."""
     rng = random.Random(seed)
-    half = (length + 1) // 2
+    half = (length + 1) // 2 if repeat else length
     chunks = [[rng.randrange(1, vocab) for _ in range(half)] for _ in range(count)]
     return [(chunk * 2)[:length] for chunk in chunks]
 
@@ -104,12 +105,16 @@ def measure(target, draft, prompts: list[list[int]], new_tokens: int, max_seq_le
     warmup_tokens = min(8, new_tokens)
     batch = batch or len(prompts)
     engine = st.Engine(target, draft=draft, max_batch_size=batch, max_seq_len=max_seq_len)
-    warm = random_prompts(batch, min(len(p) for p in prompts), target.config.vocab_size, seed + 1)
+    length = min(len(p) for p in prompts)
+    warm = [random_prompts(batch, length, target.config.vocab_size, seed + 1, repeat)
+            for repeat in (True, False)]
     # Warm every batch bucket the timed run can shrink through (requests finish at different
-    # iterations), so no CUDA-graph capture or kernel compilation lands inside the timing.
+    # iterations), so no CUDA-graph capture or kernel compilation lands inside the timing (the
+    # rows' timed_graph_captures say whether any did).
     for bucket in engine.graph_buckets:
-        engine.generate(warm[: min(bucket, len(warm))], max_new_tokens=warmup_tokens, record=False,
-                        ignore_eos=True, seed=seed)
+        for w in warm:
+            engine.generate(w[: min(bucket, len(w))], max_new_tokens=warmup_tokens, record=False,
+                            ignore_eos=True, seed=seed)
     graphs_before = engine.graph_stats()
     t0 = time.perf_counter()
     result = engine.generate(prompts, max_new_tokens=new_tokens, record=False, ignore_eos=True, seed=seed)
