@@ -9,7 +9,8 @@ At batch 1 on the H200 an iteration is bound by the number of small kernels (eac
 kernel is counted (view and metadata ops such as view/reshape/expand/slice/select, and
 bare allocations, are not). Where the GPU path dispatches to a Triton kernel instead of
 the torch code the CPU runs (RMSNorm, RoPE + cache write, SiLU·mul, cached attention,
-greedy verify, the tree-index kernel) the count is that kernel's launches, and the
+greedy verify, the tree-index kernel, the drafters' softmax + top-k, the KV commit; the
+embedding is one aten op either way) the count is that kernel's launches, and the
 forward's CPU-only range checks count nothing. Graph-input copies are counted the way
 ``GraphRunner`` makes them (a copy per input, skipped for the same unmodified tensor).
 
@@ -62,6 +63,7 @@ TRITON_PATHS = (
     (ops, "rms_norm", 1), (ops, "add_rms_norm", 1), (ops, "rope", 1), (ops, "rope_write_kv", 1),
     (ops, "silu_mul", 1), (ops, "cached_attention", 2),  # split-KV pass + merge
     (engine_module, "verify_greedy", 3),  # chunked argmax + decision kernel + the coins' fill
+    (engine_module, "commit_kv", 1),  # k and v moved by one kernel (kernels/gather.py)
     (tree_module, "reconstruct_indices_from_tree_mask", 1),
     # softmax + top-k of the draft heads (rows up to topk.TRITON_MAX_ROW, as the demo's vocabulary)
     (eagle_module, "row_topk", 1), (mle_module, "row_topk", 1), (tree_module, "row_topk", 1),
