@@ -49,6 +49,8 @@ def cases():
     poisoned[3, 10] = float("inf")
     poisoned[0, 12] = float("inf")
     poisoned[0, 15] = float("inf")
+    poisoned[1, 3:6] = -0.0  # equal to 0.0: ties by index
+    poisoned[1, 8] = 0.0
     out += [(poisoned, 4, True), (poisoned, 4, False)]
     return out
 
