@@ -33,8 +33,6 @@ from spectool.timing import PhaseTimer
 from spectool.trace.recorder import PackedRows, Recorder, pack_rows
 from spectool.verify import VerifyResult, commit_kv, verify_greedy, verify_sampling
 
-# Tree tensors the verify step takes as (graph) inputs; max_depth is fixed to N-1 per graph.
-
 
 @dataclass
 class _Request:
@@ -139,7 +137,7 @@ class Engine:
         self._pinned_tables: dict[torch.Size, torch.Tensor] = {}
         self._table_copied = torch.cuda.Event() if self.on_cuda else None
         # (batch, tree, why) of a draft made at the end of the last iteration for the next one.
-        self._next_draft: tuple[Batch, DraftTree, dict] | None = None
+        self._next_draft: tuple[Batch, DraftTree | MaskTree, dict] | None = None
 
     # ----------------------------------------------------------------- public API
 
@@ -541,7 +539,7 @@ class Engine:
             return pinned.tolist()
         return rows
 
-    def _draft(self, batch: Batch, timer: PhaseTimer) -> tuple[DraftTree, dict]:
+    def _draft(self, batch: Batch, timer: PhaseTimer) -> tuple[DraftTree | MaskTree, dict]:
         if self.drafter is None:
             return self._root_tree(batch.roots, batch.seq_lens), {}
         return self.drafter.draft(batch, timer)
