@@ -42,7 +42,7 @@ SHAPES = {"deep": (32, 512, 8, 2, 1792), "wide": (16, 768, 12, 4, 2048)}
 
 
 def recipes(tiny: bool, seed: int, shape: str = "deep",
-            edit_fraction: float = 0.5) -> tuple[TargetRecipe, DraftRecipe, DraftRecipe]:
+            edit_fraction: float = 0.25) -> tuple[TargetRecipe, DraftRecipe, DraftRecipe]:
     if tiny:
         target = TargetRecipe(vocab_size=320, hidden_size=96, num_layers=2, num_heads=6, num_kv_heads=2,
                               intermediate_size=256, steps=8, batch_size=4, seq_len=64, warmup=2,
@@ -77,11 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), default="deep",
                    help="target shape: deep = 32 layers x 512 (default), wide = 16 layers x 768")
     # N-gram drafting on the editing workload is bounded by how faithfully the target copies its
-    # context: drafting the reference continuation itself accepts ~9 tokens per iteration at N 12,
-    # the 0.25-trained target's own outputs 2.35. A real LLM copies an edited file nearly verbatim;
-    # four minutes of training get closer to that with more editing pairs.
-    p.add_argument("--edit-fraction", type=float, default=0.5,
-                   help="share of the target's training text made of editing pairs (default 0.5)")
+    # context (drafting the reference continuation itself accepts ~9 tokens per iteration at N 12,
+    # the trained target's outputs ~2.4). On the H200, 0.5 raised N-gram's editing accept length
+    # from 2.35 to 2.66 but EAGLE's on completion fell from 3.44 to 2.02 (in a run that also
+    # trained beside the GPU tests; BENCHMARKS.md), so the default stays at the recipe's 0.25.
+    p.add_argument("--edit-fraction", type=float, default=0.25,
+                   help="share of the target's training text made of editing pairs (default 0.25)")
     p.add_argument("--budget-s", type=float, default=300.0,
                    help="wall-clock budget for training and evaluation (start-up and tokenizing come on top)")
     a = p.parse_args(argv)

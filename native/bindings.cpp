@@ -7,8 +7,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "ngram_corpus.h"
 
@@ -170,23 +172,53 @@ void batch_put(NgramCorpus& self, py::handle windows, py::handle req_ids, py::ha
   self.put(std::move(rows), std::move(ids), std::move(totals));
 }
 
-py::tuple batch_get(NgramCorpus& self, py::handle req_ids, py::handle tails, py::handle total_lens) {
+// A caller's output array: exactly this dtype and shape, C-contiguous and writeable (it is
+// written in place, so a converting copy would silently lose the result).
+template <typename T>
+T* out_array(py::handle h, const char* name, std::initializer_list<py::ssize_t> shape) {
+  if (!py::isinstance<py::array>(h)) bad(std::string("out.") + name + " must be a numpy array, got " + type_name(h));
+  auto a = py::reinterpret_borrow<py::array>(h);
+  if (!a.dtype().is(py::dtype::of<T>()))
+    bad(std::string("out.") + name + " must have dtype " + std::string(py::str(py::dtype::of<T>())) + ", got " +
+        std::string(py::str(a.dtype())));
+  std::vector<py::ssize_t> want(shape);
+  if (a.ndim() != static_cast<py::ssize_t>(want.size()) ||
+      !std::equal(want.begin(), want.end(), a.shape()))
+    bad(std::string("out.") + name + " has the wrong shape for this batch and num_draft_tokens");
+  if (!(a.flags() & py::array::c_style)) bad(std::string("out.") + name + " must be C-contiguous");
+  if (!a.writeable()) bad(std::string("out.") + name + " must be writeable");
+  return static_cast<T*>(a.mutable_data());
+}
+
+py::tuple batch_get(NgramCorpus& self, py::handle req_ids, py::handle tails, py::handle total_lens, py::handle out) {
   if (req_ids.is_none() != total_lens.is_none()) bad("req_ids and total_lens must be given together");
   TokenBatch rows = parse_batch(tails, "tails", false);
   auto ids = parse_ints(req_ids, "req_ids", rows.size(), false);
   auto totals = parse_ints(total_lens, "total_lens", rows.size(), true);
   check_total_lens(rows, totals, "tails");
   const py::ssize_t bs = rows.size(), n = self.config().num_draft_tokens;
-  py::array_t<int32_t> tokens({bs, n}), parents({bs, n}), match_len(bs), breadth(bs);
-  py::array_t<bool> mask({bs, n, n}), valid({bs, n});
-  py::array_t<float> scores({bs, n});
-  spectool::DraftBuffers out{tokens.mutable_data(), parents.mutable_data(), mask.mutable_data(), valid.mutable_data(),
-                             scores.mutable_data(), match_len.mutable_data(), breadth.mutable_data()};
+  py::tuple arrays;
+  if (out.is_none()) {
+    arrays = py::make_tuple(py::array_t<int32_t>({bs, n}), py::array_t<int32_t>({bs, n}), py::array_t<bool>({bs, n, n}),
+                            py::array_t<bool>({bs, n}), py::array_t<float>({bs, n}), py::array_t<int32_t>(bs),
+                            py::array_t<int32_t>(bs));
+  } else {
+    if (!py::isinstance<py::tuple>(out) || py::len(out) != 7)
+      bad("out must be a tuple of 7 arrays (tokens, parents, mask, valid, scores, match_len, breadth)");
+    arrays = py::reinterpret_borrow<py::tuple>(out);
+  }
+  spectool::DraftBuffers buf{out_array<int32_t>(arrays[0], "tokens", {bs, n}),
+                             out_array<int32_t>(arrays[1], "parents", {bs, n}),
+                             out_array<bool>(arrays[2], "mask", {bs, n, n}),
+                             out_array<bool>(arrays[3], "valid", {bs, n}),
+                             out_array<float>(arrays[4], "scores", {bs, n}),
+                             out_array<int32_t>(arrays[5], "match_len", {bs}),
+                             out_array<int32_t>(arrays[6], "breadth", {bs})};
   {
     py::gil_scoped_release release;
-    self.get(rows, ids, totals, out);
+    self.get(rows, ids, totals, buf);
   }
-  return py::make_tuple(tokens, parents, mask, valid, scores, match_len, breadth);
+  return arrays;
 }
 
 void add_external_corpus(NgramCorpus& self, const std::string& corpus_id, py::handle token_chunks, int64_t max_tokens) {
@@ -224,7 +256,8 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init(&make), py::arg("max_trie_depth"), py::arg("min_bfs_breadth"), py::arg("max_bfs_breadth"),
            py::arg("num_draft_tokens"), py::arg("match"), py::arg("capacity"))
       .def("batch_put", &batch_put, py::arg("windows"), py::arg("req_ids"), py::arg("total_lens"))
-      .def("batch_get", &batch_get, py::arg("req_ids"), py::arg("tails"), py::arg("total_lens"))
+      .def("batch_get", &batch_get, py::arg("req_ids"), py::arg("tails"), py::arg("total_lens"),
+           py::arg("out") = py::none())
       .def("synchronize", &NgramCorpus::synchronize, py::call_guard<py::gil_scoped_release>())
       .def("erase_match_state",
            [](NgramCorpus& self, py::handle req_ids) {

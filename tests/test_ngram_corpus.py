@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ngram_reference import ReferenceCorpus
 
-from spectool.native import NgramCorpus
+from spectool.native import NgramCorpus, NgramDraft
 
 FIELDS = ("tokens", "parents", "mask", "valid", "scores", "match_len", "breadth")
 
@@ -102,6 +102,17 @@ def scenarios(draw):
     return params, ops
 
 
+def garbage_out(bs: int, n: int, seed: int = 0) -> NgramDraft:
+    """Output arrays for ``batch_get(out=...)`` filled with random bytes."""
+    rng = np.random.default_rng(seed)
+    shapes = dict(tokens=(bs, n), parents=(bs, n), mask=(bs, n, n), valid=(bs, n), scores=(bs, n),
+                  match_len=(bs,), breadth=(bs,))
+    dtypes = dict(tokens=np.int32, parents=np.int32, mask=np.bool_, valid=np.bool_, scores=np.float32,
+                  match_len=np.int32, breadth=np.int32)
+    return NgramDraft(**{k: rng.integers(0, 256, np.prod(shapes[k]) * np.dtype(dtypes[k]).itemsize, np.uint8)
+                         .view(dtypes[k]).reshape(shapes[k]) for k in shapes})
+
+
 def run_scenario(params, ops, check_every_get=True):
     native, ref = NgramCorpus(**params), ReferenceCorpus(**params)
     streams: dict[int, list[int]] = {0: [], 1: [], 2: []}
@@ -124,7 +135,12 @@ def run_scenario(params, ops, check_every_get=True):
             ids = [7] + [r for r, s in streams.items() if s]
             lens = [len(toks)] + [len(s) for s in streams.values() if s]
             got = native.batch_get(ids, tails, lens)
-            assert_same(got, ref.batch_get(ids, tails, lens), f"step {step}")
+            want = ref.batch_get(ids, tails, lens)
+            assert_same(got, want, f"step {step}")
+            # Written into caller-owned arrays holding garbage: every field is overwritten.
+            out = garbage_out(len(ids), params["num_draft_tokens"], seed=step)
+            assert native.batch_get(ids, tails, lens, out=out) is not None
+            assert_same(out, want, f"step {step}, out=")
             check_tree(got, params["num_draft_tokens"], params["min_bfs_breadth"], params["max_bfs_breadth"],
                        params["match"])
     native.synchronize()
@@ -385,6 +401,28 @@ def test_bad_tails(tails, message):
     corpus = NgramCorpus()
     with pytest.raises(ValueError, match=message):
         corpus.batch_get(None, tails, None)
+
+
+def test_bad_out_arrays():
+    corpus = NgramCorpus(num_draft_tokens=4)
+    corpus.batch_put([[1, 2, 3, 1, 2, 4]])
+    corpus.synchronize()
+    good = garbage_out(2, 4)
+    got = corpus.batch_get(None, [[1, 2], [5]], None, out=good)
+    assert got.tokens is good.tokens and good.tokens[0, 0] == 2 and good.valid[1, 1:].sum() == 0
+    read_only = good.scores.copy()
+    read_only.flags.writeable = False
+    for field, value, message in [
+            ("tokens", np.zeros((2, 4), np.int64), "out.tokens must have dtype int32"),
+            ("mask", np.zeros((2, 4, 5), np.bool_), "out.mask has the wrong shape"),
+            ("match_len", np.zeros(3, np.int32), "out.match_len has the wrong shape"),
+            ("parents", np.zeros((4, 2), np.int32).T, "out.parents must be C-contiguous"),
+            ("scores", read_only, "out.scores must be writeable"),
+            ("valid", [[True] * 4] * 2, "out.valid must be a numpy array")]:
+        with pytest.raises(ValueError, match=message):
+            corpus.batch_get(None, [[1, 2], [5]], None, out=good._replace(**{field: value}))
+    with pytest.raises(ValueError, match="tuple of 7 arrays"):
+        corpus._c.batch_get(None, [[1, 2], [5]], None, tuple(good)[:6])
 
 
 def test_bad_request_arguments():

@@ -9,6 +9,7 @@ positions and retrieve_* arrays inside the engine's verify step.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,6 +18,9 @@ from spectool.config import NgramConfig
 from spectool.draft import Batch
 from spectool.draft.tree import MaskTree
 from spectool.prompts import read_jsonl, read_text
+
+if TYPE_CHECKING:
+    from spectool.native import NgramDraft
 
 
 class NgramDrafter:
@@ -41,11 +45,43 @@ class NgramDrafter:
                                             config.external_corpus_max_tokens)
 
     def allocate(self) -> None:
-        """A staging buffer (pinned on CUDA): each iteration's trees (tokens as int64, scores, mask
-        and valid, one after another) reach the device in one copy instead of four, with no cast."""
-        n = self.num_draft_tokens
-        self._staging = torch.zeros(self.max_batch_size * (12 * n + n * n + n), dtype=torch.uint8,
+        """The trees' staging buffer (pinned on CUDA) and, on CUDA, its device twin.
+
+        The trie writes each iteration's trees (int32 tokens, scores, mask and valid, one after
+        another) straight into the staging buffer, which reaches the device in one copy; the
+        views of both buffers are made once per batch size. Only the host-side fields the
+        device never reads (parents, match lengths, breadths) live in ordinary arrays.
+        """
+        n, b = self.num_draft_tokens, self.max_batch_size
+        self._nbytes_per_row = 9 * n + n * n
+        self._staging = torch.zeros(b * self._nbytes_per_row, dtype=torch.uint8,
                                     pin_memory=self.device.type == "cuda")
+        self._device_buf = (torch.empty_like(self._staging, device=self.device)
+                            if self.device.type == "cuda" else None)
+        self._views: dict[int, tuple[NgramDraft, tuple[torch.Tensor, ...]]] = {}
+
+    def _buffers(self, b: int) -> tuple[NgramDraft, tuple[torch.Tensor, ...]]:
+        """(the trie's output arrays for b rows, the device tensors its staged part lands in)."""
+        if b not in self._views:
+            from spectool.native import NgramDraft
+
+            n = self.num_draft_tokens
+            shapes = ((b, n), (b, n), (b, n, n), (b, n))  # tokens, scores, mask, valid
+            dtypes = ((np.int32, torch.int32), (np.float32, torch.float32), (np.bool_, torch.bool),
+                      (np.bool_, torch.bool))
+            sizes = [int(np.prod(shape)) * np.dtype(d).itemsize for shape, (d, _) in zip(shapes, dtypes)]
+            ends = np.cumsum(sizes)
+            host = self._staging.numpy()
+            staged = [host[end - size:end].view(d).reshape(shape)
+                      for shape, (d, _), size, end in zip(shapes, dtypes, sizes, ends)]
+            dev = self._device_buf if self._device_buf is not None else self._staging
+            on_device = tuple(dev[end - size:end].view(t).view(shape)
+                              for shape, (_, t), size, end in zip(shapes, dtypes, sizes, ends))
+            tokens, scores, mask, valid = staged
+            out = NgramDraft(tokens, np.empty((b, n), np.int32), mask, valid, scores,
+                             np.empty(b, np.int32), np.empty(b, np.int32))
+            self._views[b] = (out, on_device)
+        return self._views[b]
 
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
         self.corpus.batch_put(batch.histories, req_ids=batch.request_ids,
@@ -56,32 +92,34 @@ class NgramDrafter:
 
     def draft(self, batch: Batch, timer) -> tuple[MaskTree, dict]:
         depth = self.config.max_trie_depth
+        out, on_device = self._buffers(len(batch.request_ids))
         with timer("trie_get"):
             self.corpus.synchronize()
             got = self.corpus.batch_get(batch.request_ids, [h[-depth:] for h in batch.histories],
-                                        [len(h) for h in batch.histories])
+                                        [len(h) for h in batch.histories], out=out)
         with timer("index"):
             # No row matched anything: verify the roots alone, a plain decoding step, instead of N
             # nodes of padding (a third of the iterations on free completion; valid nodes come first).
             n = self.num_draft_tokens if got.valid[:, 1:].any() else 1
-            tokens, scores, mask, valid = self._to_device(got, n)
+            tokens, scores, mask, valid = self._to_device(on_device, n)
             tree = MaskTree(tokens, scores, mask, valid, batch.seq_lens, max_depth=n - 1)
-        return tree, {"ngram_match_len": got.match_len, "ngram_breadth": got.breadth}
+        # Copies: the arrays are rewritten by the next get, and the recorder keeps these.
+        return tree, {"ngram_match_len": got.match_len.copy(), "ngram_breadth": got.breadth.copy()}
 
-    def _to_device(self, got, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens int64, scores, mask, valid) of the trie's trees, cut to their first n nodes, on
-        the engine's device. The staging buffer is rewritten only after the engine's next host
-        sync, so the copy is safe."""
-        fields = (got.tokens[:, :n].astype(np.int64), np.ascontiguousarray(got.scores[:, :n]),
-                  np.ascontiguousarray(got.mask[:, :n, :n]), np.ascontiguousarray(got.valid[:, :n]))
-        dtypes = (torch.int64, torch.float32, torch.bool, torch.bool)
-        host = self._staging.numpy()
-        ends = np.cumsum([a.nbytes for a in fields])
-        for a, end in zip(fields, ends):
-            host[end - a.nbytes:end] = a.reshape(-1).view(np.uint8)
-        flat = self._staging[:ends[-1]].to(self.device, non_blocking=True, copy=True)
-        tokens, scores, mask, valid = (flat[end - a.nbytes:end].view(dtype).view(a.shape)
-                                       for a, end, dtype in zip(fields, ends, dtypes))
+    def _to_device(self, on_device: tuple[torch.Tensor, ...], n: int) -> tuple[torch.Tensor, ...]:
+        """(tokens, scores, mask, valid) of the staged trees on the engine's device, cut to their
+        first n nodes. On CUDA one asynchronous copy fills the device twin: the staging buffer
+        is rewritten only after the engine's next host sync, by which time the copy and the
+        verify reading the twin are done. On the CPU the trees are cloned, since the buffer is
+        shared by every iteration."""
+        nbytes = self._nbytes_per_row * on_device[0].shape[0]
+        if self._device_buf is not None:
+            self._device_buf[:nbytes].copy_(self._staging[:nbytes], non_blocking=True)
+        else:
+            on_device = tuple(t.clone() for t in on_device)
+        tokens, scores, mask, valid = on_device
+        if n < tokens.shape[1]:
+            tokens, scores, mask, valid = tokens[:, :n], scores[:, :n], mask[:, :n, :n], valid[:, :n]
         return tokens, scores, mask, valid
 
     def on_verify(self, batch: Batch, tree: MaskTree, result, hidden: torch.Tensor,

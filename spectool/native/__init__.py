@@ -123,9 +123,14 @@ class NgramCorpus:
         self._c.synchronize()
 
     def batch_get(self, req_ids: Sequence[int] | None, tails: Sequence | np.ndarray,
-                  total_lens: Sequence[int] | None) -> NgramDraft:
-        """Builds one draft tree per tail (queued puts may or may not be visible yet)."""
-        return NgramDraft(*self._c.batch_get(req_ids, tails, total_lens))
+                  total_lens: Sequence[int] | None, out: NgramDraft | None = None) -> NgramDraft:
+        """Builds one draft tree per tail (queued puts may or may not be visible yet).
+
+        With ``out`` (an ``NgramDraft`` of C-contiguous, writeable arrays of exactly the
+        result's dtypes and shapes, e.g. views of a pinned staging buffer) the trees are
+        written there and ``out`` is returned: no allocation and no copy.
+        """
+        return NgramDraft(*self._c.batch_get(req_ids, tails, total_lens, None if out is None else tuple(out)))
 
     def erase_match_state(self, req_ids: Sequence[int]) -> None:
         """Forgets the match state and put progress of ``req_ids``; unknown ids are ignored."""
