@@ -15,9 +15,8 @@ is not returned separately: it is ``positions - seq_lens[:, None]``.
 
 The Triton kernel runs one program per request with the whole mask tile in
 registers (N <= 128 in practice): one coalesced load of the tile gives every node's
-depth and parent in one paired reduction, and with the parent vector broadcast along
-both tile axes children and siblings fall out of compares and a second paired
-reduction. All outputs are int64.
+parent, and with the parent vector broadcast along both tile axes children and
+siblings fall out of one compare-and-min each. All outputs are int64.
 """
 
 from __future__ import annotations
@@ -84,16 +83,6 @@ def reconstruct_indices_torch(mask: torch.Tensor, seq_lens: torch.Tensor,
 
 
 @triton.jit
-def _sum_and_max(sum_a, max_a, sum_b, max_b):
-    return sum_a + sum_b, tl.maximum(max_a, max_b)
-
-
-@triton.jit
-def _min_and_min(a1, a2, b1, b2):
-    return tl.minimum(a1, b1), tl.minimum(a2, b2)
-
-
-@triton.jit
 def _tree_indices_kernel(Mask, SeqLens, Out, N, STRIDE, BLOCK: tl.constexpr):
     # Out is [5, B, N]: positions, retrieve_index, next token, next sibling, parents (STRIDE = B * N).
     b = tl.program_id(0).to(tl.int64)
@@ -103,20 +92,17 @@ def _tree_indices_kernel(Mask, SeqLens, Out, N, STRIDE, BLOCK: tl.constexpr):
     base = Mask + b * N * N
     m = tl.load(base + rows[:, None] * N + cols[None, :], mask=inside, other=0) != 0
 
-    # Paired reductions: one pass over the tile for depth and parent, one for next token and
-    # sibling (on the H200 at 256 x 64, 6.0 µs a call against 6.4-7.2 for four single ones).
-    # The parent of node i lies along axis 0; the same vector laid along axis 1 is the parent of
-    # node j (Triton moves it between layouts), so the tile is loaded once and never transposed.
-    ones, parent_row = tl.reduce((m.to(tl.int32), tl.where(m & (cols[None, :] < rows[:, None]), cols[None, :], -1)),
-                                 1, _sum_and_max)
-    depth = ones - 1
+    depth = tl.sum(m.to(tl.int32), axis=1) - 1
+    # Parent of node i along axis 0; the same vector laid along axis 1 is the parent of node j
+    # (Triton moves it between layouts), so the tile is loaded once and never transposed.
+    parent_row = tl.max(tl.where(m & (cols[None, :] < rows[:, None]), cols[None, :], -1), axis=1)
 
     big = BLOCK + N
     is_child = (parent_row[None, :] == rows[:, None]) & (cols[None, :] < N)
+    next_token = tl.min(tl.where(is_child, cols[None, :], big), axis=1)
     sib = (parent_row[None, :] == parent_row[:, None]) & (cols[None, :] > rows[:, None])
     sib = sib & (cols[None, :] < N) & (parent_row[:, None] >= 0)
-    next_token, next_sibling = tl.reduce((tl.where(is_child, cols[None, :], big), tl.where(sib, cols[None, :], big)),
-                                         1, _min_and_min)
+    next_sibling = tl.min(tl.where(sib, cols[None, :], big), axis=1)
 
     out = rows < N
     seq_len = tl.load(SeqLens + b).to(tl.int64)
@@ -138,9 +124,8 @@ def reconstruct_indices_triton(mask: torch.Tensor, seq_lens: torch.Tensor,
     out = torch.empty(5, bs, n, dtype=torch.int64, device=mask.device)
     if bs > 0:
         block = max(16, triton.next_power_of_2(n))
-        # 8 warps from 64 nodes up: at 256 x 64 on the H200, 6.0 µs against 6.4-7.2 with 4.
         _tree_indices_kernel[(bs,)](mask.contiguous(), seq_lens.contiguous(), out, n, bs * n, BLOCK=block,
-                                    num_warps=4 if block < 64 else 8)
+                                    num_warps=4 if block <= 64 else 8)
     return tuple(out.unbind(0)) if with_parents else tuple(out[:4].unbind(0))
 
 
