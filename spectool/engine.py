@@ -138,6 +138,7 @@ class Engine:
         self._table_copied = torch.cuda.Event() if self.on_cuda else None
         # (batch, tree, why) of a draft made at the end of the last iteration for the next one.
         self._next_draft: tuple[Batch, DraftTree | MaskTree, dict] | None = None
+        self._both_tree_sizes: set[tuple[int, int]] = set()  # (runner id, bucket): see _capture_other_size
 
     # ----------------------------------------------------------------- public API
 
@@ -448,6 +449,8 @@ class Engine:
                 with timer("draft"):
                     tree, why = self._draft(batch, timer)
             n = tree.tokens.shape[1]
+            if isinstance(tree, MaskTree):
+                self._capture_other_size(self._verify_runner(greedy, recorder is not None), tree, batch, greedy)
             if not greedy and isinstance(tree, MaskTree):  # the sampling verify runs eagerly on a whole tree
                 with timer("index"):
                     tree = tree.build()
@@ -455,7 +458,7 @@ class Engine:
         self._kv_len = None if self.on_cuda else max(batch.seq_lens_host) + n
         with timer("verify"):
             if greedy:
-                runner = self._greedy_record_runner if recorder is not None else self._greedy_runner
+                runner = self._verify_runner(greedy, recorder is not None)
                 inputs = {"roots": batch.roots, "seq_lens": batch.seq_lens} if tree is None else tree.as_inputs()
                 hidden, status, path, length, bonus, argmax, coins, table, *packed_data = runner(
                     b, slots=batch.slots, **inputs)
@@ -521,6 +524,39 @@ class Engine:
             if live_records:
                 event.records = recorder.iteration_rows()
         return event
+
+    def _verify_runner(self, greedy: bool, recording: bool) -> GraphRunner:
+        """The graph runner of the iteration's verify step: greedy (with the trace pack when
+        recording) runs forward, verify and commit in one graph; sampling graphs the forward."""
+        if not greedy:
+            return self._forward_runner
+        return self._greedy_record_runner if recording else self._greedy_runner
+
+    def _capture_other_size(self, runner: GraphRunner, tree: MaskTree, batch: Batch, greedy: bool) -> None:
+        """Capture now the graph of the other size an N-gram tree can take in this bucket.
+
+        An N-gram iteration verifies its whole tree, or the roots alone when no row matched, so
+        each bucket has two graphs. Captured lazily, the second one would stall decoding the
+        first time its case comes up, mid-stream (tens of ms: a visible pause in a notebook, an
+        outlier inside any timing). Capturing it beside the first costs nothing later. It is
+        harmless: it runs before this iteration's verify, whose tree starts at the same cache
+        position, and it writes K/V only there (the roots, rewritten by that verify) and past
+        it (padding); padding is never accepted, so its commit moves nothing.
+        """
+        if not self.cuda_graphs:
+            return
+        b = len(batch.request_ids)
+        key = (id(runner), runner.bucket_for(b) or 0)
+        if key[1] == 0 or key in self._both_tree_sizes:  # 0: past the largest bucket, eager
+            return
+        self._both_tree_sizes.add(key)
+        other = _roots_alone(tree) if tree.tokens.shape[1] > 1 else _roots_and_padding(tree, self.num_draft_tokens)
+        if greedy:
+            runner.capture(b, slots=batch.slots, **other.as_inputs())
+        else:
+            built = other.build()
+            runner.capture(b, tokens=built.tokens, positions=built.positions, slots=batch.slots,
+                           starts=built.seq_lens, mask=built.mask)
 
     def _table_to_host(self, table: torch.Tensor) -> Callable[[], list[list[int]]]:
         """Start copying the verify's host table off the device; the returned function waits for
@@ -605,6 +641,25 @@ def _record_tensors(tree: DraftTree, res: VerifyResult, top_i: torch.Tensor, top
         ("status", res.status), ("accept_path", res.accept_path), ("accept_length", res.accept_length),
         ("bonus_token", res.bonus),
     ]
+
+
+def _roots_alone(tree: MaskTree) -> MaskTree:
+    """The one-node tree of the same roots (an N-gram iteration where no row matched)."""
+    return MaskTree(tree.tokens[:, :1], tree.scores[:, :1], tree.mask[:, :1, :1], tree.valid[:, :1], tree.seq_lens,
+                    max_depth=0)
+
+
+def _roots_and_padding(tree: MaskTree, n: int) -> MaskTree:
+    """The roots of a one-node tree with n - 1 padding nodes hanging off them, laid out as the
+    trie lays out padding (token 0, score 0, not valid)."""
+    b, dev = tree.tokens.shape[0], tree.tokens.device
+    tokens = torch.zeros(b, n, dtype=tree.tokens.dtype, device=dev)
+    scores = torch.zeros(b, n, dtype=tree.scores.dtype, device=dev)
+    valid = torch.zeros(b, n, dtype=torch.bool, device=dev)
+    tokens[:, 0], scores[:, 0], valid[:, 0] = tree.tokens[:, 0], tree.scores[:, 0], True
+    mask = torch.eye(n, dtype=torch.bool, device=dev).repeat(b, 1, 1)
+    mask[:, :, 0] = True
+    return MaskTree(tokens, scores, mask, valid, tree.seq_lens, max_depth=n - 1)
 
 
 def _host_table(tree: DraftTree, res: VerifyResult) -> torch.Tensor:
