@@ -1,0 +1,124 @@
+"""Variants of the tree-index kernel, timed as benchmarks/tree_kernels.py times the one on main.
+
+    python3 benchmarks/tree_kernel_variants.py       # H200: checks every variant, then two rounds of timings
+    TRITON_INTERPRET=1 python benchmarks/tree_kernel_variants.py   # CPU: the correctness check alone
+
+The exploration behind docs/BENCHMARKS.md "Kernel variants against the launch floor" (issue #4's
+>= 50x at bs 256, N 64): paired ``tl.reduce`` reductions (TUPLE), two batch rows per program (RPP)
+and 2 / 4 / 8 warps. Every variant must equal the torch reference on random trees first.
+"""
+import torch
+import triton
+import triton.language as tl
+from tree_kernels import bench_us, random_parents, warm_up_gpu
+
+from spectool.draft.tree import parents_to_mask
+from spectool.kernels.tree_indices import reconstruct_indices_torch, reconstruct_indices_triton
+
+
+@triton.jit
+def _sum_max(a_s, a_m, b_s, b_m):
+    return a_s + b_s, tl.maximum(a_m, b_m)
+
+
+@triton.jit
+def _min_min(a1, a2, b1, b2):
+    return tl.minimum(a1, b1), tl.minimum(a2, b2)
+
+
+@triton.jit
+def _one(Mask, SeqLens, Out, N, STRIDE, b, BLOCK: tl.constexpr, TUPLE: tl.constexpr):
+    rows = tl.arange(0, BLOCK)
+    cols = tl.arange(0, BLOCK)
+    inside = (rows[:, None] < N) & (cols[None, :] < N)
+    m = tl.load(Mask + b * N * N + rows[:, None] * N + cols[None, :], mask=inside, other=0) != 0
+    lower = m & (cols[None, :] < rows[:, None])
+    if TUPLE:
+        d1, parent_row = tl.reduce((m.to(tl.int32), tl.where(lower, cols[None, :], -1)), 1, _sum_max)
+        depth = d1 - 1
+    else:
+        depth = tl.sum(m.to(tl.int32), axis=1) - 1
+        parent_row = tl.max(tl.where(lower, cols[None, :], -1), axis=1)
+    big = BLOCK + N
+    is_child = (parent_row[None, :] == rows[:, None]) & (cols[None, :] < N)
+    sib = (parent_row[None, :] == parent_row[:, None]) & (cols[None, :] > rows[:, None])
+    sib = sib & (cols[None, :] < N) & (parent_row[:, None] >= 0)
+    if TUPLE:
+        next_token, next_sibling = tl.reduce((tl.where(is_child, cols[None, :], big),
+                                              tl.where(sib, cols[None, :], big)), 1, _min_min)
+    else:
+        next_token = tl.min(tl.where(is_child, cols[None, :], big), axis=1)
+        next_sibling = tl.min(tl.where(sib, cols[None, :], big), axis=1)
+    out = rows < N
+    seq_len = tl.load(SeqLens + b).to(tl.int64)
+    offs = b * N + rows
+    tl.store(Out + offs, seq_len + depth.to(tl.int64), mask=out)
+    tl.store(Out + STRIDE + offs, offs, mask=out)
+    tl.store(Out + 2 * STRIDE + offs, tl.where(next_token == big, -1, next_token).to(tl.int64), mask=out)
+    tl.store(Out + 3 * STRIDE + offs, tl.where(next_sibling == big, -1, next_sibling).to(tl.int64), mask=out)
+    tl.store(Out + 4 * STRIDE + offs, parent_row.to(tl.int64), mask=out)
+
+
+@triton.jit
+def _kernel(Mask, SeqLens, Out, N, B, STRIDE, BLOCK: tl.constexpr, TUPLE: tl.constexpr, RPP: tl.constexpr):
+    for r in tl.static_range(RPP):
+        b = tl.program_id(0).to(tl.int64) * RPP + r
+        if b < B:
+            _one(Mask, SeqLens, Out, N, STRIDE, b, BLOCK, TUPLE)
+
+
+def make(tuple_, rpp, warps):
+    def fn(mask, seq_lens):
+        bs, n, _ = mask.shape
+        out = torch.empty(5, bs, n, dtype=torch.int64, device=mask.device)
+        block = max(16, triton.next_power_of_2(n))
+        _kernel[(triton.cdiv(bs, rpp),)](mask, seq_lens, out, n, bs, bs * n, BLOCK=block, TUPLE=tuple_, RPP=rpp,
+                                         num_warps=warps)
+        return tuple(out[:4].unbind(0))
+    return fn
+
+
+def variants() -> dict:
+    out = {"main": reconstruct_indices_triton}
+    for paired in (False, True):
+        for rpp in (1, 2):
+            for warps in (2, 4, 8):
+                out[f"tuple={int(paired)} rpp={rpp} w={warps}"] = make(paired, rpp, warps)
+    return out
+
+
+SIZES = [(1, 8), (1, 16), (1, 64), (64, 8), (64, 16), (64, 64), (256, 8), (256, 16), (256, 64)]
+
+
+def main() -> None:
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    kernels = variants()
+    cases = {}
+    for bs, n in (SIZES if dev == "cuda" else [(1, 8), (3, 16), (3, 64)]):
+        mask = parents_to_mask(random_parents(bs, n, g)).to(dev)
+        seq = torch.randint(0, 1000, (bs,), generator=g).to(dev)
+        cases[(bs, n)] = (mask, seq)
+        want = reconstruct_indices_torch(mask, seq)
+        for name, fn in kernels.items():
+            assert all(torch.equal(a, b) for a, b in zip(fn(mask, seq), want)), (name, bs, n)
+    print("every variant equals the reference")
+    if dev == "cpu":
+        return
+    cuda = torch.device("cuda")
+    warm_up_gpu()
+
+    def times(fn) -> dict:
+        return {k: bench_us(lambda m=m, s=s: fn(m, s), cuda) for k, (m, s) in cases.items()}
+
+    ref = times(reconstruct_indices_torch)
+    print("torch reference", {f"{k[0]}x{k[1]}": round(v, 1) for k, v in ref.items()})
+    for _ in range(2):  # two rounds: the spread between them is the noise
+        for name, fn in kernels.items():
+            t = times(fn)
+            print(f"{name:24s}", " ".join(f"{k[0]}x{k[1]}:{v:.2f}" for k, v in t.items()),
+                  f"| 256x64 ratio {ref[(256, 64)] / t[(256, 64)]:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
