@@ -70,3 +70,12 @@ def triton_interpreter_child(request: pytest.FixtureRequest) -> Callable[[], Non
 def demo_model_dir():
     """Directory of the bundled demo model (target/, eagle/, multi_layer_eagle/, prompts.jsonl)."""
     return st.demo_model()
+
+
+@pytest.fixture(scope="session")
+def target(demo_model_dir):
+    """The demo target on CPU in float32 (the dtype greedy outputs are compared in), loaded once.
+    A module that needs another target (CUDA, bfloat16, random weights) defines its own."""
+    from test_engine_support import load_demo_target
+
+    return load_demo_target(demo_model_dir)

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_engine_support import cut_prompts, demo_token_streams, load_demo_target
+from test_engine_support import cut_prompts, demo_token_streams
 
 import spectool as st
 from spectool.draft.tree import validate_tree
@@ -20,11 +20,6 @@ from spectool.model.draft_layer import DraftModel, save_draft
 from spectool.trace.check import check_trace
 
 MAX_SEQ = 48
-
-
-@pytest.fixture(scope="module")
-def target(demo_model_dir):
-    return load_demo_target(demo_model_dir)
 
 
 @pytest.fixture(scope="module")

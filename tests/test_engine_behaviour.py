@@ -12,18 +12,13 @@ from __future__ import annotations
 import threading
 
 import pytest
-from test_engine_support import cut_prompts, demo_token_streams, load_demo_target
+from test_engine_support import cut_prompts, demo_token_streams
 
 import spectool as st
 
 MAX_NEW = 14
 MAX_SEQ = 80
 METHODS = ["none", "ngram", "eagle", "multi_layer_eagle"]
-
-
-@pytest.fixture(scope="module")
-def target(demo_model_dir):
-    return load_demo_target(demo_model_dir)
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 import spectool as st
 from spectool.train.data import stdlib_root
-
-
-@pytest.fixture(scope="module")
-def target(demo_model_dir):
-    return st.load(demo_model_dir / "target", device="cpu", dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")

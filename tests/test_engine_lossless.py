@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from test_engine_support import cut_prompts, demo_token_streams, load_demo_target
+from test_engine_support import cut_prompts, demo_token_streams
 
 import spectool as st
 from spectool.trace.check import check_trace
@@ -85,20 +85,15 @@ def _cases():
 
 
 @pytest.fixture(scope="module")
-def demo_target(demo_model_dir):
-    return load_demo_target(demo_model_dir)
-
-
-@pytest.fixture(scope="module")
-def prompts(demo_target, demo_model_dir):
-    streams = demo_token_streams(demo_target, demo_model_dir)
+def prompts(target, demo_model_dir):
+    streams = demo_token_streams(target, demo_model_dir)
     return cut_prompts(streams, NUM_PROMPTS, seed=2024, max_len=MAX_PROMPT)
 
 
 @pytest.fixture(scope="module")
-def plain(demo_target, prompts):
+def plain(target, prompts):
     """Plain greedy outputs (the oracle) and a frequent output token to use as a stop token."""
-    engine = st.Engine(demo_target, draft=None, max_batch_size=8, max_seq_len=MAX_PROMPT + MAX_NEW)
+    engine = st.Engine(target, draft=None, max_batch_size=8, max_seq_len=MAX_PROMPT + MAX_NEW)
     outputs = engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False).token_ids
     assert all(len(o) == MAX_NEW for o in outputs)
     counts = Counter(t for o in outputs for t in o[1:])  # not the first: some requests must run
@@ -114,11 +109,11 @@ def expected(plain_out: list[int], max_new: int, stops: set[int]) -> tuple[list[
 
 
 @pytest.mark.parametrize("make, batch, max_new, use_stop, record, part", list(_cases()))
-def test_greedy_speculative_equals_plain(demo_target, demo_model_dir, prompts, plain, make, batch, max_new,
+def test_greedy_speculative_equals_plain(target, demo_model_dir, prompts, plain, make, batch, max_new,
                                          use_stop, record, part):
     plain_out, stop_token = plain
     stops = {stop_token} if use_stop else set()
-    engine = st.Engine(demo_target, draft=make(demo_model_dir), max_batch_size=batch,
+    engine = st.Engine(target, draft=make(demo_model_dir), max_batch_size=batch,
                        max_seq_len=MAX_PROMPT + MAX_NEW)
     result = engine.generate(prompts[part], max_new_tokens=max_new, temperature=0.0, record=record,
                              stop_token_ids=sorted(stops))

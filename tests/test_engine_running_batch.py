@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_support import cut_prompts, demo_token_streams, load_demo_target
+from test_engine_support import cut_prompts, demo_token_streams
 
 import spectool as st
 from spectool.trace.stats import summarize
 
 MAX_NEW = 12
 METHODS = ["none", "ngram", "eagle", "multi_layer_eagle"]
-
-
-@pytest.fixture(scope="module")
-def target(demo_model_dir):
-    return load_demo_target(demo_model_dir)
 
 
 @pytest.fixture(scope="module")
