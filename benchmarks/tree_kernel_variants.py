@@ -13,7 +13,13 @@ import triton.language as tl
 from tree_kernels import bench_us, random_parents, warm_up_gpu
 
 from spectool.draft.tree import parents_to_mask
-from spectool.kernels.tree_indices import reconstruct_indices_torch, reconstruct_indices_triton
+from spectool.kernels.tree_indices import (
+    _child_and_sibling,
+    _load_tile,
+    _store_indices,
+    reconstruct_indices_torch,
+    reconstruct_indices_triton,
+)
 
 
 @triton.jit
@@ -28,10 +34,10 @@ def _min_min(a1, a2, b1, b2):
 
 @triton.jit
 def _one(Mask, SeqLens, Out, N, STRIDE, b, BLOCK: tl.constexpr, TUPLE: tl.constexpr):
+    """The kernel on main's body for request b, with its reductions paired when TUPLE."""
     rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, BLOCK)
-    inside = (rows[:, None] < N) & (cols[None, :] < N)
-    m = tl.load(Mask + b * N * N + rows[:, None] * N + cols[None, :], mask=inside, other=0) != 0
+    m = _load_tile(Mask, b, N, rows, cols)
     lower = m & (cols[None, :] < rows[:, None])
     if TUPLE:
         d1, parent_row = tl.reduce((m.to(tl.int32), tl.where(lower, cols[None, :], -1)), 1, _sum_max)
@@ -40,23 +46,14 @@ def _one(Mask, SeqLens, Out, N, STRIDE, b, BLOCK: tl.constexpr, TUPLE: tl.conste
         depth = tl.sum(m.to(tl.int32), axis=1) - 1
         parent_row = tl.max(tl.where(lower, cols[None, :], -1), axis=1)
     big = BLOCK + N
-    is_child = (parent_row[None, :] == rows[:, None]) & (cols[None, :] < N)
-    sib = (parent_row[None, :] == parent_row[:, None]) & (cols[None, :] > rows[:, None])
-    sib = sib & (cols[None, :] < N) & (parent_row[:, None] >= 0)
+    is_child, sib = _child_and_sibling(parent_row, rows, cols, N)
     if TUPLE:
         next_token, next_sibling = tl.reduce((tl.where(is_child, cols[None, :], big),
                                               tl.where(sib, cols[None, :], big)), 1, _min_min)
     else:
         next_token = tl.min(tl.where(is_child, cols[None, :], big), axis=1)
         next_sibling = tl.min(tl.where(sib, cols[None, :], big), axis=1)
-    out = rows < N
-    seq_len = tl.load(SeqLens + b).to(tl.int64)
-    offs = b * N + rows
-    tl.store(Out + offs, seq_len + depth.to(tl.int64), mask=out)
-    tl.store(Out + STRIDE + offs, offs, mask=out)
-    tl.store(Out + 2 * STRIDE + offs, tl.where(next_token == big, -1, next_token).to(tl.int64), mask=out)
-    tl.store(Out + 3 * STRIDE + offs, tl.where(next_sibling == big, -1, next_sibling).to(tl.int64), mask=out)
-    tl.store(Out + 4 * STRIDE + offs, parent_row.to(tl.int64), mask=out)
+    _store_indices(Out, SeqLens, STRIDE, b, N, rows, depth, parent_row, next_token, next_sibling, big)
 
 
 @triton.jit

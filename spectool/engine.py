@@ -451,9 +451,9 @@ class Engine:
             n = tree.tokens.shape[1]
             if isinstance(tree, MaskTree):
                 self._capture_other_size(self._verify_runner(greedy, recorder is not None), tree, batch, greedy)
-            if not greedy and isinstance(tree, MaskTree):  # the sampling verify runs eagerly on a whole tree
-                with timer("index"):
-                    tree = tree.build()
+                if not greedy:  # the sampling verify runs eagerly on a whole tree
+                    with timer("index"):
+                        tree = tree.build()
         b = len(running)
         self._kv_len = None if self.on_cuda else max(batch.seq_lens_host) + n
         with timer("verify"):

@@ -83,27 +83,25 @@ def reconstruct_indices_torch(mask: torch.Tensor, seq_lens: torch.Tensor,
 
 
 @triton.jit
-def _tree_indices_kernel(Mask, SeqLens, Out, N, STRIDE, BLOCK: tl.constexpr):
-    # Out is [5, B, N]: positions, retrieve_index, next token, next sibling, parents (STRIDE = B * N).
-    b = tl.program_id(0).to(tl.int64)
-    rows = tl.arange(0, BLOCK)  # node i along axis 0
-    cols = tl.arange(0, BLOCK)  # node k / j along axis 1
+def _load_tile(Mask, b, N, rows, cols):
+    """Request b's N x N mask as a [BLOCK, BLOCK] bool tile (False outside N x N)."""
     inside = (rows[:, None] < N) & (cols[None, :] < N)
-    base = Mask + b * N * N
-    m = tl.load(base + rows[:, None] * N + cols[None, :], mask=inside, other=0) != 0
+    return tl.load(Mask + b * N * N + rows[:, None] * N + cols[None, :], mask=inside, other=0) != 0
 
-    depth = tl.sum(m.to(tl.int32), axis=1) - 1
-    # Parent of node i along axis 0; the same vector laid along axis 1 is the parent of node j
-    # (Triton moves it between layouts), so the tile is loaded once and never transposed.
-    parent_row = tl.max(tl.where(m & (cols[None, :] < rows[:, None]), cols[None, :], -1), axis=1)
 
-    big = BLOCK + N
+@triton.jit
+def _child_and_sibling(parent_row, rows, cols, N):
+    """([i, j] = j is a child of i, [i, j] = j is a later sibling of i) from the parent vector,
+    laid along both tile axes (Triton moves it between layouts), so the tile is never transposed."""
     is_child = (parent_row[None, :] == rows[:, None]) & (cols[None, :] < N)
-    next_token = tl.min(tl.where(is_child, cols[None, :], big), axis=1)
     sib = (parent_row[None, :] == parent_row[:, None]) & (cols[None, :] > rows[:, None])
     sib = sib & (cols[None, :] < N) & (parent_row[:, None] >= 0)
-    next_sibling = tl.min(tl.where(sib, cols[None, :], big), axis=1)
+    return is_child, sib
 
+
+@triton.jit
+def _store_indices(Out, SeqLens, STRIDE, b, N, rows, depth, parent_row, next_token, next_sibling, big):
+    """Request b's five [N] rows of Out ([5, B, N], STRIDE = B * N); ``big`` marks no child / sibling."""
     out = rows < N
     seq_len = tl.load(SeqLens + b).to(tl.int64)
     offs = b * N + rows
@@ -112,6 +110,24 @@ def _tree_indices_kernel(Mask, SeqLens, Out, N, STRIDE, BLOCK: tl.constexpr):
     tl.store(Out + 2 * STRIDE + offs, tl.where(next_token == big, -1, next_token).to(tl.int64), mask=out)
     tl.store(Out + 3 * STRIDE + offs, tl.where(next_sibling == big, -1, next_sibling).to(tl.int64), mask=out)
     tl.store(Out + 4 * STRIDE + offs, parent_row.to(tl.int64), mask=out)
+
+
+@triton.jit
+def _tree_indices_kernel(Mask, SeqLens, Out, N, STRIDE, BLOCK: tl.constexpr):
+    # Out is [5, B, N]: positions, retrieve_index, next token, next sibling, parents (STRIDE = B * N).
+    b = tl.program_id(0).to(tl.int64)
+    rows = tl.arange(0, BLOCK)  # node i along axis 0
+    cols = tl.arange(0, BLOCK)  # node k / j along axis 1
+    m = _load_tile(Mask, b, N, rows, cols)
+
+    depth = tl.sum(m.to(tl.int32), axis=1) - 1
+    parent_row = tl.max(tl.where(m & (cols[None, :] < rows[:, None]), cols[None, :], -1), axis=1)
+
+    big = BLOCK + N
+    is_child, sib = _child_and_sibling(parent_row, rows, cols, N)
+    next_token = tl.min(tl.where(is_child, cols[None, :], big), axis=1)
+    next_sibling = tl.min(tl.where(sib, cols[None, :], big), axis=1)
+    _store_indices(Out, SeqLens, STRIDE, b, N, rows, depth, parent_row, next_token, next_sibling, big)
 
 
 def reconstruct_indices_triton(mask: torch.Tensor, seq_lens: torch.Tensor,
