@@ -16,6 +16,7 @@ from spectool.draft.tree import parents_to_mask
 from spectool.kernels.tree_indices import (
     _child_and_sibling,
     _load_tile,
+    _request_indices,
     _store_indices,
     reconstruct_indices_torch,
     reconstruct_indices_triton,
@@ -33,27 +34,18 @@ def _min_min(a1, a2, b1, b2):
 
 
 @triton.jit
-def _one(Mask, SeqLens, Out, N, STRIDE, b, BLOCK: tl.constexpr, TUPLE: tl.constexpr):
-    """The kernel on main's body for request b, with its reductions paired when TUPLE."""
+def _paired(Mask, SeqLens, Out, N, STRIDE, b, BLOCK: tl.constexpr):
+    """The kernel on main's body for request b with its four reductions paired into two."""
     rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, BLOCK)
     m = _load_tile(Mask, b, N, rows, cols)
     lower = m & (cols[None, :] < rows[:, None])
-    if TUPLE:
-        d1, parent_row = tl.reduce((m.to(tl.int32), tl.where(lower, cols[None, :], -1)), 1, _sum_max)
-        depth = d1 - 1
-    else:
-        depth = tl.sum(m.to(tl.int32), axis=1) - 1
-        parent_row = tl.max(tl.where(lower, cols[None, :], -1), axis=1)
+    d1, parent_row = tl.reduce((m.to(tl.int32), tl.where(lower, cols[None, :], -1)), 1, _sum_max)
     big = BLOCK + N
     is_child, sib = _child_and_sibling(parent_row, rows, cols, N)
-    if TUPLE:
-        next_token, next_sibling = tl.reduce((tl.where(is_child, cols[None, :], big),
-                                              tl.where(sib, cols[None, :], big)), 1, _min_min)
-    else:
-        next_token = tl.min(tl.where(is_child, cols[None, :], big), axis=1)
-        next_sibling = tl.min(tl.where(sib, cols[None, :], big), axis=1)
-    _store_indices(Out, SeqLens, STRIDE, b, N, rows, depth, parent_row, next_token, next_sibling, big)
+    next_token, next_sibling = tl.reduce((tl.where(is_child, cols[None, :], big),
+                                          tl.where(sib, cols[None, :], big)), 1, _min_min)
+    _store_indices(Out, SeqLens, STRIDE, b, N, rows, d1 - 1, parent_row, next_token, next_sibling, big)
 
 
 @triton.jit
@@ -61,7 +53,10 @@ def _kernel(Mask, SeqLens, Out, N, B, STRIDE, BLOCK: tl.constexpr, TUPLE: tl.con
     for r in tl.static_range(RPP):
         b = tl.program_id(0).to(tl.int64) * RPP + r
         if b < B:
-            _one(Mask, SeqLens, Out, N, STRIDE, b, BLOCK, TUPLE)
+            if TUPLE:
+                _paired(Mask, SeqLens, Out, N, STRIDE, b, BLOCK)
+            else:
+                _request_indices(Mask, SeqLens, Out, N, STRIDE, b, BLOCK)
 
 
 def make(tuple_, rpp, warps):

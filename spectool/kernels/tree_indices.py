@@ -113,9 +113,8 @@ def _store_indices(Out, SeqLens, STRIDE, b, N, rows, depth, parent_row, next_tok
 
 
 @triton.jit
-def _tree_indices_kernel(Mask, SeqLens, Out, N, STRIDE, BLOCK: tl.constexpr):
-    # Out is [5, B, N]: positions, retrieve_index, next token, next sibling, parents (STRIDE = B * N).
-    b = tl.program_id(0).to(tl.int64)
+def _request_indices(Mask, SeqLens, Out, N, STRIDE, b, BLOCK: tl.constexpr):
+    """Request b's index arrays, from its mask tile to its five rows of Out."""
     rows = tl.arange(0, BLOCK)  # node i along axis 0
     cols = tl.arange(0, BLOCK)  # node k / j along axis 1
     m = _load_tile(Mask, b, N, rows, cols)
@@ -128,6 +127,12 @@ def _tree_indices_kernel(Mask, SeqLens, Out, N, STRIDE, BLOCK: tl.constexpr):
     next_token = tl.min(tl.where(is_child, cols[None, :], big), axis=1)
     next_sibling = tl.min(tl.where(sib, cols[None, :], big), axis=1)
     _store_indices(Out, SeqLens, STRIDE, b, N, rows, depth, parent_row, next_token, next_sibling, big)
+
+
+@triton.jit
+def _tree_indices_kernel(Mask, SeqLens, Out, N, STRIDE, BLOCK: tl.constexpr):
+    # Out is [5, B, N]: positions, retrieve_index, next token, next sibling, parents (STRIDE = B * N).
+    _request_indices(Mask, SeqLens, Out, N, STRIDE, tl.program_id(0).to(tl.int64), BLOCK)
 
 
 def reconstruct_indices_triton(mask: torch.Tensor, seq_lens: torch.Tensor,
