@@ -4,8 +4,9 @@
     TRITON_INTERPRET=1 python benchmarks/tree_kernel_variants.py   # CPU: the correctness check alone
 
 The exploration behind docs/BENCHMARKS.md "Kernel variants against the launch floor" (issue #4's
->= 50x at bs 256, N 64): paired ``tl.reduce`` reductions (TUPLE), two batch rows per program (RPP)
-and 2 / 4 / 8 warps. Every variant must equal the torch reference on random trees first.
+>= 50x at bs 256, N 64): paired ``tl.reduce`` reductions (BODY "tuple"), both minima in one
+``tl.min`` over a ``tl.join`` (BODY "join"), two batch rows per program (RPP) and 2 / 4 / 8 warps.
+Every variant must equal the torch reference on random trees first.
 """
 import torch
 import triton
@@ -49,22 +50,40 @@ def _paired(Mask, SeqLens, Out, N, STRIDE, b, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _kernel(Mask, SeqLens, Out, N, B, STRIDE, BLOCK: tl.constexpr, TUPLE: tl.constexpr, RPP: tl.constexpr):
+def _joined(Mask, SeqLens, Out, N, STRIDE, b, BLOCK: tl.constexpr):
+    """The kernel on main's body for request b with both minima taken by one reduction over a
+    [BLOCK, BLOCK, 2] join (one pass of shuffles instead of two)."""
+    rows = tl.arange(0, BLOCK)
+    cols = tl.arange(0, BLOCK)
+    m = _load_tile(Mask, b, N, rows, cols)
+    depth = tl.sum(m.to(tl.int32), axis=1) - 1
+    parent_row = tl.max(tl.where(m & (cols[None, :] < rows[:, None]), cols[None, :], -1), axis=1)
+    big = BLOCK + N
+    is_child, sib = _child_and_sibling(parent_row, rows, cols, N)
+    both = tl.min(tl.join(tl.where(is_child, cols[None, :], big), tl.where(sib, cols[None, :], big)), axis=1)
+    next_token, next_sibling = tl.split(both)
+    _store_indices(Out, SeqLens, STRIDE, b, N, rows, depth, parent_row, next_token, next_sibling, big)
+
+
+@triton.jit
+def _kernel(Mask, SeqLens, Out, N, B, STRIDE, BLOCK: tl.constexpr, BODY: tl.constexpr, RPP: tl.constexpr):
     for r in tl.static_range(RPP):
         b = tl.program_id(0).to(tl.int64) * RPP + r
         if b < B:
-            if TUPLE:
+            if BODY == "tuple":
                 _paired(Mask, SeqLens, Out, N, STRIDE, b, BLOCK)
+            elif BODY == "join":
+                _joined(Mask, SeqLens, Out, N, STRIDE, b, BLOCK)
             else:
                 _request_indices(Mask, SeqLens, Out, N, STRIDE, b, BLOCK)
 
 
-def make(tuple_, rpp, warps):
+def make(body, rpp, warps):
     def fn(mask, seq_lens):
         bs, n, _ = mask.shape
         out = torch.empty(5, bs, n, dtype=torch.int64, device=mask.device)
         block = max(16, triton.next_power_of_2(n))
-        _kernel[(triton.cdiv(bs, rpp),)](mask, seq_lens, out, n, bs, bs * n, BLOCK=block, TUPLE=tuple_, RPP=rpp,
+        _kernel[(triton.cdiv(bs, rpp),)](mask, seq_lens, out, n, bs, bs * n, BLOCK=block, BODY=body, RPP=rpp,
                                          num_warps=warps)
         return tuple(out[:4].unbind(0))
     return fn
@@ -72,10 +91,10 @@ def make(tuple_, rpp, warps):
 
 def variants() -> dict:
     out = {"main": reconstruct_indices_triton}
-    for paired in (False, True):
+    for body in ("main", "tuple", "join"):
         for rpp in (1, 2):
             for warps in (2, 4, 8):
-                out[f"tuple={int(paired)} rpp={rpp} w={warps}"] = make(paired, rpp, warps)
+                out[f"{body} rpp={rpp} w={warps}"] = make(body, rpp, warps)
     return out
 
 
