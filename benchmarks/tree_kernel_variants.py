@@ -3,10 +3,10 @@
     python3 benchmarks/tree_kernel_variants.py       # H200: checks every variant, then two rounds of timings
     TRITON_INTERPRET=1 python benchmarks/tree_kernel_variants.py   # CPU: the correctness check alone
 
-The exploration behind docs/BENCHMARKS.md "Kernel variants against the launch floor" (issue #4's
->= 50x at bs 256, N 64): paired ``tl.reduce`` reductions (BODY "tuple"), both minima in one
-``tl.min`` over a ``tl.join`` (BODY "join"), two batch rows per program (RPP) and 2 / 4 / 8 warps.
-Every variant must equal the torch reference on random trees first.
+The exploration behind docs/BENCHMARKS.md "Kernel variants against the launch floor" and "The
+join variant at every size" (issue #4's >= 50x at bs 256, N 64): paired ``tl.reduce`` reductions
+(BODY "tuple"), both minima in one ``tl.min`` over a ``tl.join`` (BODY "join"), two batch rows per
+program (RPP) and 2 / 4 / 8 warps. Every variant must equal the torch reference on random trees first.
 """
 import torch
 import triton
@@ -16,6 +16,7 @@ from tree_kernels import bench_us, random_parents, warm_up_gpu
 from spectool.draft.tree import parents_to_mask
 from spectool.kernels.tree_indices import (
     _child_and_sibling,
+    _depth_and_parent,
     _load_tile,
     _request_indices,
     _store_indices,
@@ -55,9 +56,7 @@ def _joined(Mask, SeqLens, Out, N, STRIDE, b, BLOCK: tl.constexpr):
     [BLOCK, BLOCK, 2] join (one pass of shuffles instead of two)."""
     rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, BLOCK)
-    m = _load_tile(Mask, b, N, rows, cols)
-    depth = tl.sum(m.to(tl.int32), axis=1) - 1
-    parent_row = tl.max(tl.where(m & (cols[None, :] < rows[:, None]), cols[None, :], -1), axis=1)
+    depth, parent_row = _depth_and_parent(_load_tile(Mask, b, N, rows, cols), rows, cols)
     big = BLOCK + N
     is_child, sib = _child_and_sibling(parent_row, rows, cols, N)
     both = tl.min(tl.join(tl.where(is_child, cols[None, :], big), tl.where(sib, cols[None, :], big)), axis=1)

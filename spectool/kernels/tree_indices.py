@@ -113,14 +113,20 @@ def _store_indices(Out, SeqLens, STRIDE, b, N, rows, depth, parent_row, next_tok
 
 
 @triton.jit
+def _depth_and_parent(m, rows, cols):
+    """Each node's depth (its ancestors, itself excluded) and parent (its largest strict ancestor,
+    -1 for the root) from its row of the mask tile."""
+    depth = tl.sum(m.to(tl.int32), axis=1) - 1
+    parent_row = tl.max(tl.where(m & (cols[None, :] < rows[:, None]), cols[None, :], -1), axis=1)
+    return depth, parent_row
+
+
+@triton.jit
 def _request_indices(Mask, SeqLens, Out, N, STRIDE, b, BLOCK: tl.constexpr):
     """Request b's index arrays, from its mask tile to its five rows of Out."""
     rows = tl.arange(0, BLOCK)  # node i along axis 0
     cols = tl.arange(0, BLOCK)  # node k / j along axis 1
-    m = _load_tile(Mask, b, N, rows, cols)
-
-    depth = tl.sum(m.to(tl.int32), axis=1) - 1
-    parent_row = tl.max(tl.where(m & (cols[None, :] < rows[:, None]), cols[None, :], -1), axis=1)
+    depth, parent_row = _depth_and_parent(_load_tile(Mask, b, N, rows, cols), rows, cols)
 
     big = BLOCK + N
     is_child, sib = _child_and_sibling(parent_row, rows, cols, N)
