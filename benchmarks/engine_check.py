@@ -13,7 +13,7 @@ import argparse
 import torch
 
 import spectool as st
-from spectool.demo.run import demo_configs
+from spectool.cli.demo import demo_configs
 from spectool.prompts import load_prompts
 
 

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 from trace_factory import METHODS, make_trace
 
+from spectool.cli import check as check_cli
 from spectool.trace import check
 from spectool.trace.reader import Trace
 from spectool.trace.schema import STEP_SCHEMA
@@ -17,7 +18,7 @@ from spectool.trace.schema import STEP_SCHEMA
 def test_synthetic_traces_pass(tmp_path, capsys, method, temperature):
     path = tmp_path / "run.sptrace"
     make_trace(method, path=path, num_requests=4, batch_size=2, temperature=temperature, seed=3)
-    assert check.main([str(path)]) == 0
+    assert check_cli.main([str(path)]) == 0
     assert capsys.readouterr().out.startswith("ok ")
 
 
@@ -108,6 +109,6 @@ def test_cli_exit_1_names_the_fault(tmp_path, trace, capsys):
     k = _row_with(trace, lambda r: r["iteration"] == 1)
     row = trace.steps.to_pylist()[k]
     _corrupt(trace, k, seq_len=row["seq_len"] + 4).save(tmp_path / "bad.sptrace")
-    assert check.main([str(tmp_path / "bad.sptrace")]) == 1
+    assert check_cli.main([str(tmp_path / "bad.sptrace")]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and f"iteration 1, request {row['request_id']}" in out[0]

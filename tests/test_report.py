@@ -12,9 +12,10 @@ from plotly.offline import get_plotlyjs
 from trace_factory import make_trace
 
 import spectool.trace.format as trace_format
+from spectool.cli.report import main
 from spectool.trace.layout import layout_tree
 from spectool.trace.reader import Trace
-from spectool.trace.report import main, write_report
+from spectool.trace.report import write_report
 from spectool.trace.schema import STEP_SCHEMA
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 from trace_factory import make_trace
 
+from spectool.cli import check as check_cli
 from spectool.trace import check
 from spectool.trace.format import DISK_FIELDS, TraceFormatError, disk_schema
 from spectool.trace.reader import Trace
@@ -45,7 +46,7 @@ def test_sigkill_mid_run_leaves_a_loadable_consistent_file(tmp_path):
     trace = Trace.load(path)
     assert trace.steps.num_rows > 50 and trace.requests.num_rows > 0
     assert check.check_trace(trace) is None
-    assert check.main([str(path)]) == 0
+    assert check_cli.main([str(path)]) == 0
 
 
 def test_truncated_file_reads_back_a_prefix_of_complete_batches(tmp_path):
@@ -104,9 +105,10 @@ def _bad_files(tmp_path: Path) -> dict[str, Path]:
 
 @pytest.mark.parametrize("command", ["check", "summary", "perfetto"])
 def test_unreadable_input_exits_2_with_one_line(tmp_path, capsys, command):
-    from spectool.trace import perfetto, summary
+    from spectool.cli import export_perfetto as perfetto
+    from spectool.cli import summary
 
-    main = {"check": check.main, "summary": summary.main, "perfetto": perfetto.main}[command]
+    main = {"check": check_cli.main, "summary": summary.main, "perfetto": perfetto.main}[command]
     for name, path in _bad_files(tmp_path).items():
         assert main([str(path)]) == 2, name
         out = capsys.readouterr()
@@ -125,4 +127,4 @@ def test_empty_run_is_a_valid_trace(tmp_path):
     trace = Trace.load(tmp_path / "empty.sptrace")
     assert trace.steps.num_rows == 0 and trace.run_info["method"] == "ngram"
     assert "start_time" in trace.run_info and "versions" in trace.run_info
-    assert check.main([str(tmp_path / "empty.sptrace")]) == 0
+    assert check_cli.main([str(tmp_path / "empty.sptrace")]) == 0

@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 import spectool as st
+from spectool.cli.train_draft import main as train_draft_main
+from spectool.cli.train_target import main as train_target_main
 from spectool.model.draft_layer import load_draft
 from spectool.train import data
-from spectool.train.cli import train_draft_main, train_target_main
 from spectool.train.draft import DraftRecipe, train_draft
 from spectool.train.loop import CHECKPOINT_NAME
 from spectool.train.target import TargetRecipe, train_target

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from spectool.cli.train_target import main as train_target_main
 from spectool.train import data
-from spectool.train.cli import train_target_main
 from spectool.train.tokenizer import eos_id, train_tokenizer
 
 PACK_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "pack_stdlib.py"

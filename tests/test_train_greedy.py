@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import spectool as st
+from spectool.cli.train_draft import main as train_draft_main
 from spectool.train import data
-from spectool.train.cli import train_draft_main
 from spectool.train.draft import DraftBatches, DraftRecipe, train_draft
 
 SMALL = {"method": "multi_layer_eagle", "layers": 2, "batch_size": 4, "seq_len": 20, "gen_tokens": 8}

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-
-from spectool.trace.format import TraceFormatError
 from spectool.trace.reader import Trace
 
 
@@ -36,23 +31,3 @@ def summary_table(trace: Trace):
     if trace.truncated:
         table.caption = "the file ends in an incomplete batch (the run was cut short)"
     return table
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line: print the summary table (or JSON); exit 2 when the trace cannot be read."""
-    parser = argparse.ArgumentParser(prog="spectool summary", description="Summarise a trace.")
-    parser.add_argument("trace", help="a .sptrace file")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
-    args = parser.parse_args(argv)
-    try:
-        trace = Trace.load(args.trace)
-    except (TraceFormatError, OSError) as e:
-        print(f"spectool summary: cannot read {args.trace}: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(trace.summary(), indent=2))
-        return 0
-    from rich.console import Console
-
-    Console().print(summary_table(trace))
-    return 0

@@ -1,4 +1,4 @@
-"""The ``spectool`` command: one subcommand per job, each implemented beside what it drives."""
+"""The ``spectool`` command: one module per subcommand in this package, each with ``main(argv) -> int``."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ from importlib import import_module
 
 # subcommand -> (module, function taking argv and returning an exit code, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "demo": ("spectool.demo.run", "main", "decode the bundled demo prompts with both draft families; "
+    "demo": ("spectool.cli.demo", "main", "decode the bundled demo prompts with both draft families; "
              "summary table, traces and an HTML report"),
-    "record": ("spectool.record", "main", "decode prompts with one draft method and record a trace"),
-    "summary": ("spectool.trace.summary", "main", "summarise a trace: accept length, per-depth rates, timings"),
-    "check": ("spectool.trace.check", "main", "verify a trace's internal consistency (and optionally replay it)"),
-    "report": ("spectool.trace.report", "main", "write one standalone HTML report of a trace"),
-    "export-perfetto": ("spectool.trace.perfetto", "main", "export phase timings as Chrome/Perfetto trace JSON"),
-    "train-target": ("spectool.train.cli", "train_target_main", "train a BPE tokenizer and a small target"),
-    "train-draft": ("spectool.train.cli", "train_draft_main", "train EAGLE or multi-layer EAGLE draft layers"),
-    "bench": ("spectool.bench", "main", "time plain vs speculative decoding on a model and prompts"),
+    "record": ("spectool.cli.record", "main", "decode prompts with one draft method and record a trace"),
+    "summary": ("spectool.cli.summary", "main", "summarise a trace: accept length, per-depth rates, timings"),
+    "check": ("spectool.cli.check", "main", "verify a trace's internal consistency (and optionally replay it)"),
+    "report": ("spectool.cli.report", "main", "write one standalone HTML report of a trace"),
+    "export-perfetto": ("spectool.cli.export_perfetto", "main", "export phase timings as Chrome/Perfetto trace JSON"),
+    "train-target": ("spectool.cli.train_target", "main", "train a BPE tokenizer and a small target"),
+    "train-draft": ("spectool.cli.train_draft", "main", "train EAGLE or multi-layer EAGLE draft layers"),
+    "bench": ("spectool.cli.bench", "main", "time plain vs speculative decoding on a model and prompts"),
 }
 
 

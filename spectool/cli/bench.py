@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
+from spectool.cli.args import add_draft_arguments, add_run_arguments, build_engine
 from spectool.prompts import load_prompts
-from spectool.record import add_draft_arguments, add_run_arguments, build_engine
 
 
 def main(argv: list[str]) -> int:

@@ -1,14 +1,12 @@
-"""``spectool record``: decode prompts with one draft method and save the trace."""
+"""Arguments that several ``spectool`` commands share: the model and prompts, the draft method, training."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
 
 from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
-from spectool.prompts import load_prompts
 
 
 def add_draft_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,22 +69,30 @@ def build_engine(args: argparse.Namespace):
                      max_seq_len=args.max_seq_len)
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="spectool record", description=__doc__)
-    add_run_arguments(p)
-    add_draft_arguments(p)
-    p.add_argument("--out", required=True, help="trace file to write (.sptrace)")
-    args = p.parse_args(argv)
-    try:
-        prompts = load_prompts(args.prompts, args.kind)[: args.num_prompts]
-        engine = build_engine(args)
-        result = engine.generate(prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, record=True,
-                                 progress=True)
-    except (ValueError, OSError) as e:  # bad options or files; an unreachable hub id
-        print(f"spectool record: {e}", file=sys.stderr)
-        return 2
-    result.trace.save(args.out)
-    print(f"{len(prompts)} requests, mean accept length {result.stats.mean_accept_length:.2f}, "
-          f"{result.stats.tokens_per_s:.1f} tok/s; trace written to {args.out}")
-    return 0
+def add_training_arguments(p: argparse.ArgumentParser, steps: int, batch_size: int, seq_len: int, lr: float,
+            checkpoint_every: int) -> None:
+    """Corpus, output and optimiser options of train-target and train-draft, with these defaults."""
+    p.add_argument("--corpus", required=True,
+                   help="'stdlib' (this Python's standard library less the held-out modules), "
+                        "a text/JSONL file, or a directory of .py/.txt/.md files")
+    p.add_argument("--out", required=True, help="output directory (checkpoint, weights, eval.json)")
+    p.add_argument("--steps", type=int, default=steps, help="optimizer steps (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=batch_size,
+                   help="sequences per step (default %(default)s)")
+    p.add_argument("--seq-len", type=int, default=seq_len, help="tokens per sequence (default %(default)s)")
+    p.add_argument("--lr", type=float, default=lr, help="peak learning rate (default %(default)s)")
+    p.add_argument("--checkpoint-every", type=int, default=checkpoint_every,
+                   help="steps between checkpoints (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:1, ...")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument("--max-seconds", type=float, default=None, help="stop training after this long")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--stdlib", default=None,
+                   help="with --corpus stdlib: the standard library to read, a Lib/ directory or a .tar.xz "
+                        "of one (benchmarks/pack_stdlib.py); default: this Python's")
+    p.add_argument("--edit-fraction", type=float, default=0.25,
+                   help="share of the training text made of editing pairs, a chunk then a lightly changed "
+                        "copy (teaches copying; default %(default)s)")
+    p.add_argument("--epochs", type=float, default=0.0,
+                   help="when > 0, overrides --steps: passes over the training tokens")

@@ -1,0 +1,30 @@
+"""``spectool record``: decode prompts with one draft method and save the trace."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from spectool.cli.args import add_draft_arguments, add_run_arguments, build_engine
+from spectool.prompts import load_prompts
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="spectool record", description=__doc__)
+    add_run_arguments(p)
+    add_draft_arguments(p)
+    p.add_argument("--out", required=True, help="trace file to write (.sptrace)")
+    args = p.parse_args(argv)
+    try:
+        prompts = load_prompts(args.prompts, args.kind)[: args.num_prompts]
+        engine = build_engine(args)
+        result = engine.generate(prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, record=True,
+                                 progress=True)
+    except (ValueError, OSError) as e:  # bad options or files; an unreachable hub id
+        print(f"spectool record: {e}", file=sys.stderr)
+        return 2
+    result.trace.save(args.out)
+    print(f"{len(prompts)} requests, mean accept length {result.stats.mean_accept_length:.2f}, "
+          f"{result.stats.tokens_per_s:.1f} tok/s; trace written to {args.out}")
+    return 0
