@@ -34,7 +34,7 @@ SHAPES = {
                vocab_size=128256, tie_word_embeddings=True),
     "8B": dict(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, intermediate_size=14336,
                vocab_size=128256, tie_word_embeddings=False),
-    # benchmarks/train_large_target.py's trained targets (issue 9's speed figures): --shape wide, deep.
+    # benchmarks/train_large_target.py's trained targets: --shape wide, deep.
     "107M": dict(hidden_size=768, num_layers=16, num_heads=12, num_kv_heads=4, intermediate_size=2048,
                  vocab_size=4096, tie_word_embeddings=False),
     "113M": dict(hidden_size=512, num_layers=32, num_heads=8, num_kv_heads=2, intermediate_size=1792,

@@ -1,4 +1,4 @@
-"""Host work per engine iteration outside the timed phases (issues 3 and 9).
+"""Host work per engine iteration outside the timed phases .
 
     python benchmarks/host_overhead.py                      # CPU: methods x batch 1, 4
     python benchmarks/host_overhead.py --profile --methods none --batches 1

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from spectool.train import data
 
-# What the device tool carries with the working tree, in all.
+# A corpus archive should stay small beside the repository (64 MiB is a comfortable working-tree budget).
 CARRY_LIMIT_BYTES = 64 * 2**20
 
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     size = a.out.stat().st_size
     print(f"{a.out}: {count} files, {source_bytes / 1e6:.1f} MB of source, {size / 2**20:.1f} MiB packed")
     if size > CARRY_LIMIT_BYTES // 4:
-        print(f"warning: over a quarter of the {CARRY_LIMIT_BYTES // 2**20} MiB the device tool carries",
+        print(f"warning: the archive is over a quarter of {CARRY_LIMIT_BYTES // 2**20} MiB",
               file=sys.stderr)
     return 0
 

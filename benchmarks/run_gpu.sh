@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The head-to-head benchmarks on the GPU machine in one call (issue 9), under ~8 minutes:
+# The head-to-head benchmarks on the GPU machine in one call, under ~8 minutes:
 #
 #   OUT=/some/dir bash benchmarks/run_gpu.sh
 #
