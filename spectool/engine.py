@@ -116,7 +116,10 @@ class Engine:
         self.cache_len = max_seq_len + self.num_draft_tokens
         from spectool.model.kv_cache import KVCache
 
-        self.cache = KVCache.for_model(self.config, self.num_slots, self.cache_len, target.dtype, self.device)
+        # Under tensor parallelism the cache holds this rank's KV heads (local_config).
+        self.cache = KVCache.for_model(self.model.local_config, self.num_slots, self.cache_len, target.dtype,
+                                       self.device)
+        self.tp = getattr(target, "tp", None)
         # On CUDA the attention kernel reads the live lengths on the device (graph safe);
         # the CPU path slices the cache to a host-known length instead.
         self.on_cuda = self.device.type == "cuda"
@@ -193,7 +196,8 @@ class Engine:
         sampling = dict(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
         generator = torch.Generator(device=self.device).manual_seed(seed)
         stats = RunStats(method=self.method)
-        recorder = self._make_recorder(sampling, seed) if record else None
+        # Every rank of a split target takes the same decisions; rank 0 alone records them.
+        recorder = self._make_recorder(sampling, seed) if record and (self.tp is None or self.tp.rank == 0) else None
         state = _state if _state is not None else {}
         state.update(requests=requests, stats=stats)
         self._stop.clear()
@@ -308,7 +312,8 @@ class Engine:
                        "seed": seed, **sampling},
             "draft": self.draft_config.to_dict() if self.draft_config is not None else {"method": "none"},
             "model": {"name": self.target.name, "hash": self.target.model_hash,
-                      "dtype": str(self.target.dtype).replace("torch.", "")},
+                      "dtype": str(self.target.dtype).replace("torch.", ""),
+                      "tp_size": 1 if self.tp is None else self.tp.size},
             "device": str(self.device),
             "versions": {"spectool": _version(), "torch": torch.__version__},
             "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -56,6 +56,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--tp", type=int, default=1,
+                   help="split the target over this many processes (tensor parallelism; one GPU each on CUDA, "
+                        "gloo on CPUs); default %(default)s")
 
 
 def build_engine(args: argparse.Namespace):
@@ -64,7 +67,7 @@ def build_engine(args: argparse.Namespace):
 
     dtype = getattr(torch, args.dtype) if args.dtype else (
         torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
-    target = st.load(args.model, device=args.device, dtype=dtype)
+    target = st.load(args.model, device=args.device, dtype=dtype, tp_size=args.tp)
     return st.Engine(target, draft=draft_config(args), max_batch_size=args.batch_size,
                      max_seq_len=args.max_seq_len)
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from spectool.cli.args import add_draft_arguments, add_run_arguments, build_engine
+from spectool.cli.launch import launch, launched
 from spectool.prompts import load_prompts
 
 
@@ -15,6 +16,8 @@ def main(argv: list[str]) -> int:
     add_draft_arguments(p)
     p.add_argument("--out", required=True, help="trace file to write (.sptrace)")
     args = p.parse_args(argv)
+    if args.tp > 1 and not launched():  # one process per rank, this command in each
+        return launch([sys.executable, "-m", "spectool", "record", *argv], args.tp)
     try:
         prompts = load_prompts(args.prompts, args.kind)[: args.num_prompts]
         engine = build_engine(args)
@@ -24,6 +27,8 @@ def main(argv: list[str]) -> int:
     except (ValueError, OSError) as e:  # bad options or files; an unreachable hub id
         print(f"spectool record: {e}", file=sys.stderr)
         return 2
+    if result.trace is None:  # a rank other than 0 of a split target: rank 0 records
+        return 0
     result.trace.save(args.out)
     print(f"{len(prompts)} requests, mean accept length {result.stats.mean_accept_length:.2f}, "
           f"{result.stats.tokens_per_s:.1f} tok/s; trace written to {args.out}")

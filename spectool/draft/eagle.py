@@ -19,7 +19,6 @@ from spectool.config import EagleConfig
 from spectool.draft import Batch, accepted_inputs
 from spectool.draft.tree import DraftTree, eagle_tree_from_candidates
 from spectool.graphs import GraphRunner
-from spectool.kernels import ops
 from spectool.kernels.topk import row_topk
 
 
@@ -92,7 +91,7 @@ class EagleDrafter:
         """The ``topk`` most probable next tokens and their probabilities, through the target's
         lm_head (only where they are needed: at a large vocabulary the head costs more than the
         draft layer); softmax and top-k are one launch on CUDA (kernels/topk.py)."""
-        logits = ops.linear(normed, self.engine.model.lm_head.weight)
+        logits = self.engine.model.head(normed)
         return row_topk(logits, self.config.topk, softmax=True, out=out)
 
     def _extend_step(self, slots, starts, tokens, hidden, last):

@@ -22,6 +22,7 @@ from torch import nn
 from spectool.kernels import ops
 from spectool.model.config import ModelConfig
 from spectool.model.kv_cache import KVCache
+from spectool.model.parallel import TensorParallel, shard_config
 from spectool.model.rope import RotaryEmbedding
 
 LayerCache = tuple[torch.Tensor, torch.Tensor] | None  # one layer's (k, v) cache views, or no cache
@@ -39,17 +40,27 @@ class RMSNorm(nn.Module):
 
 class Embedding(nn.Embedding):
     """``nn.Embedding`` (same parameter, same state-dict key) whose lookup goes through
-    ``ops.embedding``: one Triton row gather on CUDA."""
+    ``ops.embedding``: one Triton row gather on CUDA. Under tensor parallelism the table is this
+    rank's vocabulary slice: ids outside it embed as zeros and an all-reduce sums the ranks."""
+
+    tp: TensorParallel | None = None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.max_norm is not None:  # renormalises rows in place: torch's path only
             return super().forward(ids)
-        return ops.embedding(ids, self.weight)
+        if self.tp is None:
+            return ops.embedding(ids, self.weight)
+        n = self.weight.shape[0]
+        local = ids - self.tp.rank * n
+        own = (local >= 0) & (local < n)
+        out = ops.embedding(local.clamp(0, n - 1), self.weight) * own[..., None].to(self.weight.dtype)
+        return self.tp.all_reduce(out)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None):
         super().__init__()
+        self.tp = tp  # row-parallel o_proj: the partial outputs are summed over the ranks
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split = [q_size, kv_size, kv_size]
@@ -79,30 +90,33 @@ class Attention(nn.Module):
         else:
             q = ops.rope_write_kv(q, k, v, cos, sin, kv[0], kv[1], slots, starts)  # one launch on CUDA
             out = ops.cached_attention(q, kv[0], kv[1], slots, starts, tree_mask, kv_len)
-        return ops.linear(out.reshape(B, T, -1), self.o_proj.weight)
+        out = ops.linear(out.reshape(B, T, -1), self.o_proj.weight)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None):
         super().__init__()
+        self.tp = tp  # row-parallel down_proj
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         """Down projection of SiLU(gate) * up, from the gate_up projection (the Block computes it,
         fused with the norm before it)."""
-        return ops.silu_mul_linear(gate_up, self.down_proj.weight)
+        out = ops.silu_mul_linear(gate_up, self.down_proj.weight)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class Block(nn.Module):
     """One pre-norm decoder layer: x + attn(norm(x)), then h + mlp(norm(h))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerCache,
                 slots: torch.Tensor | None = None, starts: torch.Tensor | None = None,
@@ -159,15 +173,23 @@ def check_forward_args(tokens: torch.Tensor, positions: torch.Tensor, cache: KVC
 
 
 class Transformer(nn.Module):
-    """Token embedding, ``num_layers`` Blocks, final norm and lm_head (tied or not)."""
+    """Token embedding, ``num_layers`` Blocks, final norm and lm_head (tied or not).
 
-    def __init__(self, cfg: ModelConfig):
+    With ``tp`` the modules hold one rank's shard (``spectool.model.parallel``): ``config`` stays
+    the whole model's, ``local_config`` is the shard's (its heads size the KV cache).
+    """
+
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None):
         super().__init__()
         self.config = cfg
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.tp = tp
+        self.local_config = cfg if tp is None else shard_config(cfg, tp.size)
+        local = self.local_config
+        self.embed_tokens = Embedding(local.vocab_size, cfg.hidden_size)
+        self.embed_tokens.tp = tp
+        self.layers = nn.ModuleList(Block(local, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden_size, local.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(cfg)
@@ -196,5 +218,12 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + lm_head, as float32 [B, T, V] (one launch at batch 1 on CUDA)."""
-        return ops.rms_norm_linear(hidden, None, self.norm.weight, self.norm.eps, self.lm_head.weight, None,
-                                   torch.float32)[0]
+        out = ops.rms_norm_linear(hidden, None, self.norm.weight, self.norm.eps, self.lm_head.weight, None,
+                                  torch.float32)[0]
+        return out if self.tp is None else self.tp.gather_vocab(out)
+
+    def head(self, normed: torch.Tensor) -> torch.Tensor:
+        """The lm_head alone over already-normed states (the draft layers' shared head), [.., V]
+        in their dtype; under tensor parallelism every rank's vocabulary slice, joined."""
+        out = ops.linear(normed, self.lm_head.weight)
+        return out if self.tp is None else self.tp.gather_vocab(out)

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import torch
 
+from spectool.model import parallel
 from spectool.model.config import ModelConfig
 from spectool.model.llama import Transformer
+from spectool.model.parallel import TensorParallel, check_divisible
 from spectool.model.rope import RotaryEmbedding
 from spectool.model.weights import SafetensorsDir, gather, model_layout
 
@@ -29,6 +31,7 @@ class Target:
     name: str
     model_hash: str
     eos_token_ids: list[int]
+    tp: TensorParallel | None = None  # this rank's place when the target is split over processes
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` (with the tokenizer's BOS etc. when add_special_tokens)."""
@@ -78,7 +81,7 @@ def resolve_checkpoint(path_or_hub_id: str | Path) -> Path:
 
 
 def load(path_or_hub_id: str | Path, device: str | torch.device = "cpu",
-         dtype: torch.dtype | str = torch.float32) -> Target:
+         dtype: torch.dtype | str = torch.float32, tp_size: int = 1) -> Target:
     """Load a Llama / Mistral / Qwen2 / Qwen3 checkpoint as a :class:`Target`.
 
     Args:
@@ -86,6 +89,9 @@ def load(path_or_hub_id: str | Path, device: str | torch.device = "cpu",
             with model.safetensors.index.json) and optionally tokenizer.json; or a hub id.
         device: where the weights live.
         dtype: float32, bfloat16 or float16 (torch dtype or name).
+        tp_size: split the target over this many processes (tensor parallelism; launch them with
+            ``torchrun --nproc-per-node N`` or ``spectool record --tp N``). Each rank reads only
+            its shard of the weights; on CUDA rank r uses GPU LOCAL_RANK.
 
     Raises:
         ValueError: unsupported architecture, missing config field, missing or misshaped tensor.
@@ -96,11 +102,17 @@ def load(path_or_hub_id: str | Path, device: str | torch.device = "cpu",
     if not (root / "config.json").is_file():
         raise ValueError(f"{root} has no config.json")
     cfg = ModelConfig.from_json(root / "config.json")
+    tp = None
+    if tp_size != 1:
+        check_divisible(cfg, tp_size)  # before any process waits for another
+        tp = parallel.init(tp_size, device)
+        device = parallel.local_device(device, tp)
     weights = SafetensorsDir(root)
-    state = gather(model_layout(cfg), weights.get, dtype, device)
+    state = gather(model_layout(cfg), weights.get, dtype, device,
+                   shard=None if tp is None else (weights, tp.rank, tp.size))
 
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = Transformer(cfg, tp)
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
@@ -111,7 +123,7 @@ def load(path_or_hub_id: str | Path, device: str | torch.device = "cpu",
 
     return Target(model=model, config=cfg, tokenizer=_load_tokenizer(root), device=device, dtype=dtype,
                   name=str(path_or_hub_id), model_hash=weights.fingerprint(),
-                  eos_token_ids=_eos_token_ids(root, cfg))
+                  eos_token_ids=_eos_token_ids(root, cfg), tp=tp)
 
 
 def _load_tokenizer(root: Path):

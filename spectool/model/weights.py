@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from spectool.model.config import ModelConfig
+from spectool.model.parallel import split_dim
 
 Layout = dict[str, list[tuple[str, tuple[int, ...]]]]  # our name -> [(checkpoint name, shape), ...]
 
@@ -85,12 +86,26 @@ class SafetensorsDir:
         return name in self._where
 
     def get(self, name: str) -> torch.Tensor:
+        """The whole tensor ``name``."""
+        return self._file(name).get_tensor(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of tensor ``name``, without reading it."""
+        return tuple(self._file(name).get_slice(name).get_shape())
+
+    def get_shard(self, name: str, dim: int, rank: int, size: int) -> torch.Tensor:
+        """Part ``rank`` of ``size`` equal parts of tensor ``name`` along ``dim``; reads only that part."""
+        part = self.shape(name)[dim] // size
+        index = (slice(None),) * dim + (slice(rank * part, (rank + 1) * part),)
+        return self._file(name).get_slice(name)[index]
+
+    def _file(self, name: str):
         if name not in self._where:
             raise ValueError(f"checkpoint {self.dir} has no tensor {name!r}")
         f = self._where[name]
         if f not in self._open:
             self._open[f] = safe_open(str(f), framework="pt")
-        return self._open[f].get_tensor(name)
+        return self._open[f]
 
     def fingerprint(self) -> str:
         """A cheap, stable hash of the weights: every file's name, size, header and sampled bytes.
@@ -114,15 +129,29 @@ class SafetensorsDir:
         return h.hexdigest()
 
 
-def gather(layout: Layout, get, dtype: torch.dtype, device: str | torch.device) -> dict[str, torch.Tensor]:
-    """Read every checkpoint tensor of ``layout`` via ``get(name)``, check its shape, fuse, cast."""
+def gather(layout: Layout, get, dtype: torch.dtype, device: str | torch.device,
+           shard=None) -> dict[str, torch.Tensor]:
+    """Read every checkpoint tensor of ``layout`` via ``get(name)``, check its shape, fuse, cast.
+
+    With ``shard = (weights, rank, size)`` (a :class:`SafetensorsDir` and a tensor-parallel
+    place), the tensors that tensor parallelism splits are read as this rank's part only
+    (``spectool.model.parallel.split_dim``), each checked against its whole shape first.
+    """
     state = {}
     for ours, parts in layout.items():
+        dim = None if shard is None else split_dim(ours)
         tensors = []
         for name, shape in parts:
-            t = get(name)
-            if tuple(t.shape) != shape:
-                raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
+            if dim is None:
+                t = get(name)
+                got = tuple(t.shape)
+            else:
+                weights, rank, size = shard
+                got = weights.shape(name)
+            if got != shape:
+                raise ValueError(f"tensor {name!r} has shape {got}, expected {shape}")
+            if dim is not None:
+                t = weights.get_shard(name, dim, rank, size)
             tensors.append(t)
         fused = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
         state[ours] = fused.to(device=device, dtype=dtype)

@@ -1,0 +1,116 @@
+"""Tensor parallelism on CPUs (gloo, 2 processes): the split target computes what the whole one does.
+
+Oracle: the same checkpoint loaded whole (tp_size 1) in this process. Each TP run starts two
+ranks of tests/tp_worker.py through spectool's own launcher, as `spectool record --tp 2` does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import tp_worker
+
+import spectool as st
+from spectool.cli.launch import launch
+from spectool.model.config import ModelConfig
+from spectool.model.parallel import check_divisible, shard_config
+
+WORKER = Path(tp_worker.__file__)
+
+
+def run_ranks(mode: str, out: Path, tp: int = 2, timeout_s: float = 300, **env) -> int:
+    import os
+
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return launch([sys.executable, str(WORKER), mode, str(out), str(tp)], tp)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def ranks(out: Path, mode: str, tp: int = 2) -> list[dict]:
+    return [json.loads((out / f"{mode}_rank{r}.json").read_text()) for r in range(tp)]
+
+
+def test_split_logits_equal_whole_logits_for_prefill_decode_and_verify(tmp_path):
+    assert run_ranks("logits", tmp_path) == 0
+    whole = tp_worker.forward_logits(1)
+    for rank_result in ranks(tmp_path, "logits"):
+        for phase in ("prefill", "decode", "verify"):
+            got, want = torch.tensor(rank_result[phase]), torch.tensor(whole[phase])
+            assert got.shape == want.shape  # every rank holds the whole vocabulary's logits
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"{phase} logits at TP 2")
+
+
+@pytest.mark.slow
+def test_greedy_speculative_output_at_tp2_equals_plain_output(tmp_path):
+    assert run_ranks("generate", tmp_path) == 0
+    r0, r1 = ranks(tmp_path, "generate")
+    plain = r0["none"]["tokens"]
+    assert plain == tp_worker.generate(1)["none"]["tokens"]  # TP 2 plain decoding = TP 1 plain decoding
+    for method in ("ngram", "eagle", "multi_layer_eagle"):
+        assert r0[method]["tokens"] == plain, f"{method} at TP 2 differs from plain decoding"
+        assert r1[method]["tokens"] == r0[method]["tokens"]  # both ranks took the same decisions
+    for method, result in r0.items():  # rank 0 alone records, and says the target was split
+        assert result["recorded"] and result["tp_size"] == 2, method
+        assert not r1[method]["recorded"], method
+
+
+def test_a_failing_rank_ends_the_run_with_its_error(tmp_path, capfd):
+    start = time.monotonic()
+    code = run_ranks("fail", tmp_path, SPECTOOL_TP_TIMEOUT_S="60")
+    assert code != 0
+    assert time.monotonic() - start < 50  # well before the collective's own timeout: no hang
+    err = capfd.readouterr().err
+    assert "planted failure on rank 1" in err and "rank 1 of 2 failed" in err
+
+
+def test_tp_size_that_does_not_divide_the_model_is_refused_naming_what():
+    cfg = ModelConfig(vocab_size=4096, hidden_size=256, intermediate_size=640, num_layers=1, num_heads=4,
+                      num_kv_heads=2, head_dim=64)
+    with pytest.raises(ValueError, match=r"tp_size 4 does not divide the model's key/value heads \(2\)"):
+        check_divisible(cfg, 4)
+    with pytest.raises(ValueError, match="vocabulary size"):
+        check_divisible(ModelConfig(**{**cfg.__dict__, "vocab_size": 4097}), 2)
+    local = shard_config(cfg, 2)
+    assert (local.num_heads, local.num_kv_heads, local.intermediate_size, local.vocab_size) == (2, 1, 320, 2048)
+
+
+def test_load_with_tp_outside_a_launch_says_how_to_launch(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="torchrun --nproc-per-node 2"):
+        st.load(st.demo_model() / "target", tp_size=2)
+    with pytest.raises(ValueError, match="does not divide"):
+        st.load(st.demo_model() / "target", tp_size=3)
+
+
+def test_mismatched_world_size_is_refused_on_every_rank(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match="does not match the launched world size 4"):
+        st.load(st.demo_model() / "target", tp_size=2)
+
+
+def test_record_tp2_writes_the_trace_once(tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def fibonacci(n):\nclass Stack:\n")
+    out = tmp_path / "run.sptrace"
+    proc = subprocess.run([sys.executable, "-m", "spectool", "record", "--model", str(st.demo_model() / "target"),
+                           "--prompts", str(prompts), "--draft", "ngram", "--max-new-tokens", "12", "--device", "cpu",
+                           "--tp", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("trace written") == 1
+    trace = st.Trace.load(out)
+    assert trace.run_info["model"]["tp_size"] == 2 and trace.requests.num_rows == 2
