@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import spectool as st
+from spectool.cli import main
 from spectool.cli.train_draft import main as train_draft_main
 from spectool.cli.train_target import main as train_target_main
 from spectool.model.draft_layer import load_draft
@@ -167,7 +168,7 @@ def test_train_draft_cli_resumes(trained, corpus, tmp_path):
     assert result["resumed_from"] == 2 and result["steps"] == 4
 
 
-def test_bad_input_gives_clear_errors(trained, corpus, tmp_path):
+def test_bad_input_gives_clear_errors(trained, corpus, tmp_path, capsys):
     target_dir, _ = trained
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n")
@@ -179,17 +180,20 @@ def test_bad_input_gives_clear_errors(trained, corpus, tmp_path):
     binary.write_bytes(b"\xff\xfe\x00\x81" * 10)
     with pytest.raises(ValueError, match="not readable"):
         data.read_corpus(binary)
-    with pytest.raises(SystemExit, match="holds no text"):
-        train_target_main(["--corpus", str(empty), "--out", str(tmp_path / "t"), "--device", "cpu"])
+    assert train_target_main(["--corpus", str(empty), "--out", str(tmp_path / "t"), "--device", "cpu"]) == 2
+    assert "holds no text" in capsys.readouterr().err
 
     (tmp_path / "notmodel").mkdir()
     (tmp_path / "notmodel" / "config.json").write_text("{}")
     base = ["--corpus", str(corpus), "--out", str(tmp_path / "d"), "--device", "cpu", "--no-progress"]
-    with pytest.raises(SystemExit, match="not a model directory"):
-        train_draft_main(["--target", str(tmp_path / "notmodel"), "--method", "eagle", *base])
-    with pytest.raises(SystemExit, match="--layers must be >= 1"):
-        train_draft_main(["--target", str(target_dir), "--method", "multi_layer_eagle", "--layers", "0",
-                          *base])
+    assert train_draft_main(["--target", str(tmp_path / "notmodel"), "--method", "eagle", *base]) == 2
+    assert "not a model directory" in capsys.readouterr().err
+    assert main(["train-draft", "--target", str(target_dir), "--method", "multi_layer_eagle", "--layers", "0",
+                 *base]) == 2
+    assert "--layers: must be >= 1" in capsys.readouterr().err
+    assert main(["train-draft", "--target", str(tmp_path / "missing"), "--method", "eagle", *base]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()  # bad input is refused before --out is created
     with pytest.raises(ValueError, match="--layers must be 1"):
         DraftRecipe(method="eagle", layers=2)
 

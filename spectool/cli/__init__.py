@@ -1,4 +1,7 @@
-"""The ``spectool`` command: one module per subcommand in this package, each with ``main(argv) -> int``."""
+"""The ``spectool`` command: one module per subcommand in this package, each with ``main(argv) -> int``.
+
+Exit codes, the same for every command: 0 ok, 1 a failed check, 2 bad input (options, files, traces).
+"""
 
 from __future__ import annotations
 
@@ -38,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spectool: unknown command {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module, func, _ = COMMANDS[argv[0]]
-    return int(getattr(import_module(module), func)(argv[1:]) or 0)
+    try:
+        return int(getattr(import_module(module), func)(argv[1:]) or 0)
+    except SystemExit as e:  # argparse: 0 after --help, 2 for a bad option (it printed why)
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
 
 
 if __name__ == "__main__":

@@ -2,40 +2,39 @@
 
 from __future__ import annotations
 
-import argparse
-import sys
-
-from spectool.trace.check import check_trace, replay
-from spectool.trace.format import TraceFormatError
-from spectool.trace.reader import Trace
+from spectool.cli.args import BadInput, NoCompleteRecord, fail, open_trace, parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: exit 0 consistent, 1 first fault, 2 unreadable trace."""
-    parser = argparse.ArgumentParser(prog="spectool check", description="Verify a trace's consistency.")
-    parser.add_argument("trace", help="a .sptrace file")
-    parser.add_argument("--replay", metavar="MODEL_DIR",
-                        help="re-run the target greedily and compare outputs")
-    parser.add_argument("--device", default=None, help="device for --replay (default: the recorded one)")
-    args = parser.parse_args(argv)
+    p = parser("check", "Verify a trace's internal consistency: every tree, mask, index array and acceptance "
+                        "decision, and that the accepted tokens are the outputs. Prints the first fault "
+                        "(iteration, request, node) and exits 1, or exits 0 when consistent; 2 when the file "
+                        "cannot be read.")
+    p.add_argument("trace", help="a .sptrace file")
+    p.add_argument("--replay", metavar="MODEL_DIR",
+                   help="also re-run the target greedily on every prompt and compare the outputs")
+    p.add_argument("--device", help="device for --replay (default: the one the trace was recorded on)")
+    args = p.parse_args(argv)
     try:
-        trace = Trace.load(args.trace)
-    except (TraceFormatError, OSError) as e:
-        print(f"spectool check: cannot read {args.trace}: {e}", file=sys.stderr)
-        return 2
+        trace = open_trace("check", args.trace)
+    except NoCompleteRecord as e:  # cut short before any record: nothing in it is consistent
+        print(f"FAULT {e}")
+        return 1
+    except BadInput as e:
+        return fail("check", e)
+    from spectool.trace.check import check_trace, replay
+
     try:
         fault = check_trace(trace)
         if fault is None and args.replay:
             fault = replay(trace, args.replay, args.device)
     except Exception as e:  # malformed content the checks did not foresee: still one line
-        print(f"spectool check: cannot check {args.trace}: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+        return fail("check", f"cannot check {args.trace}: {type(e).__name__}: {e}")
     if fault is not None:
         print(f"FAULT {args.trace}: {fault}")
         return 1
-    note = ""
-    if trace.truncated:
-        note = " (the file ends in an incomplete batch; its complete batches were checked)"
+    cut = " (the complete records of a file cut short)" if trace.truncated else ""
     print(f"ok {args.trace}: {trace.steps.num_rows} records, {trace.requests.num_rows} requests "
-          f"consistent{' and replayed' if args.replay else ''}{note}")
+          f"consistent{' and replayed' if args.replay else ''}{cut}")
     return 0

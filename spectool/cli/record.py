@@ -2,31 +2,31 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from spectool.cli.args import add_draft_arguments, add_run_arguments, build_engine
+from spectool.cli.args import add_draft_arguments, add_run_arguments, build_engine, fail, parser
 from spectool.cli.launch import launch, launched
-from spectool.prompts import load_prompts
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="spectool record", description=__doc__)
+    p = parser("record", "Decode prompts with one draft method and record every draft tree, mask and acceptance "
+                         "decision to a trace file (see `spectool summary`, `check`, `report`).")
     add_run_arguments(p)
     add_draft_arguments(p)
     p.add_argument("--out", required=True, help="trace file to write (.sptrace)")
     args = p.parse_args(argv)
     if args.tp > 1 and not launched():  # one process per rank, this command in each
         return launch([sys.executable, "-m", "spectool", "record", *argv], args.tp)
+    from spectool.prompts import load_prompts
+
     try:
         prompts = load_prompts(args.prompts, args.kind)[: args.num_prompts]
-        engine = build_engine(args)
+        engine = build_engine(args, prompts)
         result = engine.generate(prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, record=True,
                                  progress=True)
-    except (ValueError, OSError) as e:  # bad options or files; an unreachable hub id
-        print(f"spectool record: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as e:  # bad options or files (BadInput is a ValueError); an unreachable hub id
+        return fail("record", e)
     if result.trace is None:  # a rank other than 0 of a split target: rank 0 records
         return 0
     result.trace.save(args.out)

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
-import triton.language as tl
+
+from spectool.kernels.triton_import import tl, triton
 
 
 @triton.jit

@@ -19,8 +19,8 @@ activation dtype before it is normalised and returned.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from spectool.kernels.triton_import import tl, triton
 
 # ---------------------------------------------------------------------------------
 # residual add + RMSNorm

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
+
+from spectool.kernels.triton_import import tl, triton
 
 # ---------------------------------------------------------------------------------
 # token embedding

@@ -36,8 +36,8 @@ the repeated prologue cost more than the launch it saves. More rows go to cuBLAS
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from spectool.kernels.triton_import import tl, triton
 
 PROLOGUES = ("none", "silu_mul", "rms_norm")
 _PROLOGUE_ID = {name: i for i, name in enumerate(PROLOGUES)}

@@ -20,10 +20,9 @@ is the CPU path.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from spectool.kernels.tree_indices import triton_on_cpu
+from spectool.kernels.triton_import import tl, triton
 
 # Rows longer than this stream through in several chunks of BLOCK_MAX; the buffer merge costs
 # k reductions per chunk, so vocabularies much larger than this are left to torch (one program

@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
-import triton.language as tl
+
+from spectool.kernels.triton_import import tl, triton
 
 IndexArrays = tuple[torch.Tensor, ...]  # the four index arrays (and parents when asked)
 

@@ -19,8 +19,8 @@ one-hot reductions over a tile axis. NaN logits count as the largest value, as i
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from spectool.kernels.triton_import import tl, triton
 
 CHUNK = 4096  # vocabulary entries per argmax program
 

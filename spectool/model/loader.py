@@ -15,6 +15,7 @@ from spectool.model.llama import Transformer
 from spectool.model.parallel import TensorParallel, check_divisible
 from spectool.model.rope import RotaryEmbedding
 from spectool.model.weights import SafetensorsDir, gather, model_layout
+from spectool.threads import pick_cpu_threads
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -65,19 +66,30 @@ def resolve_checkpoint(path_or_hub_id: str | Path) -> Path:
     if path.exists():
         raise ValueError(f"{path} is a file; pass the checkpoint directory (config.json, *.safetensors)")
     repo_id = str(path_or_hub_id)
+    if not _looks_like_hub_id(repo_id):
+        raise FileNotFoundError(f"no such directory: {path}")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
         return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
     except HFValidationError as e:
-        raise ValueError(f"{repo_id!r} is neither a local directory nor a valid hub id: {e}") from e
+        raise FileNotFoundError(f"no such directory: {path} (nor is it a Hugging Face hub id)") from e
     except RepositoryNotFoundError as e:
-        raise ValueError(f"{repo_id!r} is not a local directory and no hub repository has that id") from e
+        raise ValueError(f"no such directory: {path}, and no Hugging Face hub repository has the id "
+                         f"{repo_id!r}") from e
     except (LocalEntryNotFoundError, OSError) as e:
-        raise OSError(f"{repo_id!r} is not a local directory and could not be downloaded from the "
-                      f"Hugging Face hub (offline or no network?); download it elsewhere and pass "
-                      f"the directory. Cause: {type(e).__name__}: {e}") from e
+        raise OSError(f"no such directory: {path}; as a Hugging Face hub id it could not be downloaded "
+                      f"(offline or no network?): download it elsewhere and pass the directory. "
+                      f"Cause: {type(e).__name__}: {e}") from e
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    """'name' or 'owner/name' of letters, digits, '-', '_', '.' (not starting with '.'): anything else,
+    such as an absolute, home-relative or deeper path, can only be a directory."""
+    parts = text.split("/")
+    return 1 <= len(parts) <= 2 and all(
+        p and not p.startswith(".") and all(c.isalnum() or c in "-_." for c in p) for p in parts)
 
 
 def load(path_or_hub_id: str | Path, device: str | torch.device = "cpu",
@@ -93,8 +105,12 @@ def load(path_or_hub_id: str | Path, device: str | torch.device = "cpu",
             ``torchrun --nproc-per-node N`` or ``spectool record --tp N``). Each rank reads only
             its shard of the weights; on CUDA rank r uses GPU LOCAL_RANK.
 
+    On a CPU the first load also picks torch's thread count for the model unless the user set one
+    (``spectool.threads``: one thread for small models).
+
     Raises:
         ValueError: unsupported architecture, missing config field, missing or misshaped tensor.
+        FileNotFoundError: ``path_or_hub_id`` looks like a path and there is no such directory.
     """
     dtype = resolve_dtype(dtype)
     device = torch.device(device)
@@ -120,6 +136,8 @@ def load(path_or_hub_id: str | Path, device: str | torch.device = "cpu",
     unloaded = [n for n, p in model.named_parameters() if p.is_meta]
     assert not unloaded, f"model_layout misses {unloaded}"
     model.eval().requires_grad_(False)
+    if device.type == "cpu":
+        pick_cpu_threads(sum(p.numel() for p in model.parameters()))
 
     return Target(model=model, config=cfg, tokenizer=_load_tokenizer(root), device=device, dtype=dtype,
                   name=str(path_or_hub_id), model_hash=weights.fingerprint(),

@@ -220,7 +220,18 @@ class Trace:
 
     def __repr__(self) -> str:
         return (f"Trace({self.steps.num_rows} step rows, {len(self.request_ids)} requests, "
-                f"method={self.run_info.get('method', '?')!r}{', truncated' if self.truncated else ''})")
+                f"method={self.method!r}{', truncated' if self.truncated else ''})")
+
+    @property
+    def method(self) -> str:
+        """The draft method of the run (``none`` for plain decoding; ``?`` when nothing records it)."""
+        draft = self.run_info.get("draft")
+        if isinstance(draft, dict) and draft.get("method"):
+            return str(draft["method"])
+        if self.run_info.get("method"):
+            return str(self.run_info["method"])
+        methods = self.steps.column("method") if self.steps.num_rows else None
+        return str(methods[0].as_py()) if methods is not None and methods[0].is_valid else "?"
 
     def to_pandas(self):
         """The steps as a pandas DataFrame."""

@@ -157,10 +157,10 @@ def report_data(trace: Any) -> dict:
     info = trace.run_info
     model = info.get("model", {})
     return {
-        "title": f"spectool trace · {info.get('method', '?')} · "
+        "title": f"spectool trace · {trace.method} · "
                  f"{model.get('name', '') if isinstance(model, dict) else model}",
         "facts": {
-            "method": info.get("method", "?"), "device": info.get("device", "?"),
+            "method": trace.method, "device": info.get("device", "?"),
             "requests": len(trace.request_ids), "iterations": summary["iterations"],
             "mean accept length": round(summary["mean_accept_length"], 3),
             "tokens/s": None if summary["tokens_per_s"] is None else round(summary["tokens_per_s"], 1),

@@ -400,12 +400,12 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
         if state["target_hash"] != target.model_hash:
             raise ValueError(f"cannot resume: {out} was trained against a different target")
     seed_everything(recipe.seed)
-    out.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
     eos = target.eos_token_ids[0] if target.eos_token_ids else 0
     train_tokens, eval_tokens = data.corpus_tokens(corpus, target.tokenizer, eos, recipe.seq_len, stdlib=stdlib,
                                                    edit_fraction=recipe.edit_fraction, seed=recipe.seed)
+    out.mkdir(parents=True, exist_ok=True)  # only once the inputs have been read: a bad one leaves nothing
     steps = epoch_steps(recipe.epochs, len(train_tokens), recipe.batch_size, recipe.seq_len) or recipe.steps
     print(f"corpus: {len(train_tokens):,} training tokens (editing pairs: {recipe.edit_fraction:.0%}), "
           f"{len(eval_tokens):,} held-out tokens; {steps} steps; {recipe.greedy_rows} of "
