@@ -54,9 +54,20 @@ class RunStats:
         """``spectool.trace.stats.summarize`` over the records so far."""
         return summarize(self.columns)
 
+    # One attribute per key of ``summary()``, under the same name (``stats.X == stats.summary()["X"]``).
+
+    @property
+    def records(self) -> int:
+        return len(self.columns["accept_length"])
+
     @property
     def iterations(self) -> int:
         return len(set(self.columns["iteration"]))
+
+    @property
+    def tokens(self) -> int:
+        """Tokens verified (accepted + bonus) by the decode iterations; see ``spectool.trace.stats``."""
+        return self._gained
 
     @property
     def mean_accept_length(self) -> float:
@@ -64,18 +75,29 @@ class RunStats:
         return self._accepted / records if records else 0.0
 
     @property
+    def accept_length_histogram(self) -> list[int]:
+        """Records with accept length a, at index a."""
+        return self.summary()["accept_length_histogram"]
+
+    @property
+    def accept_rate_by_depth(self) -> list[float]:
+        """Fraction of records reaching depth d among those whose tree has depth d (index d-1)."""
+        return self.summary()["accept_rate_by_depth"]
+
+    @property
     def tokens_per_s(self) -> float:
         """Tokens gained per second of decode iterations (prefill excluded), as in the trace summary."""
         return self._gained / self._iteration_us * 1e6 if self._iteration_us > 0 else 0.0
 
     @property
+    def phase_us(self) -> dict[str, float]:
+        """Mean µs per iteration of each timed phase."""
+        return self.summary()["phase_us"]
+
+    @property
     def end_to_end_tokens_per_s(self) -> float:
         """Generated tokens (first tokens included) per second of the whole call, prefill included."""
         return self.generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def acceptance_by_depth(self) -> list[float]:
-        """Fraction of records reaching depth d among those whose tree has depth d (index d-1)."""
-        return self.summary()["accept_rate_by_depth"]
 
     def to_dict(self) -> dict:
         per_request: dict[int, list[int]] = {}

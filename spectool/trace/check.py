@@ -4,7 +4,7 @@ Checks, for every (iteration, request) record in trace order:
 - shapes: every per-node array has num_nodes entries, the packed mask N*N bits;
 - the tree: parents[0] = -1 and 0 <= parents[i] < i; depth = parent's depth + 1;
 - mask = ancestors of parents (plus the diagonal);
-- positions and retrieve_* = `reconstruct_indices_from_tree_mask` applied to the
+- positions and retrieve_* = the rule of `reconstruct_indices_from_tree_mask` (recomputed in numpy) applied to the
   recorded mask and seq_len (retrieve_index relative to the row's first entry,
   since a row does not know its batch position);
 - the decision: accept_path starts at the root and walks parent -> child through
@@ -25,7 +25,6 @@ the file cannot be read (one line, no traceback).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -191,26 +190,26 @@ class _Checker:
         self.check_indices(n, rows, mask)
 
     def check_indices(self, n: int, rows: list[int], mask: np.ndarray) -> None:
-        import torch
-
-        try:
-            from spectool.kernels import reconstruct_indices_from_tree_mask
-        except ImportError as e:  # no kernel (e.g. triton missing): the other checks still run
-            print(f"spectool check: index check skipped ({e})", file=sys.stderr)
-            return
-        seq_lens = torch.tensor([self.rows[k]["seq_len"] for k in rows], dtype=torch.int64)
-        got = reconstruct_indices_from_tree_mask(torch.from_numpy(mask), seq_lens)
-        got = [g.numpy() for g in got]
-        got[1] = got[1] - got[1][:, :1]  # retrieve_index relative to the row's first entry
+        # The index kernel's contract (kernels/tree_indices.py) recomputed here in numpy, independently of
+        # the engine's path (and without importing torch, so a check takes a moment, not the torch import).
+        idx = np.arange(n)
+        depth = mask.sum(-1) - 1
+        seq_lens = np.array([self.rows[k]["seq_len"] for k in rows], dtype=np.int64)
+        parent = np.where(mask & (idx[None, None, :] < idx[None, :, None]), idx, -1).max(-1)
+        child = parent[:, None, :] == idx[None, :, None]  # [r, i, j]: j is a child of i
+        sibling = ((parent[:, None, :] == parent[:, :, None]) & (parent[:, :, None] >= 0)
+                   & (idx[None, None, :] > idx[None, :, None]))  # [r, i, j]: j is a later sibling of i
+        first = [np.where(rel.any(-1), np.where(rel, idx, n).min(-1), -1) for rel in (child, sibling)]
+        want = (seq_lens[:, None] + depth, np.broadcast_to(idx, depth.shape), *first)
         for name, kernel in zip(("positions", "retrieve_index", "retrieve_next_token",
-                                 "retrieve_next_sibling"), got):
+                                 "retrieve_next_sibling"), want):
             recorded = np.array([self.rows[k][name] for k in rows], dtype=np.int64)
             if name == "retrieve_index":
-                recorded = recorded - recorded[:, :1]
+                recorded = recorded - recorded[:, :1]  # relative to the row's first entry
             bad = np.argwhere(recorded != kernel)
             if len(bad):
                 r, i = (int(v) for v in bad[0])
-                self.fault(rows[r], 3, f"{name} is {recorded[r, i]}, the index kernel gives {kernel[r, i]} "
+                self.fault(rows[r], 3, f"{name} is {recorded[r, i]}, the index kernel's rule gives {kernel[r, i]} "
                                        "from the recorded mask", i)
 
     # -- per request: continuity and outputs ---------------------------------------

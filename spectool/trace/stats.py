@@ -4,12 +4,14 @@
 `summarize`, so they agree by construction. Definitions (a *record* is one row:
 one request in one iteration):
 
-- tokens: tokens gained by verification, sum over records of accept_length + 1;
+- tokens: tokens verified, sum over records of accept_length + 1 (accepted + bonus). It
+  can exceed the tokens a run emits: tokens accepted past max_new_tokens or a stop token
+  in a request's last iteration are verified, then dropped (`spectool summary` shows both);
 - mean_accept_length: mean accept_length over records;
 - accept_length_histogram[a]: records with accept_length == a;
 - accept_rate_by_depth[d-1]: among records whose draft tree reaches depth d, the
   fraction with accept_length >= d (for a multi-layer EAGLE chain, depth d is layer d);
-- tokens_per_s: tokens / (sum of iteration_us over iterations) * 1e6, None when
+- tokens_per_s: verified tokens / (sum of iteration_us over iterations) * 1e6, None when
   iteration_us was not recorded (excludes prefill);
 - phase_us: mean µs per iteration of each recorded phase (timings are per batch,
   so each iteration counts once).
