@@ -8,10 +8,29 @@
 
 from __future__ import annotations
 
+import sys
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
+
+
+def _find_built_parts() -> None:
+    """In a source checkout that was installed with ``pip install .`` (not built in place), Python run from the
+    repository root imports this directory, which lacks the compiled extension and the ``widgets`` package: take
+    those from the installed copy, so ``python -m spectool`` works there too."""
+    here = Path(__file__).resolve().parent
+    if any(here.glob("_native*")):
+        return
+    for entry in sys.path:
+        other = Path(entry or ".").resolve() / "spectool"
+        if other != here and any(other.glob("_native*")):
+            __path__.append(str(other))
+            return
+
+
+_find_built_parts()
 
 __version__ = "0.1.0"
 

@@ -67,7 +67,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from spectool import _native
+try:
+    from spectool import _native
+except ImportError as e:  # a source tree nobody built
+    raise ImportError("spectool's native extension (spectool._native) is not built: install the package with "
+                      "`pip install .` (or `pip install -e .` to work on it in place)") from e
 
 
 class NgramDraft(NamedTuple):
