@@ -299,6 +299,12 @@ class Engine:
             raise ValueError(
                 f"prompt {index} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} it needs "
                 f"{len(ids) + max_new_tokens} > max_seq_len={self.max_seq_len}")
+        limit = self.config.max_position_embeddings
+        if len(ids) + max_new_tokens > limit:
+            raise ValueError(
+                f"prompt {index} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} it needs "
+                f"{len(ids) + max_new_tokens} positions, more than the model's limit of {limit} "
+                "(max_position_embeddings)")
         return _Request(index, ids, text, max_new_tokens, history=list(ids))
 
     def _decode(self, ids: list[int]) -> str:
