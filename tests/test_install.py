@@ -111,9 +111,10 @@ def test_cpu_commands_run_without_triton(tmp_path):
 
 
 def test_a_triton_kernel_without_triton_says_what_to_install():
-    code = (_NO_TRITON.split("from spectool.cli")[0] + "from spectool.kernels.tree_indices import "
-            "reconstruct_indices_triton\nimport torch\ntry:\n    reconstruct_indices_triton(torch.eye(2, dtype=torch.bool)"
-            "[None], torch.zeros(1, dtype=torch.long))\nexcept ModuleNotFoundError as e:\n    print(e)\n")
+    code = (_NO_TRITON.split("from spectool.cli")[0]
+            + "import torch\nfrom spectool.kernels.tree_indices import reconstruct_indices_triton\n"
+            "mask, seq_lens = torch.eye(2, dtype=torch.bool)[None], torch.zeros(1, dtype=torch.long)\n"
+            "try:\n    reconstruct_indices_triton(mask, seq_lens)\nexcept ModuleNotFoundError as e:\n    print(e)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr[-3000:]
