@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
 
@@ -130,8 +131,6 @@ def draft_config(args: argparse.Namespace):
                                       "match"))
         if not args.draft_path:
             raise BadInput(f"--draft {args.draft} needs --draft-path")
-        from pathlib import Path
-
         if not Path(args.draft_path).is_dir():
             raise BadInput(f"--draft-path {args.draft_path}: no such directory")
         if args.draft == "eagle":
@@ -229,8 +228,6 @@ def add_training_arguments(p: argparse.ArgumentParser, steps: int, batch_size: i
 
 def check_corpus(corpus: str, stdlib: str | None) -> None:
     """BadInput when --corpus (or --stdlib) names nothing readable; checked before --out is created."""
-    from pathlib import Path
-
     if corpus != "stdlib" and not Path(corpus).exists():
         raise BadInput(f"--corpus {corpus}: no such file or directory (or pass 'stdlib')")
     if stdlib is not None and not Path(stdlib).exists():
