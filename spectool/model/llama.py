@@ -45,6 +45,12 @@ class Embedding(nn.Embedding):
 
     tp: TensorParallel | None = None
 
+    def reset_parameters(self) -> None:
+        # A table on the meta device (the loader builds there, then assigns the checkpoint's) needs no
+        # values, and torch's normal_ on meta imports torch._dynamo: seconds of every load on a small CPU.
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.max_norm is not None:  # renormalises rows in place: torch's path only
             return super().forward(ids)

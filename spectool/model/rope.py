@@ -10,10 +10,10 @@ from torch import nn
 from spectool.model.config import ModelConfig
 
 
-def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
+def inverse_frequencies(cfg: ModelConfig, device: torch.device | None = None) -> torch.Tensor:
     """The head_dim/2 rotation frequencies, float32, with the config's rope scaling applied."""
     d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
     scaling = cfg.rope_scaling or {}
     kind = scaling.get("rope_type", "default")
     if kind == "linear":
@@ -41,9 +41,15 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, cfg: ModelConfig, max_position: int | None = None, device: torch.device | None = None):
         super().__init__()
         self.max_position = max_position or cfg.max_position_embeddings
-        angles = torch.outer(torch.arange(self.max_position, dtype=torch.float32), inverse_frequencies(cfg))
-        self.register_buffer("cos", angles.cos().to(device), persistent=False)  # [max_position, head_dim/2]
-        self.register_buffer("sin", angles.sin().to(device), persistent=False)
+        where = torch.device(device) if device is not None else torch.get_default_device()
+        # A model built on the meta device (the loader's, before it assigns the weights) gets its tables
+        # computed on the CPU: arange on meta goes through torch's decompositions, whose first use imports
+        # torch._dynamo, seconds of every load on a small CPU.
+        at = torch.device("cpu") if where.type == "meta" else where
+        angles = torch.outer(torch.arange(self.max_position, dtype=torch.float32, device=at),
+                             inverse_frequencies(cfg, at))
+        self.register_buffer("cos", angles.cos().to(where), persistent=False)  # [max_position, head_dim/2]
+        self.register_buffer("sin", angles.sin().to(where), persistent=False)
         self._tables: dict[torch.dtype, torch.Tensor] = {}
 
     def _table(self, dtype: torch.dtype) -> torch.Tensor:
