@@ -210,3 +210,25 @@ def test_bench_compares_with_plain(tmp_path, demo_model_dir, prompts_file):
     rows = json.loads(out.read_text())
     assert [r["method"] for r in rows] == ["plain", "ngram"]
     assert rows[0]["mean_accept_length"] == 0.0
+
+
+def test_summary_names_verified_and_emitted_tokens(target, demo_model_dir, tmp_path, capsys):
+    import spectool as st
+
+    prompts = load_prompts(demo_model_dir / "prompts.jsonl", "editing")[:2]
+    new = 12
+    engine = st.Engine(target, draft=st.NgramConfig(num_draft_tokens=12), max_batch_size=2, max_seq_len=2048)
+    result = engine.generate([p[:400] for p in prompts], max_new_tokens=new, ignore_eos=True)
+    result.trace.save(tmp_path / "t.sptrace")
+    verified = result.trace.summary()["tokens"]
+    emitted = len(prompts) * (new - 1)  # every request emits max_new_tokens, the first one by the prefill
+    assert sum(len(t) for t in result.token_ids) == len(prompts) * new
+    assert verified >= emitted
+    assert main(["summary", str(tmp_path / "t.sptrace")]) == 0
+    out = capsys.readouterr().out
+
+    def row(name: str) -> str:
+        return next(line for line in out.splitlines() if name in line).split("│")[2].strip()
+
+    assert row("tokens emitted") == str(emitted) and row("tokens verified (accepted + bonus)") == str(verified)
+    assert (f"{verified - emitted} verified tokens past max_new_tokens" in out) == (verified > emitted)
