@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
+from spectool.config import DraftModelConfig, Eagle3Config, EagleConfig, MultiLayerEagleConfig, NgramConfig
 
 __version__ = "0.1.0"
 
@@ -23,6 +23,8 @@ _LAZY = {
     "Engine": ("spectool.engine", "Engine"),
     "GenerateResult": ("spectool.engine", "GenerateResult"),
     "Trace": ("spectool.trace.reader", "Trace"),
+    "draft_from_sglang_args": ("spectool.deploy", "draft_from_sglang_args"),
+    "draft_from_vllm_config": ("spectool.deploy", "draft_from_vllm_config"),
 }
 
 
@@ -33,4 +35,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'spectool' has no attribute {name!r}")
 
 
-__all__ = ["EagleConfig", "MultiLayerEagleConfig", "NgramConfig", *_LAZY]
+__all__ = ["DraftModelConfig", "Eagle3Config", "EagleConfig", "MultiLayerEagleConfig", "NgramConfig", *_LAZY]

@@ -84,7 +84,8 @@ class Engine:
 
     Args:
         target: what ``spectool.load`` returned.
-        draft: NgramConfig, EagleConfig, MultiLayerEagleConfig, or None for plain decoding.
+        draft: NgramConfig, EagleConfig, MultiLayerEagleConfig, Eagle3Config, DraftModelConfig, or None
+            for plain decoding.
         max_batch_size: requests decoded together; more prompts wait for a free slot.
         max_seq_len: longest prompt + output per request; the KV cache is allocated
             once for max_batch_size × max_seq_len (plus room for one draft tree).
@@ -109,6 +110,8 @@ class Engine:
         self.prefill_budget = 8192  # padded tokens per prefill forward
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.drafter = make_drafter(draft, self)
+        # The target layers whose outputs the drafter reads in place of the last hidden state (EAGLE-3).
+        self.aux_layers: tuple[int, ...] | None = getattr(self.drafter, "aux_layers", None)
         self.num_draft_tokens = self.drafter.num_draft_tokens if self.drafter else 1
         self.method = draft.method if draft is not None else "none"
         # One spare slot past the last request slot: padded graph rows write there.
@@ -333,10 +336,15 @@ class Engine:
         return out
 
     def _forward_step(self, tokens, positions, slots, starts, mask):
-        """Target forward over a tree (or one token): hidden states and float32 logits."""
-        hidden = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
-                            kv_len=self._kv_len)
-        return hidden, self.model.logits(hidden)
+        """Target forward over a tree (or one token): the hidden states the drafter reads (the last
+        layer's, or the concatenated ``aux_layers``' outputs) and float32 logits."""
+        if self.aux_layers is None:
+            hidden = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
+                                kv_len=self._kv_len)
+            return hidden, self.model.logits(hidden)
+        hidden, aux = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
+                                 kv_len=self._kv_len, aux_layers=self.aux_layers)
+        return aux, self.model.logits(hidden)
 
     def _greedy_step(self, slots, record: bool = False, **inputs):
         """Forward, greedy verify and KV commit in one (graph-captured) step.

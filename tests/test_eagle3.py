@@ -1,0 +1,173 @@
+"""EAGLE-3 checkpoints: logits against SpecForge, the target layers read, and bad input.
+
+Oracle: SpecForge's ``LlamaForCausalLMEagle3`` (the trainer that writes these checkpoints) on
+random float32 weights, saved in its own format and loaded by spectool; its forward over a
+sequence must give spectool's logits within 1e-4. The target-layer capture is checked against
+transformers' ``output_hidden_states`` of the same target.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from test_model_support import save_hf_model
+
+import spectool as st
+from spectool.model.eagle3 import default_aux_layers, load_eagle3, new_eagle3, save_eagle3
+
+H, VOCAB, DRAFT_VOCAB, LAYERS = 32, 40, 24, 6
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle3_target")
+    hf = save_hf_model("llama", root, seed=4, vocab_size=VOCAB, hidden_size=H, intermediate_size=48,
+                       num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2)
+    return root, hf
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    return st.load(target_dir[0], device="cpu", dtype=torch.float32)
+
+
+def specforge_draft(seed: int, monkeypatch):
+    """A random SpecForge EAGLE-3 draft (every parameter randomised) and its config."""
+    pytest.importorskip("specforge")
+    # SpecForge compiles its RMSNorm with torch.compile; eager runs the same maths without a compiler.
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)
+    from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=H, intermediate_size=56, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      rms_norm_eps=1e-6, rope_theta=10000.0, pretraining_tp=1, hidden_act="silu",
+                      pad_token_id=0, draft_vocab_size=DRAFT_VOCAB,
+                      eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 2, 4]})
+    cfg.architectures = ["LlamaForCausalLMEagle3"]
+    torch.manual_seed(seed)
+    model = LlamaForCausalLMEagle3(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.uniform_(0.5, 1.5) if "norm" in name else p.normal_(0.0, 0.2)
+        # Draft id i stands for target id i + i // 2 (d2t holds the offsets).
+        model.d2t.copy_(torch.arange(DRAFT_VOCAB) // 2)
+    return model, cfg
+
+
+def save_specforge(model, cfg, out, target_embedding: torch.Tensor) -> None:
+    """Save as SpecForge does: config.json and the state dict (its frozen embedding is the target's)."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = {n: t.detach().contiguous() for n, t in model.state_dict().items()}
+    state["embed_tokens.weight"] = target_embedding.clone()
+    save_file(state, str(out / "model.safetensors"))
+    (out / "config.json").write_text(cfg.to_json_string())
+
+
+def test_logits_match_specforge(tmp_path, target, monkeypatch):
+    model, cfg = specforge_draft(seed=1, monkeypatch=monkeypatch)
+    save_specforge(model, cfg, tmp_path / "eagle3", target.model.embed_tokens.weight)
+    draft = load_eagle3(tmp_path / "eagle3", target)
+    assert draft.aux_layers == (0, 2, 4)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=gen)
+    aux = torch.randn(2, 9, 3 * H, generator=gen)
+    emb = target.model.embed_tokens(tokens)
+    positions = torch.arange(9).expand(2, -1)
+    with torch.no_grad():
+        _, normed = draft.layer(emb, draft.layer.project(aux), positions)
+        ours = draft.layer.logits(normed)
+        model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+        theirs = model.lm_head(model(hidden_states=aux, inputs_embeds=model.embed_input_ids(tokens)))
+    assert ours.shape == (2, 9, DRAFT_VOCAB)
+    assert (ours - theirs).abs().max().item() < 1e-4
+    want = torch.arange(DRAFT_VOCAB) + model.d2t
+    assert torch.equal(torch.arange(DRAFT_VOCAB) + draft.layer.d2t, want)
+
+
+def test_pytorch_model_bin_loads_the_same(tmp_path, target, monkeypatch):
+    model, cfg = specforge_draft(seed=2, monkeypatch=monkeypatch)
+    save_specforge(model, cfg, tmp_path / "st", target.model.embed_tokens.weight)
+    (tmp_path / "bin").mkdir()
+    shutil.copy(tmp_path / "st" / "config.json", tmp_path / "bin")
+    torch.save(load_file(tmp_path / "st" / "model.safetensors"), tmp_path / "bin" / "pytorch_model.bin")
+    a, b = load_eagle3(tmp_path / "st", target), load_eagle3(tmp_path / "bin", target)
+    for (name, x), (_, y) in zip(a.layer.state_dict().items(), b.layer.state_dict().items()):
+        assert torch.equal(x, y), name
+
+
+def test_aux_capture_is_the_target_layers_output(target_dir, target):
+    """The engine's aux hidden states are transformers' hidden_states[i + 1] of the named layers."""
+    _, hf = target_dir
+    tokens = torch.tensor([[1, 5, 7, 2, 9, 11]])
+    with torch.no_grad():
+        hidden, aux = target.model(tokens, torch.arange(6)[None], aux_layers=(1, 2, 4))
+        ref = hf(tokens, output_hidden_states=True).hidden_states
+    want = torch.cat([ref[2], ref[3], ref[5]], dim=-1)
+    assert (aux - want).abs().max().item() < 1e-4
+    assert default_aux_layers(LAYERS) == (1, 2, 2)  # SGLang's capture before layers 2, L//2, L-3
+
+
+def _write(tmp_path, name, target, mutate=None, meta_update=None):
+    draft = new_eagle3(target.config, draft_vocab_size=DRAFT_VOCAB, aux_layers=(0, 2, 4))
+    path = tmp_path / name
+    save_eagle3(draft, path)
+    if mutate is not None:
+        tensors = load_file(path / "model.safetensors")
+        mutate(tensors)
+        save_file(tensors, str(path / "model.safetensors"))
+    if meta_update is not None:
+        meta = json.loads((path / "config.json").read_text())
+        meta_update(meta)
+        (path / "config.json").write_text(json.dumps(meta))
+    return path
+
+
+def test_eagle3_checkpoint_given_as_eagle_is_refused(tmp_path, target):
+    path = _write(tmp_path, "e3", target)
+    with pytest.raises(ValueError, match="is an EAGLE-3 checkpoint.*architectures.*Eagle3Config"):
+        st.Engine(target, draft=st.EagleConfig(path, num_steps=2, topk=2, num_draft_tokens=4), max_seq_len=64)
+    # Without its config's architecture the d2t tensor still gives it away.
+    path = _write(tmp_path, "e3_noarch", target, meta_update=lambda m: (m.pop("architectures"),
+                                                                          m.pop("draft_vocab_size")))
+    with pytest.raises(ValueError, match="'d2t'"):
+        st.Engine(target, draft=st.EagleConfig(path, num_steps=2, topk=2, num_draft_tokens=4), max_seq_len=64)
+
+
+def test_eagle_checkpoint_given_as_eagle3_is_refused(tmp_path, target):
+    from spectool.model.draft_layer import DraftModel, save_draft
+
+    save_draft(DraftModel(target.config, 1, "eagle"), tmp_path / "eagle")
+    with pytest.raises(ValueError, match="not an EAGLE-3 checkpoint.*spectool_draft"):
+        st.Engine(target, draft=st.Eagle3Config(tmp_path / "eagle", num_steps=2, topk=2, num_draft_tokens=4))
+    # An EAGLE-1/2 fc checkpoint that claims the EAGLE-3 architecture: fc.weight's width gives it away.
+    e1 = tmp_path / "eagle1"
+    e1.mkdir()
+    save_file({"fc.weight": torch.zeros(H, 2 * H), "d2t": torch.zeros(VOCAB, dtype=torch.long)},
+              str(e1 / "model.safetensors"))
+    (e1 / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"],
+                                                "hidden_size": H, "vocab_size": VOCAB,
+                                                "intermediate_size": 48, "num_attention_heads": 4}))
+    with pytest.raises(ValueError, match="EAGLE-1/2 checkpoint.*'fc.weight' takes 2 x hidden_size"):
+        st.Engine(target, draft=st.Eagle3Config(e1, num_steps=2, topk=2, num_draft_tokens=4))
+
+
+@pytest.mark.parametrize("mutate, meta_update, match", [
+    (lambda t: t.pop("midlayer.hidden_norm.weight"), None, "no tensor 'midlayer.hidden_norm.weight'"),
+    (lambda t: t.pop("d2t"), None, "no tensor 'd2t'"),
+    (lambda t: t.update({"lm_head.weight": torch.zeros(DRAFT_VOCAB, H + 2)}), None, "'lm_head.weight' has shape"),
+    (None, lambda m: m.update(vocab_size=VOCAB + 8), "vocabulary of 48"),
+    (None, lambda m: m.update(target_hidden_size=H * 2), "'fc.weight' reads 3 x target_hidden_size"),
+    (None, lambda m: m.update(hidden_size=H * 2, head_dim=8), "'midlayer.input_layernorm.weight'"),
+    (lambda t: t.update({"d2t": t["d2t"] + VOCAB}), None, "'d2t' maps draft ids to target ids outside"),
+    (None, lambda m: m["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 2, 9]),
+     "eagle_aux_hidden_state_layer_ids"),
+])
+def test_checkpoint_that_does_not_fit_is_refused(tmp_path, target, mutate, meta_update, match):
+    path = _write(tmp_path, "bad", target, mutate, meta_update)
+    with pytest.raises(ValueError, match=match):
+        load_eagle3(path, target)
