@@ -35,11 +35,16 @@ def target(target_dir):
     return st.load(target_dir[0], device="cpu", dtype=torch.float32)
 
 
-def specforge_draft(seed: int, monkeypatch):
+@pytest.fixture
+def eager():
+    """SpecForge compiles its RMSNorm with torch.compile; eager runs the same maths without a compiler."""
+    with torch._dynamo.config.patch(disable=True):
+        yield
+
+
+def specforge_draft(seed: int):
     """A random SpecForge EAGLE-3 draft (every parameter randomised) and its config."""
     pytest.importorskip("specforge")
-    # SpecForge compiles its RMSNorm with torch.compile; eager runs the same maths without a compiler.
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)
     from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
     from transformers import LlamaConfig
 
@@ -68,8 +73,8 @@ def save_specforge(model, cfg, out, target_embedding: torch.Tensor) -> None:
     (out / "config.json").write_text(cfg.to_json_string())
 
 
-def test_logits_match_specforge(tmp_path, target, monkeypatch):
-    model, cfg = specforge_draft(seed=1, monkeypatch=monkeypatch)
+def test_logits_match_specforge(tmp_path, target, eager):
+    model, cfg = specforge_draft(seed=1)
     save_specforge(model, cfg, tmp_path / "eagle3", target.model.embed_tokens.weight)
     draft = load_eagle3(tmp_path / "eagle3", target)
     assert draft.aux_layers == (0, 2, 4)
@@ -89,8 +94,8 @@ def test_logits_match_specforge(tmp_path, target, monkeypatch):
     assert torch.equal(torch.arange(DRAFT_VOCAB) + draft.layer.d2t, want)
 
 
-def test_pytorch_model_bin_loads_the_same(tmp_path, target, monkeypatch):
-    model, cfg = specforge_draft(seed=2, monkeypatch=monkeypatch)
+def test_pytorch_model_bin_loads_the_same(tmp_path, target, eager):
+    model, cfg = specforge_draft(seed=2)
     save_specforge(model, cfg, tmp_path / "st", target.model.embed_tokens.weight)
     (tmp_path / "bin").mkdir()
     shutil.copy(tmp_path / "st" / "config.json", tmp_path / "bin")
