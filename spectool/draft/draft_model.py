@@ -25,20 +25,20 @@ class DraftModelDrafter(EagleDrafter):
         from spectool.model.loader import load
 
         e = self.engine
-        self.draft = load(self.config.path, device=e.device, dtype=e.target.dtype)
-        check_same_vocabulary(e.target, self.draft)
-        self.model = self.draft.model
-        return self.draft.config.vocab_size
+        self.draft_target = load(self.config.path, device=e.device, dtype=e.target.dtype)
+        check_same_vocabulary(e.target, self.draft_target)
+        self.model = self.draft_target.model
+        return self.draft_target.config.vocab_size
 
     def _make_cache(self, num_slots: int, length: int):
         from spectool.model.kv_cache import KVCache
 
         # One index more: the root sits in the draft's cache.
-        return KVCache.for_model(self.draft.config, num_slots, length + 1, self.draft.dtype, self.device)
+        return KVCache.for_model(self.draft_target.config, num_slots, length + 1, self.draft_target.dtype, self.device)
 
     @property
     def feature_size(self) -> int:
-        return self.draft.config.hidden_size
+        return self.draft_target.config.hidden_size
 
     def _run(self, tokens, hidden, positions, slots, starts, tree_mask, kv_len):
         """The draft model's forward, written one cache index past ``starts`` (the module docstring);
