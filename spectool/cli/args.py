@@ -6,38 +6,66 @@ import argparse
 
 import torch
 
-from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
+from spectool.config import DraftModelConfig, Eagle3Config, EagleConfig, MultiLayerEagleConfig, NgramConfig
+from spectool.deploy import SGLANG_FLAGS, draft_from_sglang_args
+
+METHODS = ["none", "ngram", "eagle", "multi_layer_eagle", "eagle3", "draft_model"]
 
 
 def add_draft_arguments(p: argparse.ArgumentParser) -> None:
-    """Options that choose and shape a draft method (shared by record and bench)."""
-    p.add_argument("--draft", choices=["none", "ngram", "eagle", "multi_layer_eagle"], default="ngram")
-    p.add_argument("--draft-path", help="draft checkpoint directory (eagle, multi_layer_eagle)")
+    """Options that choose and shape a draft method (shared by record and bench), spectool's own
+    or SGLang's ``--speculative-*`` flags (docs/DEPLOYMENT.md)."""
+    p.add_argument("--draft", choices=METHODS, default=None, help="draft method (default: ngram)")
+    p.add_argument("--draft-path", help="draft checkpoint directory (eagle, multi_layer_eagle, eagle3) or the "
+                                        "draft model's directory (draft_model)")
     p.add_argument("--num-draft-tokens", type=int, help="tree nodes including the root")
-    p.add_argument("--num-steps", type=int, help="draft steps (eagle, multi_layer_eagle)")
-    p.add_argument("--topk", type=int, help="top-k per step (eagle)")
+    p.add_argument("--num-steps", type=int, help="draft steps (eagle, multi_layer_eagle, eagle3, draft_model)")
+    p.add_argument("--topk", type=int, help="top-k per step (eagle, eagle3, draft_model)")
     p.add_argument("--max-bfs-breadth", type=int)
     p.add_argument("--min-bfs-breadth", type=int)
     p.add_argument("--max-trie-depth", type=int)
     p.add_argument("--match", choices=["bfs", "prob"])
+    sglang = p.add_argument_group("SGLang's flags", "the same settings under SGLang's names (instead of --draft)")
+    for flag in SGLANG_FLAGS:
+        sglang.add_argument(flag, dest=_sglang_dest(flag), metavar="VALUE")
+
+
+def _sglang_dest(flag: str) -> str:
+    return "sglang_" + flag.removeprefix("--").replace("-", "_")
 
 
 def draft_config(args: argparse.Namespace):
     """The draft config the options describe (None for plain decoding)."""
     given = {k: v for k, v in vars(args).items() if v is not None}
+    sglang = [part for flag in SGLANG_FLAGS if _sglang_dest(flag) in given
+              for part in (flag, given[_sglang_dest(flag)])]
+    if sglang:
+        ours = [f"--{n.replace('_', '-')}" for n in ("draft", "draft_path", "num_draft_tokens", "num_steps", "topk",
+                                                       "max_bfs_breadth", "min_bfs_breadth", "max_trie_depth",
+                                                       "match") if n in given]
+        if ours:
+            raise ValueError(f"give the draft either with spectool's options or SGLang's flags, not both "
+                             f"({ours[0]} and {sglang[0]})")
+        return draft_from_sglang_args(sglang)
 
     def pick(*names: str) -> dict:
         return {n: given[n] for n in names if n in given}
 
-    if args.draft == "none":
+    draft = args.draft or "ngram"
+    if draft == "none":
         return None
-    if args.draft == "ngram":
+    if draft == "ngram":
         return NgramConfig(**pick("num_draft_tokens", "max_bfs_breadth", "min_bfs_breadth", "max_trie_depth",
                                   "match"))
     if not args.draft_path:
-        raise ValueError(f"--draft {args.draft} needs --draft-path")
-    if args.draft == "eagle":
-        return EagleConfig(args.draft_path, **pick("num_steps", "topk", "num_draft_tokens"))
+        raise ValueError(f"--draft {draft} needs --draft-path")
+    tree = pick("num_steps", "topk", "num_draft_tokens")
+    if draft == "eagle":
+        return EagleConfig(args.draft_path, **tree)
+    if draft == "eagle3":
+        return Eagle3Config(args.draft_path, **tree)
+    if draft == "draft_model":
+        return DraftModelConfig(args.draft_path, **tree)
     return MultiLayerEagleConfig(args.draft_path, **pick("num_steps"))
 
 

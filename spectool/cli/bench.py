@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
         print(f"spectool bench: {e}", file=sys.stderr)
         return 2
     rows = []
-    for name, engine in (("plain", plain), (args.draft, spec)):
+    for name, engine in (("plain", plain), (spec.method, spec)):
         engine.generate(prompts[:1], max_new_tokens=8, record=False)  # warm-up (and graph capture)
         best = None
         for _ in range(max(args.repeats, 1)):
