@@ -8,7 +8,8 @@ from spectool.cli.args import add_training_arguments
 
 
 def main(argv: list[str]) -> int:
-    """``spectool train-draft``: train (multi-layer) EAGLE layers for a target; returns the exit code."""
+    """``spectool train-draft``: train EAGLE, EAGLE-3 or multi-layer EAGLE drafts for a target; returns the exit
+    code."""
     from spectool.train.draft import DraftRecipe
 
     d = DraftRecipe()
@@ -16,9 +17,15 @@ def main(argv: list[str]) -> int:
                                 description="Train draft layers against a frozen target (self-distillation: "
                                             "labels are the target's own predictions).")
     p.add_argument("--target", required=True, help="target model directory (Hugging Face format)")
-    p.add_argument("--method", required=True, choices=["eagle", "multi_layer_eagle"])
+    p.add_argument("--method", required=True, choices=["eagle", "multi_layer_eagle", "eagle3"])
     p.add_argument("--layers", type=int, default=None,
-                   help="draft layers K (eagle: 1; multi_layer_eagle: default 4)")
+                   help="draft layers K (eagle, eagle3: 1; multi_layer_eagle: default 4)")
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="eagle3: the draft head's vocabulary, the most frequent target tokens of the corpus "
+                        "(default: the target's whole vocabulary)")
+    p.add_argument("--aux-layers", type=int, nargs=3, default=None, metavar="LAYER",
+                   help="eagle3: the three target layers (0-based) whose outputs the draft reads "
+                        "(default: SGLang's, the outputs of layers 1, L/2-1 and L-4)")
     add_training_arguments(p, d.steps, d.batch_size, d.seq_len, d.lr, d.checkpoint_every)
     p.add_argument("--intermediate-size", type=int, default=None,
                    help="MLP width of the draft block (default: the target's)")
@@ -33,13 +40,14 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     from spectool.train.draft import train_draft
 
-    layers = a.layers if a.layers is not None else (1 if a.method == "eagle" else 4)
+    layers = a.layers if a.layers is not None else (4 if a.method == "multi_layer_eagle" else 1)
     try:
         recipe = DraftRecipe(method=a.method, layers=layers, steps=a.steps, batch_size=a.batch_size,
                              seq_len=a.seq_len, lr=a.lr, checkpoint_every=a.checkpoint_every, seed=a.seed,
                              intermediate_size=a.intermediate_size, chained=a.chained, unroll=a.unroll,
                              edit_fraction=a.edit_fraction, epochs=a.epochs,
-                             greedy_fraction=a.greedy_fraction)
+                             greedy_fraction=a.greedy_fraction, draft_vocab_size=a.draft_vocab_size,
+                             aux_layers=a.aux_layers)
         train_draft(a.target, a.corpus, a.out, recipe, device=a.device, resume=a.resume,
                     progress=not a.no_progress, max_seconds=a.max_seconds, stdlib=a.stdlib)
     except ValueError as e:
