@@ -23,6 +23,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--intermediate-size", type=int, default=d.intermediate_size)
     p.add_argument("--max-position-embeddings", type=int, default=d.max_position_embeddings)
     p.add_argument("--untied", action="store_true", help="separate lm_head and embedding weights")
+    p.add_argument("--tokenizer", help="use this tokenizer.json instead of training one (e.g. a draft model "
+                                       "for a target, which must share its tokenizer)")
     a = p.parse_args(argv)
     from spectool.train.target import train_target
 
@@ -34,7 +36,7 @@ def main(argv: list[str]) -> int:
             steps=a.steps, batch_size=a.batch_size, seq_len=a.seq_len, lr=a.lr,
             checkpoint_every=a.checkpoint_every, seed=a.seed, edit_fraction=a.edit_fraction, epochs=a.epochs)
         train_target(a.corpus, a.out, recipe, device=a.device, resume=a.resume, progress=not a.no_progress,
-                     max_seconds=a.max_seconds, stdlib=a.stdlib)
+                     max_seconds=a.max_seconds, stdlib=a.stdlib, tokenizer=a.tokenizer)
     except ValueError as e:
         raise SystemExit(f"spectool train-target: error: {e}") from None
     return 0
