@@ -176,3 +176,40 @@ def test_checkpoint_that_does_not_fit_is_refused(tmp_path, target, mutate, meta_
     path = _write(tmp_path, "bad", target, mutate, meta_update)
     with pytest.raises(ValueError, match=match):
         load_eagle3(path, target)
+
+
+def test_engine_chain_equals_a_reference_without_cache(tmp_path, target):
+    """The drafter's top-1 chain (KV cache, graph-shaped steps) equals the draft run over the whole
+    sequence without a cache, each step appending (the last draft, the last feature)."""
+    torch.manual_seed(5)
+    draft = new_eagle3(target.config, draft_vocab_size=DRAFT_VOCAB, aux_layers=(0, 2, 4))
+    with torch.no_grad():
+        draft.layer.d2t.copy_(torch.arange(DRAFT_VOCAB) // 2)
+        for name, p in draft.layer.named_parameters():
+            p.uniform_(0.5, 1.5) if "norm" in name else p.normal_(0.0, 0.15)
+        # The embedding's share of the input dominates: each step's token depends on the last one.
+        draft.layer.input_layernorm.weight.mul_(4.0)
+    save_eagle3(draft, tmp_path / "e3")
+    steps = 4
+    engine = st.Engine(target, draft=st.Eagle3Config(tmp_path / "e3", num_steps=steps, topk=1,
+                                                     num_draft_tokens=steps + 1), max_seq_len=64)
+    prompts = [[3, 17, 5, 9, 22, 1, 30], [8, 8, 2, 39, 14]]
+    result = engine.generate(prompts, max_new_tokens=3, ignore_eos=True, record=True)
+    layer = load_eagle3(tmp_path / "e3", target).layer
+    ids = torch.arange(DRAFT_VOCAB) + layer.d2t
+    for r, prompt in enumerate(prompts):
+        row = result.trace.iteration(0, request=r)
+        seq = torch.tensor([prompt + [int(row.tokens[0])]])  # the prompt and the root
+        n = len(prompt)
+        with torch.no_grad():
+            _, aux = target.model(seq, torch.arange(n + 1)[None], aux_layers=(0, 2, 4))
+            emb = target.model.embed_tokens(seq[:, 1:])
+            hidden = layer.project(aux[:, :n])
+            chain = []
+            for _ in range(steps):
+                feature, normed = layer(emb, hidden, torch.arange(1, emb.shape[1] + 1)[None])
+                token = ids[layer.logits(normed[:, -1]).argmax(-1)]
+                chain.append(int(token))
+                emb = torch.cat([emb, target.model.embed_tokens(token)[:, None]], dim=1)
+                hidden = torch.cat([hidden, feature[:, -1:]], dim=1)
+        assert row.tokens[1:].tolist() == chain, f"request {r}"
