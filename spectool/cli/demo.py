@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
+from spectool.config import Eagle3Config, EagleConfig, MultiLayerEagleConfig, NgramConfig
 from spectool.demo import demo_model
 from spectool.prompts import load_prompts
 
@@ -21,6 +21,9 @@ def demo_configs(root: Path) -> dict:
         "ngram": NgramConfig(num_draft_tokens=12),
         "eagle": EagleConfig(root / "eagle", num_steps=5, topk=4, num_draft_tokens=16),
         "multi_layer_eagle": MultiLayerEagleConfig(root / "multi_layer_eagle", num_steps=4),
+        # EAGLE's tree settings, so the two accept lengths compare (when the bundle has the layer).
+        **({"eagle3": Eagle3Config(root / "eagle3", num_steps=5, topk=4, num_draft_tokens=16)}
+           if (root / "eagle3").is_dir() else {}),
     }
 
 
