@@ -56,6 +56,7 @@ class DraftModelDrafter(EagleDrafter):
             tokens = torch.tensor([hist], dtype=torch.long, device=self.device)
             start = torch.full((1,), -1, dtype=torch.long, device=self.device)  # -1: index 0 holds x[0]
             self._kv_len = 0
+            # A draft model reads no hidden state: the tokens stand in for it, unread.
             self._extend_step(batch.slots[b:b + 1], start, tokens, tokens, start + len(hist))
 
 
@@ -73,6 +74,8 @@ def check_same_vocabulary(target, draft) -> None:
         return
     ours, theirs = (dict((i, t) for t, i in tok.get_vocab(with_added_tokens=True).items())
                     for tok in (target.tokenizer, draft.tokenizer))
+    if ours == theirs:
+        return
     for i in range(max(len(ours), len(theirs), max(ours, default=-1) + 1, max(theirs, default=-1) + 1)):
         if ours.get(i) != theirs.get(i):
             raise ValueError(f"{where} has a different tokenizer from the target's: token id {i} is "
