@@ -180,7 +180,7 @@ def draft_from_vllm_config(config: Mapping) -> DraftConfig | None:
         if not 1 <= lookup_min <= lookup_max:
             raise ValueError(f"prompt_lookup_min ({lookup_min}) must be in [1, prompt_lookup_max ({lookup_max})]")
         _warn("vLLM's n-gram proposer matches the request's own tokens (the longest suffix of "
-              f"{lookup_min}..{lookup_max} tokens, latest occurrence) and drafts a chain; spectool's trie holds "
+              f"{lookup_min}..{lookup_max} tokens) and drafts the chain that followed it; spectool's trie holds "
               "every request's tokens, so it is mapped to breadth 1 (a chain of num_speculative_tokens) over a "
               f"trie of depth prompt_lookup_max + num_speculative_tokens = {lookup_max + k}, with recency "
               f"matching (bfs); matches shorter than prompt_lookup_min={lookup_min} are not excluded")
