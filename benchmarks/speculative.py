@@ -35,7 +35,7 @@ import torch
 import spectool as st
 from spectool.prompts import load_prompts
 
-METHODS = ("plain", "ngram", "eagle", "multi_layer_eagle")
+METHODS = ("plain", "ngram", "eagle", "multi_layer_eagle", "eagle3")
 WORKLOADS = ("completion", "editing")
 
 
@@ -95,6 +95,9 @@ def draft_config(method: str, draft_dir: str | Path, **overrides):
                                                       **overrides})
     if method == "multi_layer_eagle":
         return st.MultiLayerEagleConfig(draft_dir / "multi_layer_eagle", **{"num_steps": 4, **overrides})
+    if method == "eagle3":  # EAGLE's tree settings, so their accept lengths compare
+        return st.Eagle3Config(draft_dir / "eagle3", **{"num_steps": 5, "topk": 4, "num_draft_tokens": 16,
+                                                        **overrides})
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
 
 
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(p)
     p.add_argument("--batches", default="1,4,16")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", help="comma-separated (default: every method whose draft is in --draft-dir)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--min-prompts", type=int, default=4,
@@ -202,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         p.error(str(e))
     batches = [int(b) for b in args.batches.split(",")]
-    methods = args.methods.split(",")
+    methods = args.methods.split(",") if args.methods else [
+        m for m in METHODS if m in ("plain", "ngram") or (Path(args.draft_dir) / m).is_dir()]
     if "plain" not in methods:
         methods.insert(0, "plain")  # the baseline of every speedup
     new_tokens, max_prompt = args.new_tokens, None

@@ -1,16 +1,18 @@
-"""Train the bundled demo model: target + EAGLE layer + K=4 multi-layer EAGLE, prompts and metrics.
+"""Train the bundled demo model: target + EAGLE layer + K=4 multi-layer EAGLE (+ EAGLE-3), prompts and metrics.
 
     python benchmarks/pack_stdlib.py                           # .corpus/stdlib-3.11.tar.xz (8.4 M tokens)
     python benchmarks/train_demo.py --out /tmp/demo --stdlib .corpus/stdlib-3.11.tar.xz   # one GPU, <= 5.5 min
     python benchmarks/train_demo.py --out /tmp/demo --tiny     # the same pipeline on CPU in seconds
     python benchmarks/train_demo.py --out /tmp/demo --stdlib .corpus/stdlib-3.11.tar.xz \
         --from spectool/demo --methods multi_layer_eagle --budget-s 0   # retrain one draft kind only
+    python benchmarks/train_demo.py --out /tmp/demo --stdlib .corpus/stdlib-3.11.tar.xz \
+        --from spectool/demo --methods eagle3 --budget-s 0              # add the EAGLE-3 layer to the bundle
 
 Writes OUT/target/ (Hugging Face Llama: config.json, model.safetensors, tokenizer.json),
-OUT/eagle/, OUT/multi_layer_eagle/ (draft checkpoints), OUT/prompts.jsonl (held-out completion
+OUT/eagle/, OUT/multi_layer_eagle/, OUT/eagle3/ (draft checkpoints), OUT/prompts.jsonl (held-out completion
 and editing prompts) and OUT/metrics.json (held-out loss, per-layer agreement, sizes, timings).
-Weights are stored bf16 and total at most 16 MB. Every phase runs under a time budget: its step
-count is fitted to the budget after the first steps (printed, and recorded in metrics.json).
+Weights are stored bf16 and total at most 19 MB (the bundle stays within 20 MB). Every phase runs under
+a time budget: its step count is fitted to the budget after the first steps (printed, and recorded in metrics.json).
 With --steps-* given explicitly and --budget-s 0, a run is repeatable step for step.
 --stdlib picks the standard library the corpus, the held-out split and the prompts come from
 (default: the running Python's; the recipe is sized for Python 3.11's).
@@ -37,10 +39,20 @@ from spectool.train.draft import DraftRecipe, train_draft
 from spectool.train.loop import CHECKPOINT_NAME
 from spectool.train.target import TargetRecipe, train_target
 
-MAX_WEIGHT_BYTES = 16_000_000
+MAX_WEIGHT_BYTES = 19_000_000
+DRAFT_KINDS = ("eagle", "multi_layer_eagle", "eagle3")
 
 # Share of the time budget per phase (the rest covers start-up, tokenizing, evaluation, prompts).
-SHARES = {"target": 0.44, "eagle": 0.19, "multi_layer_eagle": 0.23}
+SHARES = {"target": 0.44, "eagle": 0.19, "multi_layer_eagle": 0.23, "eagle3": 0.19}
+
+
+def eagle3_recipe(eagle: DraftRecipe, tiny: bool) -> DraftRecipe:
+    """EAGLE-3 with the EAGLE recipe's optimisation and shape, over a draft vocabulary of the
+    corpus's most frequent half of the tokens, reading the target's first, middle and last layers
+    (the demo's 5 layers are too few for SGLang's default choice)."""
+    if tiny:
+        return dataclasses.replace(eagle, method="eagle3", draft_vocab_size=160, aux_layers=(0, 1, 1))
+    return dataclasses.replace(eagle, method="eagle3", draft_vocab_size=2048, aux_layers=(0, 2, 4))
 
 
 def recipes(tiny: bool, seed: int) -> tuple[TargetRecipe, DraftRecipe, DraftRecipe]:
@@ -181,9 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --mle-greedy-fraction: {e}", file=sys.stderr)
         return 2
     methods = [m for m in a.methods.split(",") if m]
-    if not methods or any(m not in ("eagle", "multi_layer_eagle") for m in methods):
-        print(f"error: --methods must name eagle and/or multi_layer_eagle, got {a.methods!r}", file=sys.stderr)
+    if not methods or any(m not in DRAFT_KINDS for m in methods):
+        print(f"error: --methods must name some of {', '.join(DRAFT_KINDS)}, got {a.methods!r}", file=sys.stderr)
         return 2
+    eagle3_r = eagle3_recipe(eagle_r, a.tiny)
     reuse_metrics = None
     if a.reuse is not None:
         try:
@@ -197,22 +210,22 @@ def main(argv: list[str] | None = None) -> int:
         corpus = tiny_corpus(out / "tiny_corpus.txt", a.stdlib) if a.tiny else "stdlib"
         budget = a.budget_s if a.budget_s > 0 and not a.tiny else None
         # The tiny corpus is a plain file; --stdlib then only picks the prompts' held-out modules.
-        draft_rs = tuple(r for r in (eagle_r, mle_r) if r.method in methods)
+        draft_rs = tuple(r for r in (eagle_r, mle_r, eagle3_r) if r.method in methods)
         target, drafts = train_all(out, corpus, target_r, draft_rs, a.device, budget, t0,
                                    None if a.tiny else a.stdlib, a.reuse)
         if a.reuse is not None:  # the kinds not retrained come with the bundle, metrics and all
-            for kind in ("eagle", "multi_layer_eagle"):
-                if kind not in methods:
+            for kind in DRAFT_KINDS:
+                if kind not in methods and (a.reuse / kind).is_dir():
                     shutil.copytree(a.reuse / kind, out / kind)
                     drafts[kind] = reuse_metrics[kind]
-            drafts = {k: drafts[k] for k in ("eagle", "multi_layer_eagle")}
+            drafts = {k: drafts[k] for k in DRAFT_KINDS if k in drafts}
         write_prompts(out, a.completion_prompts, a.editing_prompts, a.seed, a.stdlib)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
     # The bundle holds weights, tokenizer and eval.json; training state stays out of it.
-    for sub in ("target", "eagle", "multi_layer_eagle"):
+    for sub in ("target", *DRAFT_KINDS):
         (out / sub / CHECKPOINT_NAME).unlink(missing_ok=True)
     (out / "tiny_corpus.txt").unlink(missing_ok=True)
     weight_bytes = sum(f.stat().st_size for f in out.rglob("*.safetensors"))

@@ -13,7 +13,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
+from spectool.config import DraftModelConfig, Eagle3Config, EagleConfig, MultiLayerEagleConfig, NgramConfig
 
 
 def _find_built_parts() -> None:
@@ -42,6 +42,8 @@ _LAZY = {
     "Engine": ("spectool.engine", "Engine"),
     "GenerateResult": ("spectool.engine", "GenerateResult"),
     "Trace": ("spectool.trace.reader", "Trace"),
+    "draft_from_sglang_args": ("spectool.deploy", "draft_from_sglang_args"),
+    "draft_from_vllm_config": ("spectool.deploy", "draft_from_vllm_config"),
 }
 
 
@@ -52,4 +54,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'spectool' has no attribute {name!r}")
 
 
-__all__ = ["EagleConfig", "MultiLayerEagleConfig", "NgramConfig", *_LAZY]
+__all__ = ["DraftModelConfig", "Eagle3Config", "EagleConfig", "MultiLayerEagleConfig", "NgramConfig", *_LAZY]

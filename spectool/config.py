@@ -73,17 +73,81 @@ class EagleConfig:
     method = "eagle"
 
     def __post_init__(self) -> None:
-        if self.num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
-        if self.topk < 1:
-            raise ValueError(f"topk must be >= 1, got {self.topk}")
-        if self.num_draft_tokens < 2:
-            raise ValueError(f"num_draft_tokens must be >= 2 (root + at least one draft), got {self.num_draft_tokens}")
-        most = 1 + self.topk + (self.num_steps - 1) * self.topk * self.topk
-        if self.num_draft_tokens > most:
-            raise ValueError(
-                f"num_draft_tokens={self.num_draft_tokens} is more than the tree of {self.num_steps} steps "
-                f"with topk={self.topk} can hold ({most})")
+        _check_tree(self.num_steps, self.topk, self.num_draft_tokens)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["method"] = self.method
+        d["path"] = str(self.path)
+        return d
+
+
+def _check_tree(num_steps: int, topk: int, num_draft_tokens: int) -> None:
+    """The settings of an EAGLE-2 tree: steps, top-k and N must describe a tree that exists."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if topk < 1:
+        raise ValueError(f"topk must be >= 1, got {topk}")
+    if num_draft_tokens < 2:
+        raise ValueError(f"num_draft_tokens must be >= 2 (root + at least one draft), got {num_draft_tokens}")
+    most = 1 + topk + (num_steps - 1) * topk * topk
+    if num_draft_tokens > most:
+        raise ValueError(
+            f"num_draft_tokens={num_draft_tokens} is more than the tree of {num_steps} steps "
+            f"with topk={topk} can hold ({most})")
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """EAGLE-3 drafting (a SpecForge / SGLang / vLLM ``LlamaForCausalLMEagle3`` checkpoint):
+    the draft reads three target layers through ``fc`` and drafts an EAGLE-2 tree over its own
+    reduced vocabulary, mapped to target ids by ``d2t``.
+
+    Args:
+        path: directory of the EAGLE-3 checkpoint (config.json + model.safetensors or pytorch_model.bin).
+        num_steps: draft steps (tree depth).
+        topk: children expanded per frontier node per step.
+        num_draft_tokens: N, tree nodes including the root (the best N-1 by path score).
+    """
+
+    path: str | Path
+    num_steps: int = 5
+    topk: int = 4
+    num_draft_tokens: int = 16
+
+    method = "eagle3"
+
+    def __post_init__(self) -> None:
+        _check_tree(self.num_steps, self.topk, self.num_draft_tokens)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["method"] = self.method
+        d["path"] = str(self.path)
+        return d
+
+
+@dataclass(frozen=True)
+class DraftModelConfig:
+    """A small Llama-family model with the target's tokenizer as the draft: it drafts a chain
+    (topk=1) or an EAGLE-2 tree from its own KV cache.
+
+    Args:
+        path: the draft model's directory (Hugging Face format, as ``spectool.load`` takes) or hub id.
+        num_steps: draft steps (tree depth).
+        topk: children expanded per frontier node per step (1: a chain of num_steps tokens).
+        num_draft_tokens: N, tree nodes including the root.
+    """
+
+    path: str | Path
+    num_steps: int = 4
+    topk: int = 1
+    num_draft_tokens: int = 5
+
+    method = "draft_model"
+
+    def __post_init__(self) -> None:
+        _check_tree(self.num_steps, self.topk, self.num_draft_tokens)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -121,4 +185,4 @@ class MultiLayerEagleConfig:
         return d
 
 
-DraftConfig = NgramConfig | EagleConfig | MultiLayerEagleConfig
+DraftConfig = NgramConfig | EagleConfig | MultiLayerEagleConfig | Eagle3Config | DraftModelConfig

@@ -84,7 +84,8 @@ class Engine:
 
     Args:
         target: what ``spectool.load`` returned.
-        draft: NgramConfig, EagleConfig, MultiLayerEagleConfig, or None for plain decoding.
+        draft: NgramConfig, EagleConfig, MultiLayerEagleConfig, Eagle3Config, DraftModelConfig, or None
+            for plain decoding.
         max_batch_size: requests decoded together; more prompts wait for a free slot.
         max_seq_len: longest prompt + output per request; the KV cache is allocated
             once for max_batch_size × max_seq_len (plus room for one draft tree).
@@ -109,6 +110,8 @@ class Engine:
         self.prefill_budget = 8192  # padded tokens per prefill forward
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.drafter = make_drafter(draft, self)
+        # The target layers whose outputs the drafter reads in place of the last hidden state (EAGLE-3).
+        self.aux_layers: tuple[int, ...] | None = getattr(self.drafter, "aux_layers", None)
         self.num_draft_tokens = self.drafter.num_draft_tokens if self.drafter else 1
         self.method = draft.method if draft is not None else "none"
         # One spare slot past the last request slot: padded graph rows write there.
@@ -339,10 +342,15 @@ class Engine:
         return out
 
     def _forward_step(self, tokens, positions, slots, starts, mask):
-        """Target forward over a tree (or one token): hidden states and float32 logits."""
-        hidden = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
-                            kv_len=self._kv_len)
-        return hidden, self.model.logits(hidden)
+        """Target forward over a tree (or one token): the hidden states the drafter reads (the last
+        layer's, or the concatenated ``aux_layers``' outputs) and float32 logits."""
+        if self.aux_layers is None:
+            hidden = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
+                                kv_len=self._kv_len)
+            return hidden, self.model.logits(hidden)
+        hidden, aux = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
+                                 kv_len=self._kv_len, aux_layers=self.aux_layers)
+        return aux, self.model.logits(hidden)
 
     def _greedy_step(self, slots, record: bool = False, **inputs):
         """Forward, greedy verify and KV commit in one (graph-captured) step.
@@ -448,80 +456,31 @@ class Engine:
                    lens_roots: torch.Tensor, sampling: dict, generator, stats: RunStats, recorder,
                    timer: PhaseTimer, stops: set[int], live_records: bool) -> StepEvent:
         """One draft + verify + accept cycle; ``began`` is when its host work started and
-        ``lens_roots`` the [2, B] tensor behind ``batch.seq_lens`` and ``batch.roots``."""
-        greedy = sampling["temperature"] == 0.0
-        drafted, self._next_draft = self._next_draft, None
-        if self.drafter is None and greedy:  # the greedy graph makes plain decoding's one-node tree
-            tree, why, n = None, {}, 1
-        else:
-            if drafted is not None and drafted[0] is batch:  # drafted early, at the end of the last iteration
-                tree, why = drafted[1:]
-            else:
-                with timer("draft"):
-                    tree, why = self._draft(batch, timer)
-            n = tree.tokens.shape[1]
-            if isinstance(tree, MaskTree):
-                self._capture_other_size(self._verify_runner(greedy, recorder is not None), tree, batch, greedy)
-                if not greedy:  # the sampling verify runs eagerly on a whole tree
-                    with timer("index"):
-                        tree = tree.build()
-        b = len(running)
+        ``lens_roots`` the [2, B] tensor behind ``batch.seq_lens`` and ``batch.roots``.
+
+        Its steps in order: draft (and index), verify (and commit), record, feed the drafter
+        around the host sync, advance the requests, draft the next iteration early. Greedy and
+        sampling differ only in the verify step object (``_verify_step``); drafters that work on
+        the device or on the host differ only in when ``_feed_drafter`` calls them.
+        """
+        step = self._verify_step(sampling, generator, recorder is not None)
+        tree, why = self._draft_tree(batch, step, timer)
+        n = 1 if tree is None else tree.tokens.shape[1]
         self._kv_len = None if self.on_cuda else max(batch.seq_lens_host) + n
-        with timer("verify"):
-            if greedy:
-                runner = self._verify_runner(greedy, recorder is not None)
-                inputs = {"roots": batch.roots, "seq_lens": batch.seq_lens} if tree is None else tree.as_inputs()
-                hidden, status, path, length, bonus, argmax, coins, table, *packed_data = runner(
-                    b, slots=batch.slots, **inputs)
-                res = VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus,
-                                   coins=coins, target_argmax=argmax)
-            else:
-                hidden, logits = self._forward_runner(b, tokens=tree.tokens, positions=tree.positions,
-                                                      slots=batch.slots, starts=batch.seq_lens, mask=tree.mask)
-        if not greedy:
-            with timer("commit"):
-                res = self._verify(tree, logits, sampling, generator)
-                if n > 1:
-                    commit_kv(self.cache.k, self.cache.v, batch.slots, batch.seq_lens, res.accept_path,
-                              res.accept_length)
-                table = _host_table(tree, res)
+        verified = step.verify(batch, tree, timer)
         # What runs from here on feeds the next iteration's draft and is timed into it: waiting for
         # the draft-extend here would idle the GPU between iterations.
         timer.end_iteration()
-        rows = self._table_to_host(table)
+        rows = self._table_to_host(verified.table)
         if recorder is not None:
             # Before the host sync below, so on CUDA this host work overlaps the step on the GPU; and
             # before on_verify, whose graphs may rewrite the tree's and the draft's static buffers.
-            packed = (PackedRows(self._record_layouts[n], packed_data[0]) if greedy
-                      else self._pack_sampling_record(tree, res))
             recorder.record_batch({"iteration": iteration, "method": self.method,
                                    "temperature": sampling["temperature"],
                                    "request_id": np.asarray(batch.request_ids, dtype=np.int32),
-                                   "num_nodes": n, **why}, packed)
-        on_device = self.drafter is not None and not self.drafter.host_accepted
-        if on_device:  # launched before the host sync, so the GPU goes on from the verify to the extend
-            self._after_verify(batch, tree, res, hidden, None, lens_roots, table, timer)
-
-        # The iteration's one host sync: the engine needs the accepted tokens to stop requests.
-        host = rows()
-        # Row b: next seq_len, bonus, accept length a, the tree's depth, then the tokens along the
-        # accepted path (root first), so row[5:5 + a] are the accepted drafts.
-        accepted = [row[5:5 + row[2]] + [row[1]] for row in host]
-        if not on_device:
-            self._after_verify(batch, tree, res, hidden, accepted, lens_roots, table, timer)
-        event = StepEvent(iteration, {}, {}, [], [], {})
-        accept_lengths = []
-        for i, (req, row, gained) in enumerate(zip(running, host, accepted)):
-            a = row[2]
-            accept_lengths.append(a)
-            req.seq_len += a + 1
-            batch.seq_lens_host[i] = req.seq_len
-            new = self._append_output(req, gained, stops)
-            stats.generated_tokens += len(new)
-            event.new_tokens[req.request_id] = new
-            event.accept_lengths[req.request_id] = a
-            if req.finish_reason is not None:
-                event.finished.append(req.request_id)
+                                   "num_nodes": n, **why}, verified.packed())
+        host, accepted = self._feed_drafter(batch, verified, lens_roots, rows, timer)
+        event, accept_lengths = self._advance(iteration, running, batch, host, accepted, stops, stats)
         if self.drafter is not None and not event.finished and not self._stop.is_set():
             # The batch stays as it is, so its next draft can start now: on the GPU it then runs
             # while this thread reads the timings, updates the stats and yields the event.
@@ -536,12 +495,64 @@ class Engine:
                 event.records = recorder.iteration_rows()
         return event
 
-    def _verify_runner(self, greedy: bool, recording: bool) -> GraphRunner:
-        """The graph runner of the iteration's verify step: greedy (with the trace pack when
-        recording) runs forward, verify and commit in one graph; sampling graphs the forward."""
-        if not greedy:
-            return self._forward_runner
-        return self._greedy_record_runner if recording else self._greedy_runner
+    def _verify_step(self, sampling: dict, generator, recording: bool) -> _GreedyVerify | _SamplingVerify:
+        """How this iteration verifies: the one place where greedy and sampling part ways."""
+        if sampling["temperature"] == 0.0:
+            return _GreedyVerify(self, recording)
+        return _SamplingVerify(self, sampling, generator)
+
+    def _draft_tree(self, batch: Batch, step: _GreedyVerify | _SamplingVerify,
+                    timer: PhaseTimer) -> tuple[DraftTree | MaskTree | None, dict]:
+        """The iteration's tree, drafted at the end of the last iteration or now, made ready for
+        ``step``; None for greedy plain decoding, whose one-node tree the greedy graph makes."""
+        drafted, self._next_draft = self._next_draft, None
+        if self.drafter is None and step.greedy:
+            return None, {}
+        if drafted is not None and drafted[0] is batch:
+            tree, why = drafted[1:]
+        else:
+            with timer("draft"):
+                tree, why = self._draft(batch, timer)
+        if isinstance(tree, MaskTree):
+            self._capture_other_size(step.runner, tree, batch, step.greedy)
+        return step.prepare(tree, timer), why
+
+    def _feed_drafter(self, batch: Batch, verified: _Verified, lens_roots: torch.Tensor,
+                      rows: Callable[[], list[list[int]]], timer: PhaseTimer,
+                      ) -> tuple[list[list[int]], list[list[int]]]:
+        """Wait for the verify's host table (the iteration's one host sync: the engine needs the
+        accepted tokens to stop requests) and feed the drafter the verify's outcome. A drafter that
+        works on the device alone is fed before the sync, so the GPU goes on from the verify to its
+        draft-extend; one that needs the accepted tokens on the host, after it. Returns the table's
+        rows and the tokens each row gained (accepted drafts, then the bonus)."""
+        on_device = self.drafter is not None and not self.drafter.host_accepted
+        if on_device:
+            self._after_verify(batch, verified, None, lens_roots, timer)
+        host = rows()
+        # Row b: next seq_len, bonus, accept length a, the tree's depth, then the tokens along the
+        # accepted path (root first), so row[5:5 + a] are the accepted drafts.
+        accepted = [row[5:5 + row[2]] + [row[1]] for row in host]
+        if not on_device:
+            self._after_verify(batch, verified, accepted, lens_roots, timer)
+        return host, accepted
+
+    def _advance(self, iteration: int, running: list[_Request], batch: Batch, host: list[list[int]],
+                 accepted: list[list[int]], stops: set[int], stats: RunStats) -> tuple[StepEvent, list[int]]:
+        """Move every request on by what it gained: its host length, output and finish reason."""
+        event = StepEvent(iteration, {}, {}, [], [], {})
+        accept_lengths = []
+        for i, (req, row, gained) in enumerate(zip(running, host, accepted)):
+            a = row[2]
+            accept_lengths.append(a)
+            req.seq_len += a + 1
+            batch.seq_lens_host[i] = req.seq_len
+            new = self._append_output(req, gained, stops)
+            stats.generated_tokens += len(new)
+            event.new_tokens[req.request_id] = new
+            event.accept_lengths[req.request_id] = a
+            if req.finish_reason is not None:
+                event.finished.append(req.request_id)
+        return event, accept_lengths
 
     def _capture_other_size(self, runner: GraphRunner, tree: MaskTree, batch: Batch, greedy: bool) -> None:
         """Capture now the graph of the other size an N-gram tree can take in this bucket.
@@ -591,14 +602,13 @@ class Engine:
             return self._root_tree(batch.roots, batch.seq_lens), {}
         return self.drafter.draft(batch, timer)
 
-    def _after_verify(self, batch: Batch, tree: DraftTree | MaskTree, res: VerifyResult, hidden: torch.Tensor,
-                      accepted: list[list[int]] | None, lens_roots: torch.Tensor, table: torch.Tensor,
-                      timer: PhaseTimer) -> None:
+    def _after_verify(self, batch: Batch, verified: _Verified, accepted: list[list[int]] | None,
+                      lens_roots: torch.Tensor, timer: PhaseTimer) -> None:
         """The drafter's on_verify, then the running batch's seq_lens and roots move on to the next
         iteration (after on_verify, which reads the old ones)."""
         if self.drafter is not None:
-            self.drafter.on_verify(batch, tree, res, hidden, accepted, timer)
-        lens_roots.copy_(table[:, :2].T)
+            self.drafter.on_verify(batch, verified.tree, verified.result, verified.hidden, accepted, timer)
+        lens_roots.copy_(verified.table[:, :2].T)
 
     def _append_output(self, req: _Request, new: list[int], stops: set[int]) -> list[int]:
         """Append what fits before max_new_tokens, up to and including a stop token; returns it."""
@@ -637,6 +647,79 @@ class Engine:
         k = min(self.record_topk, res.target_probs.shape[-1])
         top_p, top_i = res.target_probs.topk(k, dim=-1)
         return pack_rows([*_record_tensors(tree, res, top_i, top_p), ("coins", res.coins)])
+
+
+@dataclass
+class _Verified:
+    """What a verify step produced: the tree as verified, the target's hidden states for the
+    drafter, the decision, the host table (``_host_table``) and the iteration's trace fields
+    (``packed()``, called only when recording)."""
+
+    tree: DraftTree | MaskTree | None
+    hidden: torch.Tensor
+    result: VerifyResult
+    table: torch.Tensor
+    packed: Callable[[], PackedRows]
+
+
+class _GreedyVerify:
+    """Greedy: forward, verify and KV commit in one graphed step (``Engine._greedy_step``); a
+    MaskTree is completed and, when recording, the trace fields packed inside it."""
+
+    greedy = True
+
+    def __init__(self, engine: Engine, recording: bool) -> None:
+        self.engine, self.recording = engine, recording
+
+    @property
+    def runner(self) -> GraphRunner:
+        e = self.engine
+        return e._greedy_record_runner if self.recording else e._greedy_runner
+
+    def prepare(self, tree: DraftTree | MaskTree, timer: PhaseTimer) -> DraftTree | MaskTree:
+        return tree
+
+    def verify(self, batch: Batch, tree: DraftTree | MaskTree | None, timer: PhaseTimer) -> _Verified:
+        e = self.engine
+        with timer("verify"):
+            inputs = {"roots": batch.roots, "seq_lens": batch.seq_lens} if tree is None else tree.as_inputs()
+            hidden, status, path, length, bonus, argmax, coins, table, *packed_data = self.runner(
+                batch.size, slots=batch.slots, **inputs)
+        res = VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus, coins=coins,
+                           target_argmax=argmax)
+        n = 1 if tree is None else tree.tokens.shape[1]
+        return _Verified(tree, hidden, res, table, lambda: PackedRows(e._record_layouts[n], packed_data[0]))
+
+
+class _SamplingVerify:
+    """Sampling: a graphed forward over the whole tree, then the eager sampling verify and commit."""
+
+    greedy = False
+
+    def __init__(self, engine: Engine, sampling: dict, generator) -> None:
+        self.engine, self.sampling, self.generator = engine, sampling, generator
+
+    @property
+    def runner(self) -> GraphRunner:
+        return self.engine._forward_runner
+
+    def prepare(self, tree: DraftTree | MaskTree, timer: PhaseTimer) -> DraftTree:
+        if isinstance(tree, MaskTree):  # the sampling verify runs eagerly on a whole tree
+            with timer("index"):
+                tree = tree.build()
+        return tree
+
+    def verify(self, batch: Batch, tree: DraftTree, timer: PhaseTimer) -> _Verified:
+        e = self.engine
+        with timer("verify"):
+            hidden, logits = self.runner(batch.size, tokens=tree.tokens, positions=tree.positions, slots=batch.slots,
+                                         starts=batch.seq_lens, mask=tree.mask)
+        with timer("commit"):
+            res = e._verify(tree, logits, self.sampling, self.generator)
+            if tree.tokens.shape[1] > 1:
+                commit_kv(e.cache.k, e.cache.v, batch.slots, batch.seq_lens, res.accept_path, res.accept_length)
+            table = _host_table(tree, res)
+        return _Verified(tree, hidden, res, table, lambda: e._pack_sampling_record(tree, res))
 
 
 def _record_tensors(tree: DraftTree, res: VerifyResult, top_i: torch.Tensor, top_p: torch.Tensor):

@@ -38,8 +38,13 @@ def speculative_json(tmp_path_factory) -> tuple[dict, Path]:
 def test_speculative_equal_work_and_lossless(speculative_json):
     data, _ = speculative_json
     rows = data["rows"]
+    import spectool as st
+
+    # Every method whose draft the bundle holds (EAGLE-3 where it has the layer).
+    methods = ("plain", "ngram", "eagle", "multi_layer_eagle") + (
+        ("eagle3",) if (st.demo_model() / "eagle3").is_dir() else ())
     assert {(r["workload"], r["method"]) for r in rows} == {
-        (w, m) for w in ("completion", "editing") for m in ("plain", "ngram", "eagle", "multi_layer_eagle")}
+        (w, m) for w in ("completion", "editing") for m in methods}
     for r in rows:
         assert r["generated_tokens"] == r["new_tokens"] * r["batch"]  # ignore_eos: the same work everywhere
         assert r["same_tokens_as_plain"] is True  # greedy speculative decoding is lossless (float32 on CPU)
@@ -113,3 +118,17 @@ def test_accept_lengths_cover_every_method_and_workload(tmp_path):
         depth = {"ngram": 11, "eagle": 5, "multi_layer_eagle": 4}[r["method"]]
         assert 0 <= r["per_prompt_min"] <= r["per_prompt_mean"] <= r["per_prompt_max"] <= depth
         assert r["per_prompt_min"] <= r["mean_accept_length"] <= r["per_prompt_max"]
+
+
+def test_draft_model_benchmark_with_the_target_as_its_own_draft(tmp_path):
+    import spectool as st
+
+    data = run_script("draft_model", tmp_path, "--draft", str(st.demo_model() / "target"))
+    rows = data["rows"]
+    assert {(r["workload"], r["setting"]) for r in rows} == {
+        (w, s) for w in ("completion", "editing") for s in ("plain", "chain4", "tree3x2")}
+    for r in rows:
+        plain = next(p for p in rows if p["setting"] == "plain" and p["workload"] == r["workload"])
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / plain["tokens_per_s"])
+        if r["setting"] == "chain4":  # its own weights draft what greedy decoding produces
+            assert r["mean_accept_length"] > 2

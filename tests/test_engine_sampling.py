@@ -11,8 +11,8 @@ by a small numpy oracle. The drafts are random or deliberately bad (overconfiden
 garbage, NaN), so acceptance must come from the verifier, not from good drafts.
 
 Statistic: Pearson chi-square over the 512 cells (cells expected below 5 pooled), each
-case rejected at p < ALPHA = 1e-3: with the 7 cases below the false-alarm rate of the
-file is below 1 % (the seeds are fixed, so a run is deterministic). A control shows
+case rejected at p < ALPHA = 1e-3: with the 11 cases below the false-alarm rate of the
+file is about 1 % (the seeds are fixed, so a run is deterministic). A control shows
 the same statistic rejects a plausible bug: on rejection, drawing the bonus from the
 full target distribution instead of the residual.
 """
@@ -32,6 +32,7 @@ import spectool as st
 from spectool import engine as engine_module
 from spectool.model.config import ModelConfig
 from spectool.model.draft_layer import DraftModel, save_draft
+from spectool.model.eagle3 import new_eagle3, save_eagle3
 
 VOCAB = 8
 COPIES = 4000
@@ -59,6 +60,14 @@ def models(tmp_path_factory):
     tensors = load_file(root / "eagle" / "model.safetensors")
     tensors["layers.0.norm.weight"] = torch.full_like(tensors["layers.0.norm.weight"], float("nan"))
     save_file(tensors, root / "eagle_nan" / "model.safetensors")
+    # EAGLE-3 over 6 of the 8 tokens, reading both target layers; a draft model that is the target
+    # itself (drafts mostly accepted) and an unrelated one.
+    draft3 = new_eagle3(target.config, draft_vocab_size=6, aux_layers=(0, 1, 1))
+    draft3.layer.d2t.copy_(torch.tensor([0, 0, 1, 1, 2, 2]))
+    save_eagle3(draft3, root / "eagle3")
+    shutil.copytree(root / "target", root / "draft_same")
+    save_hf_model("llama", root / "draft_other", seed=22, vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
+                  intermediate_size=48, num_attention_heads=4, num_key_value_heads=2)
     return hf, target, root
 
 
@@ -108,6 +117,9 @@ def draft_config(method: str, root):
         "eagle_garbage": st.EagleConfig(root / "eagle_garbage", num_steps=3, topk=2, num_draft_tokens=8),
         "eagle_nan": st.EagleConfig(root / "eagle_nan", num_steps=2, topk=2, num_draft_tokens=5),
         "multi_layer_eagle": st.MultiLayerEagleConfig(root / "multi_layer_eagle", num_steps=2),
+        "eagle3": st.Eagle3Config(root / "eagle3", num_steps=2, topk=3, num_draft_tokens=7),
+        "draft_model_same": st.DraftModelConfig(root / "draft_same", num_steps=2, topk=2, num_draft_tokens=5),
+        "draft_model_other": st.DraftModelConfig(root / "draft_other", num_steps=3, num_draft_tokens=4),
     }[method]
 
 
@@ -131,6 +143,8 @@ CASES = [
     ("eagle", 1.0, 0, 1.0), ("eagle", 0.7, 5, 0.9),
     ("eagle_garbage", 1.0, 0, 1.0), ("eagle_nan", 1.0, 0, 1.0),
     ("multi_layer_eagle", 1.3, 6, 0.95),
+    ("eagle3", 1.0, 0, 1.0), ("eagle3", 0.7, 5, 0.9),
+    ("draft_model_same", 1.0, 0, 1.0), ("draft_model_other", 0.8, 0, 0.9),
 ]
 
 

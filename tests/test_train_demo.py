@@ -47,6 +47,15 @@ def test_tiny_demo_pipeline_writes_the_bundle_layout(tmp_path, monkeypatch):
     redone = json.loads((again / "metrics.json").read_text())
     assert redone["target"] == metrics["target"] | {"reused_from": str(out)}
     assert redone["eagle"] == metrics["eagle"]
+    # An EAGLE-3 layer added to a bundle: it loads as the engine loads it, beside the copied drafts.
+    plus = tmp_path / "plus"
+    assert train_demo.main(["--out", str(plus), "--tiny", "--device", "cpu", "--from", str(again),
+                            "--methods", "eagle3"]) == 0
+    from spectool.model.eagle3 import load_eagle3
+
+    assert load_eagle3(plus / "eagle3", st.load(plus / "target")).aux_layers == (0, 1, 1)
+    added = json.loads((plus / "metrics.json").read_text())
+    assert added["multi_layer_eagle"] == redone["multi_layer_eagle"] and len(added["eagle3"]["agreement"]) >= 1
     for bad in (["--from", str(tmp_path / "nothing")], ["--methods", "medusa"]):
         assert train_demo.main(["--out", str(tmp_path / "bad"), "--tiny", "--device", "cpu", *bad]) == 2
 

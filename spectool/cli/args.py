@@ -12,7 +12,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
+from spectool.config import DraftModelConfig, Eagle3Config, EagleConfig, MultiLayerEagleConfig, NgramConfig
+from spectool.deploy import SGLANG_FLAGS, draft_from_sglang_args
+
+METHODS = ["none", "ngram", "eagle", "multi_layer_eagle", "eagle3", "draft_model"]
 
 
 class BadInput(ValueError):
@@ -93,19 +96,23 @@ def _default(config: type, name: str) -> object:
 
 
 def add_draft_arguments(p: argparse.ArgumentParser) -> None:
-    """Options that choose and shape a draft method (shared by record and bench); unset ones take the draft
-    config's defaults, which the help names."""
+    """Options that choose and shape a draft method (shared by record and bench), spectool's own or SGLang's
+    ``--speculative-*`` flags (docs/DEPLOYMENT.md); unset ones take the draft config's defaults, which the help
+    names."""
     ng, ea, ml = NgramConfig, EagleConfig, MultiLayerEagleConfig
     g = p.add_argument_group("draft method")
-    g.add_argument("--draft", choices=["none", "ngram", "eagle", "multi_layer_eagle"], default="ngram",
-                   help="draft method; none = plain decoding")
-    g.add_argument("--draft-path", help="draft checkpoint directory (eagle, multi_layer_eagle)")
+    g.add_argument("--draft", choices=METHODS, default=None, help="draft method; none = plain decoding "
+                                                                   "(default: ngram)")
+    g.add_argument("--draft-path", help="draft checkpoint directory (eagle, multi_layer_eagle, eagle3) or the "
+                                        "draft model's directory (draft_model)")
     g.add_argument("--num-draft-tokens", type=number(int, 2),
                    help=f"tree nodes including the root (default: ngram {_default(ng, 'num_draft_tokens')}, "
                         f"eagle {_default(ea, 'num_draft_tokens')})")
-    g.add_argument("--num-steps", type=POSITIVE, help=f"draft steps (default: eagle {_default(ea, 'num_steps')}, "
+    g.add_argument("--num-steps", type=POSITIVE, help=f"draft steps (eagle, eagle3, draft_model, multi_layer_eagle; "
+                                                     f"default: eagle {_default(ea, 'num_steps')}, "
                                                      f"multi_layer_eagle {_default(ml, 'num_steps')})")
-    g.add_argument("--topk", type=POSITIVE, help=f"eagle: top-k per draft step (default: {_default(ea, 'topk')})")
+    g.add_argument("--topk", type=POSITIVE, help=f"eagle, eagle3, draft_model: top-k per draft step "
+                                                f"(default: {_default(ea, 'topk')})")
     g.add_argument("--max-bfs-breadth", type=POSITIVE, help="ngram: children per node for the shortest match "
                                                            f"(default: {_default(ng, 'max_bfs_breadth')})")
     g.add_argument("--min-bfs-breadth", type=POSITIVE, help="ngram: children per node for the longest match "
@@ -114,27 +121,53 @@ def add_draft_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"ngram: longest n-gram stored (default: {_default(ng, 'max_trie_depth')})")
     g.add_argument("--match", choices=["bfs", "prob"],
                    help=f"ngram: bfs (recency) or prob (frequency) (default: {_default(ng, 'match')})")
+    sglang = p.add_argument_group("SGLang's flags", "the same settings under SGLang's names (instead of --draft)")
+    for flag in SGLANG_FLAGS:
+        sglang.add_argument(flag, dest=_sglang_dest(flag), metavar="VALUE")
+
+
+def _sglang_dest(flag: str) -> str:
+    return "sglang_" + flag.removeprefix("--").replace("-", "_")
 
 
 def draft_config(args: argparse.Namespace):
     """The draft config the options describe (None for plain decoding); BadInput when they do not fit."""
     given = {k: v for k, v in vars(args).items() if v is not None}
+    sglang = [part for flag in SGLANG_FLAGS if _sglang_dest(flag) in given
+              for part in (flag, given[_sglang_dest(flag)])]
+    if sglang:
+        ours = [f"--{n.replace('_', '-')}" for n in ("draft", "draft_path", "num_draft_tokens", "num_steps", "topk",
+                                                       "max_bfs_breadth", "min_bfs_breadth", "max_trie_depth",
+                                                       "match") if n in given]
+        if ours:
+            raise BadInput(f"give the draft either with spectool's options or SGLang's flags, not both "
+                           f"({ours[0]} and {sglang[0]})")
+        try:
+            return draft_from_sglang_args(sglang)
+        except ValueError as e:
+            raise BadInput(str(e)) from e
 
     def pick(*names: str) -> dict:
         return {n: given[n] for n in names if n in given}
 
-    if args.draft == "none":
+    draft = args.draft or "ngram"
+    if draft == "none":
         return None
     try:
-        if args.draft == "ngram":
+        if draft == "ngram":
             return NgramConfig(**pick("num_draft_tokens", "max_bfs_breadth", "min_bfs_breadth", "max_trie_depth",
                                       "match"))
         if not args.draft_path:
-            raise BadInput(f"--draft {args.draft} needs --draft-path")
+            raise BadInput(f"--draft {draft} needs --draft-path")
         if not Path(args.draft_path).is_dir():
             raise BadInput(f"--draft-path {args.draft_path}: no such directory")
-        if args.draft == "eagle":
-            return EagleConfig(args.draft_path, **pick("num_steps", "topk", "num_draft_tokens"))
+        tree = pick("num_steps", "topk", "num_draft_tokens")
+        if draft == "eagle":
+            return EagleConfig(args.draft_path, **tree)
+        if draft == "eagle3":
+            return Eagle3Config(args.draft_path, **tree)
+        if draft == "draft_model":
+            return DraftModelConfig(args.draft_path, **tree)
         return MultiLayerEagleConfig(args.draft_path, **pick("num_steps"))
     except BadInput:
         raise

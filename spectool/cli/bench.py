@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     except (ValueError, OSError) as e:  # bad options or files (BadInput is a ValueError); an unreachable hub id
         return fail("bench", e)
     rows = []
-    for name, engine in (("plain", plain), (args.draft, spec)):
+    for name, engine in (("plain", plain), (spec.method, spec)):
         engine.generate(prompts[:1], max_new_tokens=8, record=False)  # warm-up (and graph capture)
         best = None
         for _ in range(args.repeats):

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from spectool.cli.args import POSITIVE, add_device_argument, fail, parser, resolve_device
-from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
+from spectool.config import Eagle3Config, EagleConfig, MultiLayerEagleConfig, NgramConfig
 
 # --quick: the same run, short (one prompt per workload, a few tokens): a smoke test of an install.
 QUICK = {"num_prompts": 1, "max_new_tokens": 16}
@@ -22,6 +22,9 @@ def demo_configs(root: Path) -> dict:
         "ngram": NgramConfig(num_draft_tokens=12),
         "eagle": EagleConfig(root / "eagle", num_steps=5, topk=4, num_draft_tokens=16),
         "multi_layer_eagle": MultiLayerEagleConfig(root / "multi_layer_eagle", num_steps=4),
+        # EAGLE's tree settings, so the two accept lengths compare (when the bundle has the layer).
+        **({"eagle3": Eagle3Config(root / "eagle3", num_steps=5, topk=4, num_draft_tokens=16)}
+           if (root / "eagle3").is_dir() else {}),
     }
 
 

@@ -1,4 +1,5 @@
-"""``spectool record``: decode prompts with one draft method and save the trace."""
+"""``spectool record``: decode prompts with one draft method and save the trace (spectool's draft options
+or SGLang's ``--speculative-*`` flags)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,17 @@ def main(argv: list[str]) -> int:
     add_run_arguments(p)
     add_draft_arguments(p)
     p.add_argument("--out", required=True, help="trace file to write (.sptrace)")
-    args = p.parse_args(argv)
+    args, unknown = p.parse_known_args(argv)
+    if unknown:
+        speculative = [a for a in unknown if a.startswith("--speculative-")]
+        if speculative:
+            from spectool.deploy import parse_sglang_flags
+
+            try:
+                parse_sglang_flags(speculative)  # names the flag and why it cannot be honoured
+            except ValueError as e:
+                return fail("record", e)
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.tp > 1 and not launched():  # one process per rank, this command in each
         return launch([sys.executable, "-m", "spectool", "record", *argv], args.tp)
     from spectool.prompts import load_prompts

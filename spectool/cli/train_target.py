@@ -20,6 +20,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-position-embeddings", type=POSITIVE, default=d["max_position_embeddings"],
                    help="the model's longest sequence")
     p.add_argument("--untied", action="store_true", help="separate lm_head and embedding weights")
+    p.add_argument("--tokenizer", help="use this tokenizer.json instead of training one (e.g. a draft model "
+                                       "for a target, which must share its tokenizer)")
     a = p.parse_args(argv)
     try:
         check_corpus(a.corpus, a.stdlib)
@@ -32,7 +34,7 @@ def main(argv: list[str]) -> int:
             steps=a.steps, batch_size=a.batch_size, seq_len=a.seq_len, lr=a.lr,
             checkpoint_every=a.checkpoint_every, seed=a.seed, edit_fraction=a.edit_fraction, epochs=a.epochs)
         train_target(a.corpus, a.out, recipe, device=a.device, resume=a.resume, progress=not a.no_progress,
-                     max_seconds=a.max_seconds, stdlib=a.stdlib)
+                     max_seconds=a.max_seconds, stdlib=a.stdlib, tokenizer=a.tokenizer)
     except (ValueError, OSError) as e:
         return fail("train-target", e)
     return 0

@@ -11,8 +11,9 @@ def demo_model() -> Path:
     """Directory of the bundled demo model.
 
     It holds ``target/`` (Hugging Face format: config.json, model.safetensors,
-    tokenizer.json), ``eagle/`` (one EAGLE draft layer) and ``multi_layer_eagle/``
-    (K=4 draft layers), and ``prompts.jsonl`` (held-out completion and editing prompts).
+    tokenizer.json), ``eagle/`` (one EAGLE draft layer), ``multi_layer_eagle/`` (K=4 draft
+    layers), ``eagle3/`` where the bundle has it (an EAGLE-3 layer in SpecForge's format), and
+    ``prompts.jsonl`` (held-out completion and editing prompts).
     """
     if not (_HERE / "target" / "config.json").is_file():
         raise FileNotFoundError(

@@ -83,4 +83,12 @@ def make_drafter(config, engine):
         from spectool.draft.multi_layer_eagle import MultiLayerEagleDrafter
 
         return MultiLayerEagleDrafter(config, engine)
+    if config.method == "eagle3":
+        from spectool.draft.eagle3 import Eagle3Drafter
+
+        return Eagle3Drafter(config, engine)
+    if config.method == "draft_model":
+        from spectool.draft.draft_model import DraftModelDrafter
+
+        return DraftModelDrafter(config, engine)
     raise ValueError(f"unknown draft method {config.method!r}")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from spectool.config import EagleConfig
 from spectool.draft import Batch, accepted_inputs
 from spectool.draft.tree import DraftTree, eagle_tree_from_candidates
 from spectool.graphs import GraphRunner
@@ -23,33 +22,71 @@ from spectool.kernels.topk import row_topk
 
 
 class EagleDrafter:
-    """Drafts an EAGLE-2 tree from one draft layer with its own KV cache."""
+    """Drafts an EAGLE-2 tree from one draft layer with its own KV cache.
+
+    The tree search is the same for every one-layer draft; what a draft method changes is in
+    the methods marked "per method" (the EAGLE-3 and draft-model drafters override them): how
+    the draft is loaded, how big its cache and feature are, one forward, and the children it
+    proposes from that forward's output.
+    """
 
     host_accepted = False  # on_verify reads only device tensors
 
-    def __init__(self, config: EagleConfig, engine) -> None:
-        from spectool.model.draft_layer import load_draft
-
+    def __init__(self, config, engine) -> None:
         self.config = config
         self.engine = engine
         self.device = engine.device
-        self.checkpoint = load_draft(config.path, engine.target)
-        if self.checkpoint.kind != "eagle" and self.checkpoint.num_layers < 1:
-            raise ValueError(f"{config.path} holds no draft layer")
-        vocab = engine.config.vocab_size
-        if config.topk > vocab:
-            raise ValueError(f"topk={config.topk} is larger than the vocabulary ({vocab})")
-        self.layer = self.checkpoint.layers[0]
         self.num_draft_tokens = config.num_draft_tokens
+        vocab = self._load()
+        if config.topk > vocab:
+            raise ValueError(f"topk={config.topk} is larger than the draft's vocabulary ({vocab})")
+
+    # ------------------------------------------------------------ per method
+
+    def _load(self) -> int:
+        """Load the draft; returns the size of the vocabulary its children are drafted from."""
+        from spectool.model.draft_layer import load_draft
+
+        self.checkpoint = load_draft(self.config.path, self.engine.target)
+        if self.checkpoint.kind != "eagle" and self.checkpoint.num_layers < 1:
+            raise ValueError(f"{self.config.path} holds no draft layer")
+        self.layer = self.checkpoint.layers[0]
+        return self.engine.config.vocab_size
+
+    def _make_cache(self, num_slots: int, length: int):
+        """The draft's KV cache for ``length`` draft-cache indices per slot."""
+        return self.checkpoint.make_cache(0, num_slots, length)
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the feature a draft step hands its children."""
+        return self.engine.config.hidden_size
+
+    def _root_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The layer's hidden input at the root from what the target's forward gave the drafter."""
+        return hidden
+
+    def _run(self, tokens, hidden, positions, slots, starts, tree_mask, kv_len):
+        """Draft layer forward: (feature, normed). kv_len None reads lengths on the device."""
+        emb = self.engine.model.embed_tokens(tokens)
+        return self.layer(emb, hidden, positions, self.cache, slots, starts, tree_mask, kv_len)
+
+    def _top_children(self, normed: torch.Tensor, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``topk`` most probable next tokens and their probabilities, through the target's
+        lm_head (only where they are needed: at a large vocabulary the head costs more than the
+        draft layer); softmax and top-k are one launch on CUDA (kernels/topk.py)."""
+        logits = self.engine.model.head(normed)
+        return row_topk(logits, self.config.topk, softmax=True, out=out)
+
+    # ------------------------------------------------------------ buffers
 
     def allocate(self) -> None:
         e = self.engine
         # The draft cache holds the committed prefix plus the fed frontier nodes of one draft.
         room = self.config.num_steps * self.config.topk
-        self.cache = self.checkpoint.make_cache(0, e.num_slots, e.cache_len + room)
-        hidden = e.config.hidden_size
+        self.cache = self._make_cache(e.num_slots, e.cache_len + room)
         dtype = e.target.dtype
-        self.feature = torch.zeros(e.num_slots, hidden, dtype=dtype, device=self.device)
+        self.feature = torch.zeros(e.num_slots, self.feature_size, dtype=dtype, device=self.device)
         self.root_p = torch.zeros(e.num_slots, self.config.topk, device=self.device)
         self.root_i = torch.zeros(e.num_slots, self.config.topk, dtype=torch.long, device=self.device)
         self._kv_len: int | None = None
@@ -82,25 +119,13 @@ class EagleDrafter:
 
     # ------------------------------------------------------------ extend
 
-    def _run(self, tokens, hidden, positions, slots, starts, tree_mask, kv_len):
-        """Draft layer forward: (feature, normed). kv_len None reads lengths on the device."""
-        emb = self.engine.model.embed_tokens(tokens)
-        return self.layer(emb, hidden, positions, self.cache, slots, starts, tree_mask, kv_len)
-
-    def _top_children(self, normed: torch.Tensor, out=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``topk`` most probable next tokens and their probabilities, through the target's
-        lm_head (only where they are needed: at a large vocabulary the head costs more than the
-        draft layer); softmax and top-k are one launch on CUDA (kernels/topk.py)."""
-        logits = self.engine.model.head(normed)
-        return row_topk(logits, self.config.topk, softmax=True, out=out)
-
     def _extend_step(self, slots, starts, tokens, hidden, last):
         """Feed (tokens[b], hidden[b]) at draft-cache index starts[b]; keep the feature and the
         root's top-k children from position ``last[b]`` (later entries are padding)."""
         t = tokens.shape[1]
         positions = starts[:, None] + torch.arange(1, t + 1, device=self.device)
         kv_len = None if self._kv_len is None else self._kv_len + t
-        feature, normed = self._run(tokens, hidden, positions, slots, starts, None, kv_len)
+        feature, normed = self._run(tokens, self._root_hidden(hidden), positions, slots, starts, None, kv_len)
         at = last[:, None, None].expand(-1, 1, feature.shape[-1])
         self.feature[slots] = feature.gather(1, at)[:, 0]
         p, i = self._top_children(normed.gather(1, at)[:, 0])

@@ -170,6 +170,12 @@ def load_draft(path: str | Path, target: Target) -> DraftModel:
         raise ValueError(f"draft checkpoint {root} is not a directory")
     meta = json.loads((root / "config.json").read_text()) if (root / "config.json").is_file() else {}
     weights = SafetensorsDir(root)
+    from spectool.model.eagle3 import eagle3_evidence
+
+    why = eagle3_evidence(meta, weights.names())
+    if why is not None:
+        raise ValueError(f"{root} is an EAGLE-3 checkpoint ({why}), not an EAGLE-1/2 or spectool draft layer; "
+                         "load it with Eagle3Config (--draft eagle3)")
     if "fc.weight" in weights:
         return _load_eagle_style(weights, meta, target)
     if meta.get("spectool_draft") not in KINDS:

@@ -202,7 +202,8 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
                 slots: torch.Tensor | None = None, starts: torch.Tensor | None = None,
-                tree_mask: torch.Tensor | None = None, kv_len: int | None = None) -> torch.Tensor:
+                tree_mask: torch.Tensor | None = None, kv_len: int | None = None,
+                aux_layers: tuple[int, ...] | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Hidden states [B, T, H] before the final norm (see the module docstring and INTERNALS.md).
 
         Args:
@@ -212,15 +213,22 @@ class Transformer(nn.Module):
             tree_mask: [B, T, T] bool, [b, q, k] = new token q sees new token k; None = causal.
             kv_len: host int >= max(starts + T) so attention reads only that much cache;
                 None = no host value (attention masks the rest).
+            aux_layers: also return the outputs of these layers (0-based), concatenated in the
+                order given to [B, T, len * H] (what an EAGLE-3 draft reads): ``(hidden, aux)``.
         """
         check_forward_args(tokens, positions, cache, slots, starts, tree_mask,
                            self.config.vocab_size, self.rope.max_position)
         x, residual = self.embed_tokens(tokens), None
         cos, sin = self.rope(positions, x.dtype)
+        aux = {}
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else cache.layer(i)
             x, residual = layer.forward_residual(x, residual, cos, sin, kv, slots, starts, tree_mask, kv_len)
-        return x + residual
+            if aux_layers is not None and i in aux_layers:
+                aux[i] = x + residual
+        if aux_layers is None:
+            return x + residual
+        return x + residual, torch.cat([aux[i] for i in aux_layers], dim=-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + lm_head, as float32 [B, T, V] (one launch at batch 1 on CUDA)."""

@@ -1,4 +1,4 @@
-"""Train EAGLE (one layer) or multi-layer EAGLE (K layers) draft layers against a frozen target.
+"""Train EAGLE (one layer), EAGLE-3 (one layer) or multi-layer EAGLE (K layers) drafts against a frozen target.
 
 Alignment is the engine's (docs/INTERNALS.md), with h = target hidden before the final norm:
 - EAGLE, step 1: at index i the layer reads (emb(x[i+1]), h[i]) at position i+1 and predicts the
@@ -8,6 +8,11 @@ Alignment is the engine's (docs/INTERNALS.md), with h = target hidden before the
 - Multi-layer EAGLE, layer k: at index i reads (emb(x[i+k+1]), h[i]) at position i+k+1 and
   predicts the target's prediction at i+k+1. Chained (the default), layer k > 0 reads layer
   k-1's feature at i in place of h[i] (gradients flow through it, as through EAGLE's unroll).
+- EAGLE-3: as EAGLE, but step 1 reads fc(three target layers' outputs at i) in place of h[i], its
+  head covers a reduced vocabulary (the ``draft_vocab_size`` most frequent target ids of the
+  training tokens, mapped by d2t), its labels are the target's distribution renormalised over
+  that vocabulary, and there is no feature regression (EAGLE-3 drops it: its features need not
+  imitate a target layer).
 
 Labels are the target's own next-token distributions (self-distillation): acceptance, not corpus
 likelihood, is what the loss optimises.
@@ -30,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from spectool.model.draft_layer import KINDS, DraftModel, load_draft, save_draft
+from spectool.model.eagle3 import Eagle3Draft, load_eagle3, new_eagle3, save_eagle3
 from spectool.model.kv_cache import KVCache
 from spectool.model.loader import Target, load
 from spectool.train import data
@@ -76,17 +82,27 @@ class DraftRecipe:
     epochs: float = 0.0  # when > 0, the step count covers this many passes over the training tokens
     greedy_fraction: float = 0.0  # share of each batch: corpus prefix + the target's greedy continuation
     greedy_refresh: int = 16  # steps whose greedy sequences are generated together (one batched decode)
+    draft_vocab_size: int | None = None  # EAGLE-3: the draft head's vocabulary; None = the target's
+    aux_layers: tuple[int, ...] | None = None  # EAGLE-3: target layers read; None = SGLang's default
 
     def __post_init__(self) -> None:
-        if self.method not in KINDS:
-            raise ValueError(f"method must be one of {', '.join(KINDS)}, got {self.method!r}")
+        if self.method not in (*KINDS, "eagle3"):
+            raise ValueError(f"method must be one of {', '.join((*KINDS, 'eagle3'))}, got {self.method!r}")
         if self.layers < 1:
             raise ValueError(f"--layers must be >= 1, got {self.layers}")
-        if self.method == "eagle" and self.layers != 1:
+        if self.method in ("eagle", "eagle3") and self.layers != 1:
             raise ValueError(f"EAGLE reuses one draft layer for every step; --layers must be 1, "
                              f"got {self.layers}")
-        if self.method == "eagle":
+        if self.method in ("eagle", "eagle3"):
             self.chained = False  # a property of multi-layer drafts only
+        if self.method != "eagle3" and (self.draft_vocab_size is not None or self.aux_layers is not None):
+            raise ValueError("draft_vocab_size and aux_layers are EAGLE-3 settings (--method eagle3)")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
+        if self.aux_layers is not None:
+            self.aux_layers = tuple(self.aux_layers)
+            if len(self.aux_layers) != 3:
+                raise ValueError(f"aux_layers must name three target layers, got {self.aux_layers}")
         for name in ("steps", "batch_size", "checkpoint_every", "eval_windows", "unroll", "eval_steps",
                      "greedy_refresh"):
             if getattr(self, name) < 1:
@@ -144,42 +160,69 @@ class TargetView:
     hidden: torch.Tensor  # [B, T, H] before the final norm
     probs: torch.Tensor   # [B, T, V] float32
     argmax: torch.Tensor  # [B, T]
+    aux: torch.Tensor | None = None  # [B, T, 3H] EAGLE-3's target layers' outputs
 
 
 @torch.no_grad()
-def target_view(target: Target, tokens: torch.Tensor) -> TargetView:
+def target_view(target: Target, tokens: torch.Tensor, aux_layers: tuple[int, ...] | None = None) -> TargetView:
     model = target.model
     positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
-    hidden = model(tokens, positions)
+    hidden, aux = model(tokens, positions, aux_layers=aux_layers) if aux_layers else (model(tokens, positions), None)
     probs = model.logits(hidden).softmax(-1)
-    return TargetView(model.embed_tokens(tokens), hidden, probs, probs.argmax(-1))
+    return TargetView(model.embed_tokens(tokens), hidden, probs, probs.argmax(-1), aux)
 
 
-def draft_chain(draft: DraftModel, target: Target, view: TargetView, depth: int):
+def view_of(draft: DraftModel | Eagle3Draft, target: Target, tokens: torch.Tensor) -> TargetView:
+    """The target's view of a batch with what this draft reads."""
+    return target_view(target, tokens, draft.aux_layers if isinstance(draft, Eagle3Draft) else None)
+
+
+def draft_chain(draft: DraftModel | Eagle3Draft, target: Target, view: TargetView, depth: int):
     """Run the draft over a batch for ``depth`` steps; yields (step s, feature, logits) per step.
 
     Step s (0-based) covers indices i = 0 .. T-s-2 and predicts the target's prediction at i+s+1
-    (compare with ``view.argmax[:, s+1:]``).
+    (compare with ``view.argmax[:, s+1:]``). Logits are over the target's vocabulary (an EAGLE-3
+    draft's are -inf outside its own).
     """
     T = view.hidden.shape[1]
     feature = None
+    eagle3 = isinstance(draft, Eagle3Draft)
     for s in range(depth):
         n = T - s - 1
         positions = torch.arange(s + 1, T, device=view.hidden.device).expand(view.hidden.shape[0], n)
-        own = feature is not None and (draft.kind == "eagle" or draft.chained)
-        layer = draft.layers[s] if draft.kind == "multi_layer_eagle" else draft.layers[0]
-        hidden = feature[:, :n] if own else view.hidden[:, :n]
+        if eagle3:
+            layer = draft.layer
+            hidden = feature[:, :n] if feature is not None else layer.project(view.aux[:, :n])
+        else:
+            own = feature is not None and (draft.kind == "eagle" or draft.chained)
+            layer = draft.layers[s] if draft.kind == "multi_layer_eagle" else draft.layers[0]
+            hidden = feature[:, :n] if own else view.hidden[:, :n]
         feature, normed = layer(view.emb[:, s + 1:], hidden, positions)
-        yield s, feature, target.model.lm_head(normed).float()
+        if not eagle3:
+            yield s, feature, target.model.lm_head(normed).float()
+            continue
+        own_logits = layer.logits(normed).float()
+        logits = own_logits.new_full((*own_logits.shape[:-1], target.config.vocab_size), float("-inf"))
+        yield s, feature, logits.index_copy(-1, draft_ids(layer), own_logits)
 
 
-def draft_loss(draft: DraftModel, target: Target, view: TargetView, recipe: DraftRecipe) -> torch.Tensor:
+def draft_ids(layer) -> torch.Tensor:
+    """The target ids of an EAGLE-3 layer's draft vocabulary, in draft-id order."""
+    return torch.arange(layer.draft_vocab_size, device=layer.d2t.device) + layer.d2t
+
+
+def draft_loss(draft: DraftModel | Eagle3Draft, target: Target, view: TargetView, recipe: DraftRecipe) -> torch.Tensor:
     """Mean over steps of soft cross-entropy to the target (+ EAGLE feature regression)."""
     total = 0.0
     for s, feature, logits in draft_chain(draft, target, view, recipe.depth):
-        ce = -(view.probs[:, s + 1:] * logits.log_softmax(-1)).sum(-1).mean()
+        probs = view.probs[:, s + 1:]
+        if isinstance(draft, Eagle3Draft):  # the target's distribution over the draft vocabulary
+            ids = draft_ids(draft.layer)
+            logits, probs = logits[..., ids], probs[..., ids]
+            probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-12)
+        ce = -(probs * logits.log_softmax(-1)).sum(-1).mean()
         total = total + ce
-        if draft.kind == "eagle" and recipe.feature_weight > 0:
+        if recipe.method == "eagle" and recipe.feature_weight > 0:
             # The step-s feature at i stands in for h[i+s+1]; compare scale-free (per-token RMS of h).
             h = view.hidden[:, s + 1:].float()
             scale = h.pow(2).mean(-1, keepdim=True).sqrt().clamp(min=1e-6)
@@ -306,7 +349,7 @@ def greedy_accept_estimate(draft: DraftModel, target: Target, prompts: Sequence[
     # runs iterations while fewer than new_tokens tokens are out (the first comes from prefill).
     idx = ((lens - 1)[:, None] + torch.arange(new_tokens - 1)).to(device)
     with autocast(device):
-        view = target_view(target, tokens)
+        view = view_of(draft, target, tokens)
         run = torch.ones(idx.shape, dtype=torch.bool, device=device)
         accepted = torch.zeros(idx.shape, dtype=torch.long, device=device)
         for s, _, logits in draft_chain(draft, target, view, depth):
@@ -316,6 +359,17 @@ def greedy_accept_estimate(draft: DraftModel, target: Target, prompts: Sequence[
     return {"greedy_accept_length": sum(walks) / len(walks),
             "greedy_accept_length_per_position": float(accepted.float().mean()),
             "iterations": len(walks)}
+
+
+def frequent_ids_offsets(tokens: torch.Tensor, vocab_size: int, draft_vocab_size: int) -> torch.Tensor:
+    """d2t for a draft vocabulary of the ``draft_vocab_size`` most frequent ids of ``tokens`` (ties
+    to the smaller id), in id order: target id = draft id + d2t[draft id]."""
+    if draft_vocab_size > vocab_size:
+        raise ValueError(f"draft_vocab_size={draft_vocab_size} is larger than the target's vocabulary ({vocab_size})")
+    counts = torch.bincount(tokens.flatten().cpu(), minlength=vocab_size)[:vocab_size].double()
+    order = torch.argsort(-counts + torch.arange(vocab_size) / (2 * vocab_size))  # stable ties
+    ids = order[:draft_vocab_size].sort().values
+    return ids - torch.arange(draft_vocab_size)
 
 
 def estimate_prompts(target: Target, corpus: str | Path, eval_tokens: torch.Tensor, recipe: DraftRecipe,
@@ -351,11 +405,11 @@ def evaluate_draft(draft: DraftModel, target: Target, eval_tokens: torch.Tensor,
     ``greedy_accept_length`` (per engine iteration) and ``greedy_accept_length_per_position``:
     ``greedy_accept_estimate`` over ``prompts`` with ``recipe.gen_tokens`` new tokens each.
     """
-    depth = recipe.layers if draft.kind == "multi_layer_eagle" else recipe.eval_steps
+    depth = recipe.layers if recipe.method == "multi_layer_eagle" else recipe.eval_steps
     hits, counts = [0.0] * depth, [0] * depth
     for w in data.eval_windows(eval_tokens, recipe.seq_len, recipe.eval_windows):
         with autocast(device):
-            view = target_view(target, w.to(device))
+            view = view_of(draft, target, w.to(device))
             for s, _, logits in draft_chain(draft, target, view, depth):
                 hits[s] += float((logits.argmax(-1) == view.argmax[:, s + 1:]).sum())
                 counts[s] += logits.shape[0] * logits.shape[1]
@@ -414,8 +468,14 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
     cfg = target.config
     if recipe.intermediate_size:
         cfg = dataclasses.replace(cfg, intermediate_size=recipe.intermediate_size)
-    draft = DraftModel(cfg, recipe.layers, recipe.method, rope=target.model.rope, chained=recipe.chained)
-    init_weights(draft, 1)
+    if recipe.method == "eagle3":
+        draft = new_eagle3(target.config, recipe.draft_vocab_size, recipe.aux_layers, recipe.intermediate_size)
+        init_weights(draft, 1)
+        draft.layer.d2t.copy_(frequent_ids_offsets(train_tokens, target.config.vocab_size,
+                                                   draft.layer.draft_vocab_size))
+    else:
+        draft = DraftModel(cfg, recipe.layers, recipe.method, rope=target.model.rope, chained=recipe.chained)
+        init_weights(draft, 1)
     draft.to(dev).train()
     opt = make_optimizer(draft.parameters(), recipe.lr, recipe.weight_decay, fused=dev.type == "cuda")
     gen = torch.Generator().manual_seed(recipe.seed)
@@ -427,7 +487,7 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
             group["lr"] = lr_at(step, total, recipe.lr, recipe.warmup)
         batch = batches(step).to(dev, non_blocking=True)
         with autocast(dev):
-            loss = draft_loss(draft, target, target_view(target, batch), recipe)
+            loss = draft_loss(draft, target, view_of(draft, target, batch), recipe)
         loss.backward()
         apply_gradients(draft, opt, first=step == start)
         return loss.detach(), batch.numel()
@@ -441,12 +501,19 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
                      checkpoint_every=recipe.checkpoint_every,
                      batch_size=recipe.batch_size, out_dir=out, desc=recipe.method, progress=progress,
                      max_seconds=max_seconds)
-    export = DraftModel(cfg, recipe.layers, recipe.method, chained=recipe.chained)
-    export.load_state_dict(draft.state_dict())
-    save_draft(export.to(save_dtype), out)
+    if recipe.method == "eagle3":
+        export = new_eagle3(target.config, recipe.draft_vocab_size, draft.aux_layers, recipe.intermediate_size)
+        export.load_state_dict(draft.state_dict())
+        save_eagle3(export.to(save_dtype), out)
+        saved = load_eagle3(out, target)
+    else:
+        export = DraftModel(cfg, recipe.layers, recipe.method, chained=recipe.chained)
+        export.load_state_dict(draft.state_dict())
+        save_draft(export.to(save_dtype), out)
+        saved = load_draft(out, target)
     # Evaluate what was saved, loaded the way the engine loads it.
     prompts, prompt_source = estimate_prompts(target, corpus, eval_tokens, recipe, stdlib)
-    result = evaluate_draft(load_draft(out, target), target, eval_tokens, recipe, dev, prompts, prompt_source)
+    result = evaluate_draft(saved, target, eval_tokens, recipe, dev, prompts, prompt_source)
     result |= {
         "method": recipe.method, "layers": recipe.layers,
         "heldout_source": "held-out stdlib modules" if str(corpus) == "stdlib" else "last 5% of the corpus",

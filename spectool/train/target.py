@@ -128,7 +128,8 @@ def heldout_loss(model: Transformer, tokens: torch.Tensor, seq_len: int, max_win
 
 def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe | None = None,
                  device: str | None = "auto", resume: bool = False, progress: bool = True,
-                 max_seconds: float | None = None, stdlib: str | Path | None = None) -> dict:
+                 max_seconds: float | None = None, stdlib: str | Path | None = None,
+                 tokenizer: str | Path | None = None) -> dict:
     """Train tokenizer + target on ``corpus`` (``"stdlib"``, a file or a directory) into ``out_dir``.
 
     Args:
@@ -139,6 +140,8 @@ def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe |
         max_seconds: a time budget: the step count is fitted to it after the first steps.
         stdlib: the standard library ``"stdlib"`` means: a Lib/ directory or a tar archive of one
             (default: the running interpreter's).
+        tokenizer: a tokenizer.json to use instead of training one (a draft model for another
+            target must share that target's tokenizer).
 
     Returns the evaluation dict also written to ``out_dir/eval.json``.
     """
@@ -162,6 +165,14 @@ def train_target(corpus: str | Path, out_dir: str | Path, recipe: TargetRecipe |
     t0 = time.perf_counter()
     if state is not None and (out / "tokenizer.json").is_file():
         tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    elif tokenizer is not None:
+        if not Path(tokenizer).is_file():
+            raise ValueError(f"tokenizer {tokenizer} is not a file (a tokenizer.json is needed)")
+        tok = Tokenizer.from_file(str(tokenizer))
+        if tok.get_vocab_size() != recipe.vocab_size:
+            raise ValueError(f"tokenizer {tokenizer} has {tok.get_vocab_size()} tokens; pass --vocab-size "
+                             f"{tok.get_vocab_size()}")
+        save_tokenizer(tok, out)
     else:
         docs = data.read_corpus(corpus, stdlib)
         step = max(1, recipe.tokenizer_docs)
