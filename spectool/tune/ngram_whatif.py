@@ -1,0 +1,116 @@
+"""Exact N-gram what-if: the real C++ trie, fed exactly as the engine feeds it.
+
+For one ``NgramConfig`` the replay makes a fresh ``NgramCorpus`` and, on the engine's
+schedule (``schedule.replay``), does what ``NgramDrafter`` does: every admitted prompt
+(plus its first output token) is put with its request id, then synchronized; each
+iteration gets the running requests' trees from their tails, in slot order; the
+accepted tokens and the bonus are put as the window of the last ``max_trie_depth``
+tokens before them plus them; finished requests' match state is erased. The greedy
+verify is replaced by the recorded output: the accepted path is the deepest root path
+whose every token is the next known token (ties to the lower node index, as the
+verifier), and the bonus is the known token after it. So every call the trie sees is
+the call the engine would have made, and the accept lengths are the engine's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spectool.config import NgramConfig
+from spectool.tune.prediction import Prediction, RowLog
+from spectool.tune.schedule import Running, replay
+from spectool.tune.workload import TuneError, Workload
+
+
+class NgramReplay:
+    """The N-gram drafter's side of the engine loop for one configuration (see module docstring)."""
+
+    def __init__(self, config: NgramConfig, workload: Workload, encode=None) -> None:
+        from spectool.native import NgramCorpus
+
+        self.config = config
+        self.depth = config.max_trie_depth
+        self.n = config.num_draft_tokens
+        self.corpus = NgramCorpus(max_trie_depth=config.max_trie_depth, min_bfs_breadth=config.min_bfs_breadth,
+                                  max_bfs_breadth=config.max_bfs_breadth, num_draft_tokens=config.num_draft_tokens,
+                                  match=config.match, capacity=config.capacity)
+        if config.external_corpus is not None:
+            if encode is None:
+                raise TuneError("an external corpus needs the run's tokenizer, and this trace has none")
+            from spectool.draft.ngram import read_corpus_texts
+
+            chunks = [encode(text) for text in read_corpus_texts(config.external_corpus)]
+            self.corpus.add_external_corpus(str(config.external_corpus), chunks, config.external_corpus_max_tokens)
+        self._known = {r.request_id: r.known.tolist() for r in workload.requests}
+        self.match_len: list[int] = []
+
+    def admit(self, reqs: list[Running]) -> None:
+        histories = [self._known[r.request_id][:r.history_len] for r in reqs]
+        self.corpus.batch_put(histories, req_ids=[r.request_id for r in reqs],
+                              total_lens=[len(h) for h in histories])
+        self.corpus.synchronize()
+
+    def step(self, running: list[Running]) -> tuple[list[int], int, list[bool]]:
+        depth = self.depth
+        rids = [r.request_id for r in running]
+        tails, lens = [], []
+        for r in running:
+            h = self._known[r.request_id]
+            end = r.history_len
+            tails.append(h[max(0, end - depth):end])
+            lens.append(end)
+        self.corpus.synchronize()
+        got = self.corpus.batch_get(rids, tails, lens)
+        valid = got.valid
+        n = self.n if valid[:, 1:].any() else 1
+        self.match_len.extend(got.match_len.tolist())
+        accepts, censored, windows, totals = [], [], [], []
+        tokens, parents = got.tokens.tolist(), got.parents.tolist()
+        valid_rows = valid.tolist()
+        for b, r in enumerate(running):
+            known = self._known[r.request_id]
+            a, cut = _accept(tokens[b], parents[b], valid_rows[b], known, r.seq_len) if n > 1 else \
+                (0, r.seq_len + 1 >= len(known))
+            accepts.append(a)
+            censored.append(cut)
+            end = min(r.seq_len + a + 2, len(known))
+            windows.append(known[max(0, r.history_len - depth):end])
+            totals.append(end)
+        self.corpus.batch_put(windows, req_ids=rids, total_lens=totals)
+        return accepts, n, censored
+
+    def release(self, reqs: list[Running]) -> None:
+        self.corpus.erase_match_state([r.request_id for r in reqs])
+
+
+def _accept(tokens: list[int], parents: list[int], valid: list[bool], known: list[int], seq_len: int
+            ) -> tuple[int, bool]:
+    """(accept length, censored) of one tree against the known continuation after ``known[seq_len]``.
+
+    The verifier's rule: the deepest node whose root path matches, ties to the lowest index.
+    Censored: the path reached the end of what is known, so the bonus (or deeper matches) is unknown.
+    """
+    limit = len(known) - seq_len  # depths d < limit have a known token
+    depth = [0] * len(tokens)
+    ok = [False] * len(tokens)
+    ok[0] = True
+    best = 0
+    for i in range(1, len(tokens)):
+        if not valid[i]:
+            continue
+        p = parents[i]
+        d = depth[p] + 1
+        depth[i] = d
+        if ok[p] and d < limit and tokens[i] == known[seq_len + d]:
+            ok[i] = True
+            if d > best:
+                best = d
+    return best, best + 1 >= limit
+
+
+def predict_ngram(config: NgramConfig, workload: Workload, encode=None) -> Prediction:
+    """The exact greedy iterations of ``config`` over ``workload`` (see module docstring)."""
+    method = NgramReplay(config, workload, encode)
+    log = RowLog()
+    replay(workload, method, log)
+    return log.finish(config, "ngram", workload.output_tokens, ngram_match_len=np.asarray(method.match_len))
