@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from spectool.config import NgramConfig
+from spectool.tune.accept import accept_against
 from spectool.tune.prediction import Prediction, RowLog
 from spectool.tune.schedule import Running, replay
 from spectool.tune.workload import TuneError, Workload
@@ -69,7 +70,7 @@ class NgramReplay:
         valid_rows = valid.tolist()
         for b, r in enumerate(running):
             known = self._known[r.request_id]
-            a, cut = _accept(tokens[b], parents[b], valid_rows[b], known, r.seq_len) if n > 1 else \
+            a, cut = accept_against(tokens[b], parents[b], valid_rows[b], known, r.seq_len) if n > 1 else \
                 (0, r.seq_len + 1 >= len(known))
             accepts.append(a)
             censored.append(cut)
@@ -81,31 +82,6 @@ class NgramReplay:
 
     def release(self, reqs: list[Running]) -> None:
         self.corpus.erase_match_state([r.request_id for r in reqs])
-
-
-def _accept(tokens: list[int], parents: list[int], valid: list[bool], known: list[int], seq_len: int
-            ) -> tuple[int, bool]:
-    """(accept length, censored) of one tree against the known continuation after ``known[seq_len]``.
-
-    The verifier's rule: the deepest node whose root path matches, ties to the lowest index.
-    Censored: the path reached the end of what is known, so the bonus (or deeper matches) is unknown.
-    """
-    limit = len(known) - seq_len  # depths d < limit have a known token
-    depth = [0] * len(tokens)
-    ok = [False] * len(tokens)
-    ok[0] = True
-    best = 0
-    for i in range(1, len(tokens)):
-        if not valid[i]:
-            continue
-        p = parents[i]
-        d = depth[p] + 1
-        depth[i] = d
-        if ok[p] and d < limit and tokens[i] == known[seq_len + d]:
-            ok[i] = True
-            if d > best:
-                best = d
-    return best, best + 1 >= limit
 
 
 def predict_ngram(config: NgramConfig, workload: Workload, encode=None) -> Prediction:

@@ -1,0 +1,33 @@
+"""Greedy acceptance against a known continuation: the verifier's rule without the target.
+
+Greedy verification accepts the deepest root path whose every token is the target's argmax
+at its parent. In a greedy trace the argmax after ``known[:L + d]`` is ``known[L + d]``
+(the output is the same for every configuration), so the check needs no forward.
+"""
+
+from __future__ import annotations
+
+
+def accept_against(tokens: list[int], parents: list[int], valid: list[bool], known: list[int], seq_len: int
+            ) -> tuple[int, bool]:
+    """(accept length, censored) of one tree against the known continuation after ``known[seq_len]``.
+
+    The verifier's rule: the deepest node whose root path matches, ties to the lowest index.
+    Censored: the path reached the end of what is known, so the bonus (or deeper matches) is unknown.
+    """
+    limit = len(known) - seq_len  # depths d < limit have a known token
+    depth = [0] * len(tokens)
+    ok = [False] * len(tokens)
+    ok[0] = True
+    best = 0
+    for i in range(1, len(tokens)):
+        if not valid[i]:
+            continue
+        p = parents[i]
+        d = depth[p] + 1
+        depth[i] = d
+        if ok[p] and d < limit and tokens[i] == known[seq_len + d]:
+            ok[i] = True
+            if d > best:
+                best = d
+    return best, best + 1 >= limit
