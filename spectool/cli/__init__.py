@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "train-target": ("spectool.cli.train_target", "main", "train a BPE tokenizer and a small target"),
     "train-draft": ("spectool.cli.train_draft", "main", "train EAGLE or multi-layer EAGLE draft layers"),
     "bench": ("spectool.cli.bench", "main", "time plain vs speculative decoding on a model and prompts"),
+    "tune": ("spectool.cli.tune", "main", "exact what-if of other draft settings over a greedy trace; "
+             "ranked table, recommendation, SGLang and vLLM settings"),
 }
 
 

@@ -8,6 +8,10 @@ from spectool.cli.args import POSITIVE, add_draft_arguments, add_run_arguments, 
 
 
 def main(argv: list[str]) -> int:
+    if "--calibrate" in argv:  # a cost profile for `spectool tune` instead of a comparison
+        from spectool.tune.calibrate import calibrate_cli
+
+        return calibrate_cli([a for a in argv if a != "--calibrate"])
     p = parser("bench", "Time plain decoding against one draft method on the same model and prompts "
                         "(output length fixed: end-of-sequence tokens are ignored) and print tokens/s and the "
                         "speedup.")
@@ -15,6 +19,8 @@ def main(argv: list[str]) -> int:
     add_draft_arguments(p)
     p.add_argument("--repeats", type=POSITIVE, default=1, help="timed runs of each (the best is kept)")
     p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure a cost profile for `spectool tune` instead (see `spectool bench --calibrate -h`)")
     args = p.parse_args(argv)
     import spectool as st
     from spectool.prompts import load_prompts

@@ -221,3 +221,48 @@ def _multi_layer_costs(target, path, bss, context, repeats, sync, progress) -> d
             bar.update(1)
     bar.close()
     return {"path": str(path), "batch_sizes": bss, "num_steps": steps, "us": us}
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def calibrate_cli(argv: list[str]) -> int:
+    """``spectool bench --calibrate``: measure a cost profile and write it as JSON."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="spectool bench --calibrate",
+                                description="measure a cost profile for spectool tune on this device")
+    p.add_argument("--model", required=True, help="target directory (Hugging Face format) or hub id")
+    p.add_argument("--out", required=True, help="profile JSON to write")
+    p.add_argument("--eagle-path", help="EAGLE draft checkpoint to time (else EAGLE is left out)")
+    p.add_argument("--multi-layer-path", help="multi-layer EAGLE checkpoint to time (else left out)")
+    p.add_argument("--no-ngram", action="store_true", help="leave the N-gram drafter out")
+    p.add_argument("--batch-sizes", type=_int_list, default=[1, 2, 4, 8])
+    p.add_argument("--num-nodes", type=_int_list, default=[1, 2, 4, 8, 12, 16, 24, 32])
+    p.add_argument("--topk", type=_int_list, default=[1, 2, 4, 8])
+    p.add_argument("--num-steps", type=_int_list, default=[1, 3, 5, 7], help="EAGLE steps to time")
+    p.add_argument("--context", type=int, default=256, help="cached tokens before each timed tree")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    args = p.parse_args(argv)
+    import spectool as st
+
+    try:
+        dtype = getattr(torch, args.dtype) if args.dtype else (
+            torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
+        target = st.load(args.model, device=args.device, dtype=dtype)
+        profile = calibrate(target, eagle_path=args.eagle_path, multi_layer_path=args.multi_layer_path,
+                            batch_sizes=args.batch_sizes, num_nodes=args.num_nodes, topks=args.topk,
+                            eagle_steps=args.num_steps, ngram=not args.no_ngram, context=args.context,
+                            repeats=args.repeats, progress=sys.stderr.isatty())
+    except (ValueError, OSError) as e:
+        print(f"spectool bench --calibrate: {e}", file=sys.stderr)
+        return 2
+    profile.save(args.out)
+    v = profile.data["verify_us"]
+    print(f"wrote {args.out}: {profile.device}, verify {v['us'][0][0]:.0f} us at B=1 N=1 .. "
+          f"{v['us'][-1][-1]:.0f} us at B={v['batch_sizes'][-1]} N={v['num_nodes'][-1]}")
+    return 0
