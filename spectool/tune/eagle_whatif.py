@@ -7,16 +7,17 @@ every hidden state the engine would have fed its draft layers, and a draft at an
 ``seq_len`` L is a function of L alone: the drafter's own draft computation over the
 teacher-forced draft cache truncated at L. The replay runs the drafters' own steps
 (``EagleDrafter._run`` / ``_top_children`` / ``_draft_step`` and
-``MultiLayerEagleDrafter._layer_step``) on a one-slot host that stands in for the engine,
-restores the few cache entries a draft overwrites, and memoizes drafts by L, so a sweep
-pays once per distinct L:
+``MultiLayerEagleDrafter._layer_step``) on a host that stands in for the engine, with one
+slot per (request, configuration) *lane* holding that request's teacher-forced state; each
+round drafts every unfinished lane at its own L in one batch, then puts back the few cache
+entries a draft overwrote:
 
 - EAGLE: the tree of S steps is the candidate prefix of the tree of S_max steps (each
-  step depends only on earlier ones), so one draft with S_max steps per (top-k, L)
-  serves every num_steps and num_draft_tokens; the EAGLE-2 selection
-  (``eagle_tree_from_candidates``) then picks that configuration's N nodes.
-- multi-layer EAGLE: layer k drafts from the drafts of layers < k, so one chain of
-  S_max drafts per L serves every num_steps.
+  step depends only on earlier ones), so one draft with S_max steps per lane serves every
+  num_steps and num_draft_tokens of that top-k; the EAGLE-2 selection
+  (``eagle_tree_from_candidates``) then picks each configuration's N nodes.
+- multi-layer EAGLE: layer k drafts from the drafts of layers < k, so one chain of S_max
+  drafts serves every num_steps.
 
 Equal to the engine's accept lengths in float32 (the test runs both); in bf16 the
 teacher-forced and the engine's incremental forwards round differently, so a near-tie
@@ -25,7 +26,6 @@ between two draft tokens can go either way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,16 +36,16 @@ from spectool.tune.workload import RequestWork, TuneError
 
 
 class DrafterHost:
-    """The engine attributes a drafter reads, for one slot and no CUDA graphs."""
+    """The engine attributes a drafter reads: ``num_slots`` slots and no CUDA graphs."""
 
-    def __init__(self, target, seq_capacity: int) -> None:
+    def __init__(self, target, seq_capacity: int, num_slots: int = 1) -> None:
         self.target = target
         self.model = target.model
         self.config = target.config
         self.device = torch.device(target.device)
         self.on_cuda = self.device.type == "cuda"
-        self.max_batch_size = 1
-        self.num_slots = 1
+        self.max_batch_size = num_slots
+        self.num_slots = num_slots
         self.cache_len = seq_capacity
         self.graph_buckets = (1,)
         self.cuda_graphs = False
@@ -72,161 +72,202 @@ def check_checkpoint(path, kind: str) -> Path:
     return Path(path)
 
 
-def _flat(tensor: torch.Tensor) -> list[int]:
-    return tensor[0].tolist()
+class _Lanes:
+    """Slots of one drafter, one per (request, configuration) *lane*, each holding a copy of its
+    request's teacher-forced draft state, so the lanes' drafts at different L run as one batch.
+
+    Subclasses say how to teacher-force a request into a slot (``_force``), which state to copy
+    and restore (``_state``), and how to draft a batch of lanes (``draft``).
+    """
+
+    def __init__(self, drafter, lane_requests: list[int]) -> None:
+        self.drafter = drafter
+        self.drafter.allocate()
+        self.device = drafter.device
+        self.lane_requests = lane_requests
+        self.pristine: dict[int, list[torch.Tensor]] = {}
+
+    @torch.no_grad()
+    def load(self, request_id: int, known: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Teacher-force one request into its lanes' slots and keep a pristine copy of its state."""
+        lanes = [i for i, r in enumerate(self.lane_requests) if r == request_id]
+        if not lanes:
+            return
+        first = lanes[0]
+        self._force(first, known, hidden)
+        self.pristine[request_id] = [t[first].clone() for t in self._state()]
+        for lane in lanes[1:]:
+            for t in self._state():
+                t[lane] = t[first]
+
+    def _restore(self, lanes: list[int], lo: list[int], hi: list[int]) -> None:
+        """Put back the pristine state at sequence indices [lo, hi) of each lane (axis -2 of every
+        state tensor but the token rows, whose sequence axis is their last)."""
+        for lane, a, b in zip(lanes, lo, hi):
+            saved = self.pristine[self.lane_requests[lane]]
+            for t, p in zip(self._state(), saved):
+                if t.dim() == 2:  # token ids [slots, seq]
+                    t[lane, a:b] = p[a:b]
+                else:
+                    t[lane, ..., a:b, :] = p[..., a:b, :]
 
 
-class EagleDrafts:
-    """Memoized EAGLE drafts of one request for one top-k, at up to ``max_steps`` steps."""
+class EagleLanes(_Lanes):
+    """EAGLE drafts at up to ``max_steps`` steps with one top-k, for many lanes at once."""
 
-    def __init__(self, target, path, topk: int, max_steps: int, capacity: int) -> None:
+    def __init__(self, target, path, topk: int, max_steps: int, capacity: int, lane_requests: list[int]) -> None:
         from spectool.draft.eagle import EagleDrafter
 
         self.topk, self.max_steps = topk, max_steps
         total = 1 + topk + (max_steps - 1) * topk * topk
         cfg = EagleConfig(path, num_steps=max_steps, topk=topk, num_draft_tokens=total)
-        self.drafter = EagleDrafter(cfg, DrafterHost(target, capacity))
-        self.drafter.allocate()
-        self.device = self.drafter.device
-        self._memo: dict[int, tuple[torch.Tensor, ...]] = {}
+        host = DrafterHost(target, capacity, num_slots=len(lane_requests))
+        super().__init__(EagleDrafter(cfg, host), lane_requests)
+        self.features: dict[int, tuple[torch.Tensor, ...]] = {}
+        self.known: dict[int, torch.Tensor] = {}
 
-    @torch.no_grad()
-    def load(self, known: torch.Tensor, hidden: torch.Tensor) -> None:
-        """Teacher-force the draft layer over the request: index i sees (known[i + 1], hidden[i])."""
+    def _state(self) -> list[torch.Tensor]:
+        c = self.drafter.cache
+        return [c.k[0], c.v[0]]  # [slots, heads, seq, dim]
+
+    def _force(self, lane: int, known: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Index i of the draft cache sees (known[i + 1], hidden[i]), as the engine's extends feed it."""
         d = self.drafter
         t = known.shape[0]
+        slot = torch.tensor([lane], device=self.device)
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
         positions = torch.arange(1, t, device=self.device)[None]
-        feature, normed = d._run(known[None, 1:], hidden[None, :t - 1], positions, zero, zero, None, t - 1)
-        self.features = feature[0]
-        self.root_p, self.root_i = d._top_children(normed[0])
-        self.known = known
-        self._pristine = (d.cache.k.clone(), d.cache.v.clone())
-        self._memo.clear()
+        feature, normed = d._run(known[None, 1:], hidden[None, :t - 1], positions, slot, zero, None, t - 1)
+        rid = self.lane_requests[lane]
+        self.features[rid] = (feature[0], *d._top_children(normed[0]))
+        self.known[rid] = known
 
     @torch.no_grad()
-    def candidates(self, seq_len: int) -> tuple[torch.Tensor, ...]:
-        """(tokens, scores, parents) [1, C] of every candidate of the S_max-step draft at ``seq_len``,
-        in the drafter's flat order (root first)."""
-        got = self._memo.get(seq_len)
-        if got is not None:
-            return got
-        d, L = self.drafter, seq_len
-        slot = torch.zeros(1, dtype=torch.long, device=self.device)
-        d.feature[0] = self.features[L - 1]
-        d.root_p[0], d.root_i[0] = self.root_p[L - 1], self.root_i[L - 1]
-        d._kv_len = L
-        out = d._draft_step(slot, torch.tensor([L], device=self.device), self.known[L:L + 1])
+    def draft(self, lanes: list[int], seq_lens: list[int]) -> tuple[torch.Tensor, ...]:
+        """(tokens, scores, parents) [B, C] of every candidate of each lane's S_max-step draft at its
+        seq_len, in the drafter's flat order (root first)."""
+        d = self.drafter
+        rids = [self.lane_requests[i] for i in lanes]
+        slots = torch.tensor(lanes, device=self.device)
+        for lane, rid, L in zip(lanes, rids, seq_lens):
+            feature, root_p, root_i = self.features[rid]
+            d.feature[lane], d.root_p[lane], d.root_i[lane] = feature[L - 1], root_p[L - 1], root_i[L - 1]
+        roots = torch.stack([self.known[rid][L] for rid, L in zip(rids, seq_lens)])
+        d._kv_len = max(seq_lens)
+        out = d._draft_step(slots, torch.tensor(seq_lens, device=self.device), roots)
         # With N = every candidate the selection keeps them all, sorted back to flat order.
-        tree_tokens, tree_parents, _depth, tree_scores = out[0], out[1], out[2], out[3]
-        got = (tree_tokens.clone(), tree_scores.clone(), tree_parents.clone())
+        got = (out[0].clone(), out[3].clone(), out[1].clone())
         fed = (self.max_steps - 1) * self.topk
-        if fed:  # the fed frontier overwrote the teacher-forced entries from index L on
-            k0, v0 = self._pristine
-            d.cache.k[..., L:L + fed, :] = k0[..., L:L + fed, :]
-            d.cache.v[..., L:L + fed, :] = v0[..., L:L + fed, :]
-        self._memo[L] = got
+        if fed:  # the fed frontier overwrote teacher-forced entries from index L on
+            self._restore(lanes, seq_lens, [L + fed for L in seq_lens])
         return got
 
 
-class MultiLayerDrafts:
-    """Memoized multi-layer EAGLE chains of one request, up to ``max_steps`` layers."""
+class MultiLayerLanes(_Lanes):
+    """Multi-layer EAGLE chains of up to ``max_steps`` layers, for many lanes at once."""
 
-    def __init__(self, target, path, max_steps: int, capacity: int) -> None:
+    def __init__(self, target, path, max_steps: int, capacity: int, lane_requests: list[int]) -> None:
         from spectool.draft.multi_layer_eagle import MultiLayerEagleDrafter
 
         self.max_steps = max_steps
-        self.drafter = MultiLayerEagleDrafter(MultiLayerEagleConfig(path, num_steps=max_steps),
-                                              DrafterHost(target, capacity))
-        self.drafter.allocate()
-        self.device = self.drafter.device
-        self._memo: dict[int, list[int]] = {}
+        host = DrafterHost(target, capacity, num_slots=len(lane_requests))
+        super().__init__(MultiLayerEagleDrafter(MultiLayerEagleConfig(path, num_steps=max_steps), host),
+                         lane_requests)
 
-    @torch.no_grad()
-    def load(self, known: torch.Tensor, hidden: torch.Tensor) -> None:
-        """Teacher-force every layer over the request (layer k at index i sees known[i + k + 1]);
-        entries whose input would be past the known tokens are recomputed by each draft."""
+    def _state(self) -> list[torch.Tensor]:
+        d = self.drafter
+        state = [d.tokens, d.hidden] + [t for c in d.caches for t in (c.k[0], c.v[0])]
+        if d.features is not None:
+            state += list(d.features)
+        return state
+
+    def _force(self, lane: int, known: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Layer k at index i sees known[i + k + 1]; entries whose input would lie past the known
+        tokens are junk, and every draft recomputes the ones it reads."""
         d = self.drafter
         t = known.shape[0]
-        d.tokens.zero_()
-        d.tokens[0, :t] = known
-        d.hidden[0, :t] = hidden
+        d.tokens[lane] = 0
+        d.tokens[lane, :t] = known
+        d.hidden[lane, :t] = hidden
+        slot = torch.tensor([lane], device=self.device)
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
         scratch = zero + d.tokens.shape[1] - 1
         for k in range(self.max_steps):
-            d._layer_step(k, zero, zero, zero + t - 2, scratch, window=t - 1, kv_len=t - 1)
-        d.tokens[0, -1] = 0
-        self._pristine = (d.tokens.clone(), None if d.features is None else d.features.clone(),
-                          [(c.k.clone(), c.v.clone()) for c in d.caches])
-        self._memo.clear()
+            d._layer_step(k, slot, zero, zero + t - 2, scratch, window=t - 1, kv_len=t - 1)
+        d.tokens[lane, -1] = 0
 
     @torch.no_grad()
-    def chain(self, seq_len: int) -> list[int]:
-        """The drafts d_1 .. d_{S_max} of the draft at ``seq_len`` (root = known[seq_len])."""
-        got = self._memo.get(seq_len)
-        if got is not None:
-            return got
-        d, L, s = self.drafter, seq_len, self.max_steps
-        slot = torch.zeros(1, dtype=torch.long, device=self.device)
+    def draft(self, lanes: list[int], seq_lens: list[int]) -> list[list[int]]:
+        """The drafts d_1 .. d_{S_max} of each lane's draft at its seq_len (root = known[seq_len])."""
+        d, s = self.drafter, self.max_steps
+        slots = torch.tensor(lanes, device=self.device)
+        lens = torch.tensor(seq_lens, device=self.device)
+        top = max(seq_lens)
         drafts = []
         for k in range(s):
-            start = max(L - 1 - k, 0)
-            draft, _ = d._layer_step(k, slot, slot + start, slot + L - 1 - start, slot + L + k + 1,
-                                     window=L - start, kv_len=L + k + 1)
-            drafts.append(int(draft[0]))
-        tokens, features, caches = self._pristine
-        lo = max(L - 1 - s, 0)
-        d.tokens[0, L + 1:L + s + 1] = tokens[0, L + 1:L + s + 1]
-        if features is not None:
-            d.features[:, 0, lo:L] = features[:, 0, lo:L]
-        for c, (k0, v0) in zip(d.caches, caches):
-            c.k[..., lo:L, :] = k0[..., lo:L, :]
-            c.v[..., lo:L, :] = v0[..., lo:L, :]
-        self._memo[L] = drafts
-        return drafts
+            start = (lens - 1 - k).clamp(min=0)
+            draft, _ = d._layer_step(k, slots, start, lens - 1 - start, lens + k + 1, window=k + 1,
+                                     kv_len=top + k + 1)
+            drafts.append(draft)
+        out = torch.stack(drafts, 1).tolist()
+        self._restore(lanes, [max(L - 2 - s, 0) for L in seq_lens], [L + s + 2 for L in seq_lens])
+        return out
 
 
-@dataclass
-class RequestAccepts:
-    """One request's predicted iterations under one configuration: (seq_len, accept, censored) each."""
+def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of: list[tuple[int, int]],
+                accept_rows) -> dict[tuple[int, int], list[tuple[int, int, bool]]]:
+    """Walk every lane (request, config) from its prompt length, one batched draft per round.
 
-    rows: list[tuple[int, int, bool]]
+    ``lane_of[i]`` = (index into works, index into configs) of lane i; ``accept_rows(config, lanes,
+    seq_lens, drafted)`` gives (accept length, censored) per lane. Returns each lane's iterations as
+    (seq_len, accept length, censored) rows, keyed by (request id, config index).
+    """
+    seq = [works[w].prompt_len for w, _ in lane_of]
+    rows: dict[tuple[int, int], list] = {(works[w].request_id, c): [] for w, c in lane_of}
+    active = [i for i, (w, _) in enumerate(lane_of) if seq[i] + 1 < works[w].end]
+    while active:
+        drafted = lanes.draft(active, [seq[i] for i in active])
+        by_config: dict[int, list[int]] = {}
+        for j, lane in enumerate(active):
+            by_config.setdefault(lane_of[lane][1], []).append(j)
+        for c, js in by_config.items():
+            picked = [active[j] for j in js]
+            results = accept_rows(configs[c], picked, [seq[i] for i in picked], drafted, js)
+            for lane, (a, cut) in zip(picked, results):
+                w = lane_of[lane][0]
+                rows[(works[w].request_id, c)].append((seq[lane], a, cut))
+                seq[lane] += a + 1
+        active = [i for i in active if seq[i] + 1 < works[lane_of[i][0]].end]
+    return rows
 
 
-def walk(work: RequestWork, accept_at) -> RequestAccepts:
-    """The iterations one request runs: from the prompt length, each gains accept + 1 tokens."""
-    rows = []
-    L = work.prompt_len
-    while L + 1 < work.end:
-        a, cut = accept_at(L)
-        rows.append((L, a, cut))
-        L += a + 1
-    return RequestAccepts(rows)
-
-
-def eagle_accept_at(drafts: EagleDrafts, config: EagleConfig, known: list[int]):
-    """accept(L) -> (accept length, censored) of ``config``'s tree at seq_len L."""
+def eagle_accepts(known: dict[int, list[int]], lane_requests: list[int]):
+    """accept_rows for EAGLE: each configuration's EAGLE-2 selection over the S_max candidates."""
     from spectool.draft.tree import eagle_tree_from_candidates
 
-    k, s = config.topk, config.num_steps
-    nc = 1 + k + (s - 1) * k * k
+    def accept_rows(config: EagleConfig, lanes, seq_lens, drafted, js):
+        k, s = config.topk, config.num_steps
+        nc = 1 + k + (s - 1) * k * k
+        tok, score, par = (t[js, :nc] for t in drafted)
+        tree = eagle_tree_from_candidates(tok, score, par, config.num_draft_tokens,
+                                          torch.tensor(seq_lens, device=tok.device), max_depth=s)
+        tokens, parents, valid = tree.tokens.tolist(), tree.parents.tolist(), tree.valid.tolist()
+        return [accept_against(tokens[b], parents[b], valid[b], known[lane_requests[lane]], L)
+                for b, (lane, L) in enumerate(zip(lanes, seq_lens))]
 
-    def accept_at(L: int) -> tuple[int, bool]:
-        tok, score, par = drafts.candidates(L)
-        tree = eagle_tree_from_candidates(tok[:, :nc], score[:, :nc], par[:, :nc], config.num_draft_tokens,
-                                          torch.tensor([L], device=tok.device), max_depth=s)
-        return accept_against(_flat(tree.tokens), _flat(tree.parents), _flat(tree.valid), known, L)
-
-    return accept_at
+    return accept_rows
 
 
-def multi_layer_accept_at(drafts: MultiLayerDrafts, config: MultiLayerEagleConfig, known: list[int]):
-    """accept(L) -> (accept length, censored) of ``config``'s chain at seq_len L."""
-    s = config.num_steps
-    parents = list(range(-1, s))
-    valid = [True] * (s + 1)
+def multi_layer_accepts(known: dict[int, list[int]], lane_requests: list[int]):
+    """accept_rows for multi-layer EAGLE: the chain's first num_steps drafts."""
 
-    def accept_at(L: int) -> tuple[int, bool]:
-        return accept_against([known[L], *drafts.chain(L)[:s]], parents, valid, known, L)
+    def accept_rows(config: MultiLayerEagleConfig, lanes, seq_lens, drafted, js):
+        s = config.num_steps
+        parents, valid = list(range(-1, s)), [True] * (s + 1)
+        out = []
+        for j, lane, L in zip(js, lanes, seq_lens):
+            seq = known[lane_requests[lane]]
+            out.append(accept_against([seq[L], *drafted[j][:s]], parents, valid, seq, L))
+        return out
 
-    return accept_at
+    return accept_rows

@@ -190,6 +190,7 @@ def plain_prediction(workload: Workload) -> Prediction:
 
 
 def _predict_eagle_family(method: str, configs: list, workload: Workload, target, bar) -> list[Prediction]:
+    """Every EAGLE / multi-layer config over every request: one lane each, batched per drafter."""
     import torch
 
     from spectool.tune import eagle_whatif as ew
@@ -197,32 +198,36 @@ def _predict_eagle_family(method: str, configs: list, workload: Workload, target
     if target is None:
         raise TuneError(f"{method} what-if needs the target (pass target=st.load(..., dtype=torch.float32))")
     dev = torch.device(target.device)
-    capacity = max(len(r.known) for r in workload.requests) + 8
-    per_config: list[dict[int, list]] = [{} for _ in configs]
-    groups: dict[object, list[int]] = {}
+    works = workload.requests
+    capacity = max(len(r.known) for r in works) + 8
+    groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(configs):
         groups.setdefault((str(c.path), getattr(c, "topk", None)), []).append(i)
-    drafts = {}
+    known = {w.request_id: w.known.tolist() for w in works}
+    hidden = {}
+    for w in works:
+        hidden[w.request_id] = ew.target_hidden(target, torch.as_tensor(w.known, device=dev))
+    rows: dict[tuple[int, int], list] = {}
     for (path, k), idx in groups.items():
+        lane_of = [(wi, ci) for wi in range(len(works)) for ci in idx]
+        lane_requests = [works[wi].request_id for wi, _ in lane_of]
         steps = max(configs[i].num_steps for i in idx)
-        drafts[(path, k)] = (ew.EagleDrafts(target, path, k, steps, capacity) if method == "eagle"
-                             else ew.MultiLayerDrafts(target, path, steps, capacity))
-    for work in workload.requests:
-        known_t = torch.as_tensor(work.known, device=dev)
-        hidden = ew.target_hidden(target, known_t)
-        known = work.known.tolist()
-        for key, idx in groups.items():
-            d = drafts[key]
-            d.load(known_t, hidden)
-            for i in idx:
-                accept_at = (ew.eagle_accept_at(d, configs[i], known) if method == "eagle"
-                             else ew.multi_layer_accept_at(d, configs[i], known))
-                per_config[i][work.request_id] = ew.walk(work, accept_at).rows
-        bar.update(1)
+        if method == "eagle":
+            lanes = ew.EagleLanes(target, path, k, steps, capacity, lane_requests)
+            accept_rows = ew.eagle_accepts(known, lane_requests)
+        else:
+            lanes = ew.MultiLayerLanes(target, path, steps, capacity, lane_requests)
+            accept_rows = ew.multi_layer_accepts(known, lane_requests)
+        for w in works:
+            lanes.load(w.request_id, torch.as_tensor(w.known, device=dev), hidden[w.request_id])
+        rows.update(ew.sweep_lanes(lanes, works, configs, lane_of, accept_rows))
+        del lanes
+        bar.update(len(idx))
     preds = []
-    for c, rows in zip(configs, per_config):
+    for ci, c in enumerate(configs):
         log = RowLog()
-        replay(workload, _Precomputed(rows, c.num_draft_tokens), log)
+        replay(workload, _Precomputed({w.request_id: rows[(w.request_id, ci)] for w in works}, c.num_draft_tokens),
+               log)
         preds.append(log.finish(c, method, workload.output_tokens))
     return preds
 
@@ -268,7 +273,7 @@ def tune(trace, grid: dict | list | None = None, profile: str | Path | CostProfi
             profile.check_model(workload.model_hash, (workload.run_info.get("model") or {}).get("name"))
         if not profile.has_method(method):
             raise TuneError(f"cost profile {profile.source} has no {method} timings: calibrate with that draft")
-    bar = tqdm(total=len(configs) if method == "ngram" else len(workload.requests), disable=not progress,
+    bar = tqdm(total=len(configs), disable=not progress,
                desc=f"what-if {method}", leave=False)
     try:
         if method == "ngram":
