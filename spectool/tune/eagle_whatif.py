@@ -143,8 +143,8 @@ class EagleLanes(_Lanes):
         self.known[rid] = known
 
     @torch.no_grad()
-    def draft(self, lanes: list[int], seq_lens: list[int]) -> tuple[torch.Tensor, ...]:
-        """(tokens, scores, parents) [B, C] of every candidate of each lane's S_max-step draft at its
+    def draft(self, lanes: list[int], seq_lens: list[int]) -> list[tuple[torch.Tensor, ...]]:
+        """Per lane, (tokens, scores, parents) [C] of every candidate of its S_max-step draft at its
         seq_len, in the drafter's flat order (root first)."""
         d = self.drafter
         rids = [self.lane_requests[i] for i in lanes]
@@ -156,7 +156,7 @@ class EagleLanes(_Lanes):
         d._kv_len = max(seq_lens)
         out = d._draft_step(slots, torch.tensor(seq_lens, device=self.device), roots)
         # With N = every candidate the selection keeps them all, sorted back to flat order.
-        got = (out[0].clone(), out[3].clone(), out[1].clone())
+        got = [(tok, score, par) for tok, score, par in zip(out[0].clone(), out[3].clone(), out[1].clone())]
         fed = (self.max_steps - 1) * self.topk
         if fed:  # the fed frontier overwrote teacher-forced entries from index L on
             self._restore(lanes, seq_lens, [L + fed for L in seq_lens])
@@ -218,56 +218,71 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
                 accept_rows) -> dict[tuple[int, int], list[tuple[int, int, bool]]]:
     """Walk every lane (request, config) from its prompt length, one batched draft per round.
 
-    ``lane_of[i]`` = (index into works, index into configs) of lane i; ``accept_rows(config, lanes,
-    seq_lens, drafted)`` gives (accept length, censored) per lane. Returns each lane's iterations as
-    (seq_len, accept length, censored) rows, keyed by (request id, config index).
+    ``lane_of[i]`` = (index into works, index into configs) of lane i. A draft depends only on
+    (request, L), so each round drafts only the (request, L) no lane drafted before (in the slot of
+    one lane standing there), and a configuration's accept length at (request, L) is worked out once.
+    ``accept_rows(config, request_ids, seq_lens, drafts)`` gives (accept length, censored) per row.
+    Returns each lane's iterations as (seq_len, accept length, censored) rows, keyed by
+    (request id, config index).
     """
     seq = [works[w].prompt_len for w, _ in lane_of]
+    rid_of = [works[w].request_id for w, _ in lane_of]
     rows: dict[tuple[int, int], list] = {(works[w].request_id, c): [] for w, c in lane_of}
+    drafts: dict[tuple[int, int], object] = {}
+    accepts: dict[tuple[int, int, int], tuple[int, bool]] = {}
     active = [i for i, (w, _) in enumerate(lane_of) if seq[i] + 1 < works[w].end]
     while active:
-        drafted = lanes.draft(active, [seq[i] for i in active])
-        by_config: dict[int, list[int]] = {}
-        for j, lane in enumerate(active):
-            by_config.setdefault(lane_of[lane][1], []).append(j)
-        for c, js in by_config.items():
-            picked = [active[j] for j in js]
-            results = accept_rows(configs[c], picked, [seq[i] for i in picked], drafted, js)
-            for lane, (a, cut) in zip(picked, results):
-                w = lane_of[lane][0]
-                rows[(works[w].request_id, c)].append((seq[lane], a, cut))
-                seq[lane] += a + 1
+        todo: dict[tuple[int, int], int] = {}
+        for i in active:
+            key = (rid_of[i], seq[i])
+            if key not in drafts and key not in todo:
+                todo[key] = i
+        if todo:
+            for key, got in zip(todo, lanes.draft(list(todo.values()), [k[1] for k in todo])):
+                drafts[key] = got
+        by_config: dict[int, list[tuple[int, int]]] = {}
+        for i in active:
+            c = lane_of[i][1]
+            if (c, rid_of[i], seq[i]) not in accepts:
+                by_config.setdefault(c, [])
+                if (rid_of[i], seq[i]) not in by_config[c]:
+                    by_config[c].append((rid_of[i], seq[i]))
+        for c, keys in by_config.items():
+            results = accept_rows(configs[c], [k[0] for k in keys], [k[1] for k in keys], [drafts[k] for k in keys])
+            for key, res in zip(keys, results):
+                accepts[(c, *key)] = res
+        for i in active:
+            a, cut = accepts[(lane_of[i][1], rid_of[i], seq[i])]
+            rows[(rid_of[i], lane_of[i][1])].append((seq[i], a, cut))
+            seq[i] += a + 1
         active = [i for i in active if seq[i] + 1 < works[lane_of[i][0]].end]
     return rows
 
 
-def eagle_accepts(known: dict[int, list[int]], lane_requests: list[int]):
+def eagle_accepts(known: dict[int, list[int]]):
     """accept_rows for EAGLE: each configuration's EAGLE-2 selection over the S_max candidates."""
     from spectool.draft.tree import eagle_tree_from_candidates
 
-    def accept_rows(config: EagleConfig, lanes, seq_lens, drafted, js):
+    def accept_rows(config: EagleConfig, rids, seq_lens, drafts):
         k, s = config.topk, config.num_steps
         nc = 1 + k + (s - 1) * k * k
-        tok, score, par = (t[js, :nc] for t in drafted)
+        tok, score, par = (torch.stack([d[f][:nc] for d in drafts]) for f in range(3))
         tree = eagle_tree_from_candidates(tok, score, par, config.num_draft_tokens,
                                           torch.tensor(seq_lens, device=tok.device), max_depth=s)
         tokens, parents, valid = tree.tokens.tolist(), tree.parents.tolist(), tree.valid.tolist()
-        return [accept_against(tokens[b], parents[b], valid[b], known[lane_requests[lane]], L)
-                for b, (lane, L) in enumerate(zip(lanes, seq_lens))]
+        return [accept_against(tokens[b], parents[b], valid[b], known[rid], L)
+                for b, (rid, L) in enumerate(zip(rids, seq_lens))]
 
     return accept_rows
 
 
-def multi_layer_accepts(known: dict[int, list[int]], lane_requests: list[int]):
+def multi_layer_accepts(known: dict[int, list[int]]):
     """accept_rows for multi-layer EAGLE: the chain's first num_steps drafts."""
 
-    def accept_rows(config: MultiLayerEagleConfig, lanes, seq_lens, drafted, js):
+    def accept_rows(config: MultiLayerEagleConfig, rids, seq_lens, drafts):
         s = config.num_steps
         parents, valid = list(range(-1, s)), [True] * (s + 1)
-        out = []
-        for j, lane, L in zip(js, lanes, seq_lens):
-            seq = known[lane_requests[lane]]
-            out.append(accept_against([seq[L], *drafted[j][:s]], parents, valid, seq, L))
-        return out
+        return [accept_against([known[rid][L], *chain[:s]], parents, valid, known[rid], L)
+                for rid, L, chain in zip(rids, seq_lens, drafts)]
 
     return accept_rows

@@ -214,10 +214,10 @@ def _predict_eagle_family(method: str, configs: list, workload: Workload, target
         steps = max(configs[i].num_steps for i in idx)
         if method == "eagle":
             lanes = ew.EagleLanes(target, path, k, steps, capacity, lane_requests)
-            accept_rows = ew.eagle_accepts(known, lane_requests)
+            accept_rows = ew.eagle_accepts(known)
         else:
             lanes = ew.MultiLayerLanes(target, path, steps, capacity, lane_requests)
-            accept_rows = ew.multi_layer_accepts(known, lane_requests)
+            accept_rows = ew.multi_layer_accepts(known)
         for w in works:
             lanes.load(w.request_id, torch.as_tensor(w.known, device=dev), hidden[w.request_id])
         rows.update(ew.sweep_lanes(lanes, works, configs, lane_of, accept_rows))
