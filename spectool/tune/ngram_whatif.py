@@ -77,7 +77,11 @@ class NgramReplay:
             end = min(r.seq_len + a + 2, len(known))
             windows.append(known[max(0, r.history_len - depth):end])
             totals.append(end)
-        self.corpus.batch_put(windows, req_ids=rids, total_lens=totals)
+        # One put per window: the worker thread applies a batch's windows one after another, in
+        # order, exactly as these calls do inline (a small put with none pending runs on the caller's
+        # thread), and a hand-off per iteration would cost more than the replay's own work.
+        for window, rid, total in zip(windows, rids, totals):
+            self.corpus.batch_put([window], req_ids=[rid], total_lens=[total])
         return accepts, n, censored
 
     def release(self, reqs: list[Running]) -> None:

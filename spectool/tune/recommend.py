@@ -51,7 +51,7 @@ class TuneResult:
         """The ranked table (pandas): configuration, accept length, tokens/iteration, tokens/s, speedup."""
         import pandas as pd
 
-        rows = [self._row(p) for p in self.predictions]
+        rows = [self.row(p) for p in self.predictions]
         key = "predicted_tokens_per_s" if self.profile is not None else "tokens_per_iteration"
         frame = pd.DataFrame(rows)
         return frame.sort_values(key, ascending=False, kind="stable").reset_index(drop=True) if len(frame) else frame
@@ -89,9 +89,11 @@ class TuneResult:
         gained = int(pred.accept_length.sum()) + pred.accept_length.size
         return gained / total * 1e6 if total > 0 else float("nan")
 
-    def _row(self, p: Prediction) -> dict:
+    def row(self, p: Prediction) -> dict:
+        """One table row: the configuration's settings and its predicted figures."""
         row = {"method": p.method, **{n: getattr(p.config, n) for n in PARAMS[p.method]}}
-        row.pop("capacity", None) if getattr(p.config, "capacity", None) == NgramConfig.capacity else None
+        if getattr(p.config, "capacity", None) == NgramConfig.capacity:  # the default: not worth a column
+            row.pop("capacity")
         row.update(mean_accept_length=p.mean_accept_length, tokens_per_iteration=_tokens_per_iteration(p),
                    iterations=p.num_iterations, exact=p.exact)
         if self.profile is not None:
