@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 import spectool as st
 from spectool.tune.recommend import tune

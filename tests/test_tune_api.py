@@ -1,0 +1,168 @@
+"""The tuner's edges: what it refuses (one line each), its profile, its command, its panel.
+
+Predictions are checked against the tuner's own oracle elsewhere (test_tune_oracle.py);
+here the panel's figures are checked against ``spectool.tune`` and a direct engine run,
+and the profile's predicted tokens/s against the sum of its own measured parts.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+import spectool as st
+from spectool.cli import main as cli_main
+from spectool.trace.reader import Trace
+from spectool.tune import CostProfile, TuneError
+from spectool.tune.calibrate import calibrate
+from spectool.tune.recommend import tune
+
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def prompts(target, demo_model_dir):
+    lines = [json.loads(x) for x in (demo_model_dir / "prompts.jsonl").read_text().splitlines() if x.strip()]
+    return [target.encode(x["prompt"])[-32:] for x in lines if x["kind"] == "editing"][:2]
+
+
+@pytest.fixture(scope="module")
+def ngram_trace(target, prompts):
+    return st.Engine(target, draft=st.NgramConfig(), max_batch_size=2, max_seq_len=128).generate(
+        prompts, max_new_tokens=MAX_NEW).trace
+
+
+@pytest.fixture(scope="module")
+def profile(target, demo_model_dir):
+    return calibrate(target, eagle_path=demo_model_dir / "eagle", batch_sizes=(1, 2), num_nodes=(1, 4, 12),
+                     topks=(1, 4), eagle_steps=(1, 3), context=32, repeats=2, progress=False)
+
+
+def _with_requests(trace: Trace, rows: list[dict]) -> Trace:
+    return Trace(trace.steps, pa.Table.from_pylist(rows, schema=trace.requests.schema), trace.run_info,
+                 trace.tokenizer_json)
+
+
+def test_refusals_are_one_line(target, prompts, ngram_trace, profile, demo_model_dir, tmp_path):
+    sampled = st.Engine(target, draft=st.NgramConfig(), max_batch_size=2, max_seq_len=128).generate(
+        prompts, max_new_tokens=4, temperature=0.8).trace
+    rows = ngram_trace.requests.to_pylist()
+    cases = {
+        "sampled": (lambda: tune(sampled, progress=False)),
+        "no request rows": (lambda: tune(_with_requests(ngram_trace, []), progress=False)),
+        "aborted": (lambda: tune(_with_requests(ngram_trace, [{**rows[0], "finish_reason": "aborted"}, rows[1]]),
+                                 progress=False)),
+        "is not a directory": (lambda: tune(ngram_trace, method="eagle", draft_path=tmp_path / "missing",
+                                            target=target, progress=False)),
+        "needs the target": (lambda: tune(ngram_trace, method="eagle", draft_path=demo_model_dir / "eagle",
+                                          progress=False)),
+        "not a ngram setting": (lambda: tune(ngram_trace, grid={"topk": [1]}, progress=False)),
+    }
+    other = CostProfile(json.loads(json.dumps(profile.data)), "other.json")
+    other.data["model"]["hash"] = "0" * 40
+    cases["measured for model"] = lambda: tune(ngram_trace, profile=other, progress=False)
+    (tmp_path / "bad.json").write_text("{}")
+    cases["not a spectool cost profile"] = lambda: tune(ngram_trace, profile=tmp_path / "bad.json", progress=False)
+    for needle, call in cases.items():
+        with pytest.raises(TuneError) as err:
+            call()
+        assert needle in str(err.value) and "\n" not in str(err.value), needle
+    # ... and the profile of another model of the same shape is accepted when asked for.
+    assert tune(ngram_trace, grid=[st.NgramConfig()], profile=other, allow_other_model=True,
+                progress=False).predictions
+
+
+def test_profile_prediction_is_the_sum_of_its_measured_parts(ngram_trace, profile):
+    config = st.NgramConfig(num_draft_tokens=4)
+    result = tune(ngram_trace, grid=[config], profile=profile, progress=False)
+    pred = result.predictions[0]
+    total = sum(profile.verify_us(b, n) + profile.draft_us(config, b, n) + profile.overhead_us(b)
+                for b, n in zip(pred.batch_size.tolist(), pred.num_nodes.tolist()))
+    gained = int(pred.accept_length.sum()) + pred.accept_length.size
+    assert result.tokens_per_s(pred) == pytest.approx(gained / total * 1e6)
+    assert set(pred.num_nodes.tolist()) <= {1, 4} and pred.batch_size.max() <= 2
+    v = profile.data["verify_us"]
+    assert profile.verify_us(1, 4) == pytest.approx(v["us"][0][1])  # a grid point is the measurement itself
+    assert v["us"][0][0] < v["us"][-1][-1]  # two trees of 12 nodes cost more than one root
+    row = result.frame.iloc[0]
+    assert row["speedup"] == pytest.approx(result.tokens_per_s(pred) / result.tokens_per_s(result.plain))
+
+
+def test_cli_tune_prints_ranking_and_serving_flags(ngram_trace, profile, tmp_path, capsys):
+    trace_path, profile_path, out = tmp_path / "run.sptrace", tmp_path / "p.json", tmp_path / "t.json"
+    ngram_trace.save(trace_path)
+    profile.save(profile_path)
+    rc = cli_main(["tune", str(trace_path), "--profile", str(profile_path), "--grid", "num_draft_tokens=2,4,8",
+                   "--grid", "max_bfs_breadth=1,4", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "--speculative-algorithm NGRAM" in text and "--speculative-ngram-max-bfs-breadth" in text
+    saved = json.loads(out.read_text())
+    assert len(saved["table"]) == 6
+    best = saved["recommended"]
+    assert saved["table"][0]["num_draft_tokens"] == best["num_draft_tokens"]
+    assert saved["vllm_speculative_config"]["num_speculative_tokens"] == best["num_draft_tokens"] - 1
+    tps = [r["predicted_tokens_per_s"] for r in saved["table"]]
+    assert tps == sorted(tps, reverse=True)
+    assert cli_main(["tune", str(tmp_path / "nope.sptrace")]) == 2
+    assert cli_main(["tune", str(trace_path), "--grid", "bogus=1"]) == 2
+
+
+def test_panel_predicts_what_tune_predicts_and_runs_beside_it(target, ngram_trace, profile):
+    from spectool.widgets import TuningPanel
+
+    panel = TuningPanel(target, trace=ngram_trace, profile=profile, max_new_tokens=MAX_NEW,
+                        engine_kwargs={"max_seq_len": 128})
+    panel.sliders["num_draft_tokens"].value = 4  # a slider move predicts at once
+    expected = tune(ngram_trace, grid=[panel.config()], profile=profile, progress=False)
+    pred = expected.predictions[0]
+    assert f"{pred.mean_accept_length:.2f}" in panel.prediction.value
+    assert list(panel.scatter.data[2].y) == [pytest.approx(pred.mean_accept_length)]
+    assert f"tokens/s {expected.tokens_per_s(pred):.1f}" in panel.scatter.data[2].hovertext[0]
+
+    sweep = panel.sweep(x="num_draft_tokens", x_values=[2, 4], y="max_bfs_breadth", y_values=[1, 3],
+                        metric="mean_accept_length", source="predicted")
+    for j, breadth in enumerate([1, 3]):
+        for i, n in enumerate([2, 4]):
+            cfg = panel.config(num_draft_tokens=n, max_bfs_breadth=breadth)
+            got = tune(ngram_trace, grid=[cfg], progress=False).predictions[0].mean_accept_length
+            assert sweep["values"][j][i] == pytest.approx(got)
+    assert not panel.results  # nothing was decoded
+    heat = panel.heatmap_figure.data[0]
+    assert heat.colorbar.title.text == "accept length" and heat.texttemplate
+    assert panel.heatmap_figure.layout.xaxis.title.text == "draft tokens (N)"
+
+    seen = []
+    measure = panel._measure
+
+    def watched(config):
+        seen.append((panel.run_button.disabled, panel.sweep_button.disabled))
+        return measure(config)
+
+    panel._measure = watched
+    first, second = panel.run(), panel.run()  # the same configuration twice: one row, two runs
+    assert seen == [(True, True), (True, True)] and not panel.run_button.disabled
+    # Greedy decoding is lossless, so the measured accept length of the trace's own prompts is the prediction.
+    assert first["mean_accept_length"] == pytest.approx(first["predicted_accept_length"])
+    frame = panel.to_frame()
+    assert len(frame) == 1 and frame["runs"].iloc[0] == 2
+    assert frame["tokens_per_s_min"].iloc[0] == min(first["tokens_per_s"], second["tokens_per_s"])
+    assert "2 runs" in panel.scatter.data[0].hovertext[0] and "accept length" in panel.scatter.data[0].hovertext[0]
+    assert "predicted tokens/s" in panel.table.value and "<th" in panel.table.value
+    panel.sort_by.value = "tokens_per_s"
+    assert panel.table.value.count("<tr>") == 2
+
+
+def test_panel_table_sorts_by_the_chosen_column(target, prompts):
+    from spectool.widgets import TuningPanel
+
+    panel = TuningPanel(target, prompts, draft_kind="ngram", max_new_tokens=6, engine_kwargs={"max_seq_len": 128})
+    for n in (2, 6, 4):
+        panel.run(num_draft_tokens=n)
+    panel.sort_by.value = "num_draft_tokens"
+    panel.sort_descending.value = False
+    col = list(panel.to_frame().columns).index("num_draft_tokens")
+    cells = [r.split("</td>")[col].rsplit(">", 1)[1] for r in panel.table.value.split("<tr>")[2:]]
+    assert [int(c) for c in cells] == [2, 4, 6]
