@@ -166,3 +166,18 @@ def test_panel_table_sorts_by_the_chosen_column(target, prompts):
     col = list(panel.to_frame().columns).index("num_draft_tokens")
     cells = [r.split("</td>")[col].rsplit(">", 1)[1] for r in panel.table.value.split("<tr>")[2:]]
     assert [int(c) for c in cells] == [2, 4, 6]
+
+
+def test_iteration_gains_line_runs_up_by_output_position(ngram_trace):
+    from spectool.tune.compare import iteration_gains
+
+    same, small = tune(ngram_trace, grid=[st.NgramConfig(), st.NgramConfig(num_draft_tokens=2)],
+                       progress=False).predictions
+    gains = iteration_gains(ngram_trace, same)  # the recorded configuration predicts the recorded run
+    assert (gains["saved"] == 0).all() and (gains["delta"] == 0).all()
+    worse = iteration_gains(ngram_trace, small)
+    assert len(worse) == small.accept_length.size  # one row per (iteration, request)
+    assert worse["tokens"].sum() == small.accept_length.sum() + small.accept_length.size
+    assert (worse["delta"].dropna() <= 0).all() and (worse["delta"] < 0).any()  # one draft token never gains more
+    better = iteration_gains(small, ngram_trace)
+    assert better["saved"].sum() > 0

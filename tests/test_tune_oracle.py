@@ -1,5 +1,6 @@
 """The what-if tuner against its oracle: real engine runs of the same configurations on the
-same prompts. Greedy accept lengths must be equal iteration by iteration, request by request.
+same prompts. Greedy accept lengths must be equal iteration by iteration, request by request,
+and the predicted run as a trace must be the engine's trace (trees, masks, decisions).
 
 The recorded trace decodes a few tokens more than the runs compared (``max_new_tokens`` is
 cut in the tuner), so the tokens a last iteration verifies past the output are known and
@@ -28,12 +29,31 @@ def prompts(target, demo_model_dir):
     return [target.encode(p)[-40:] for p in (editing[:2] + completion[:1])]
 
 
-def _engine_rows(target, config, prompts, bs: int, max_new: int):
-    r = st.Engine(target, draft=config, max_batch_size=bs, max_seq_len=256).generate(
-        prompts, max_new_tokens=max_new, ignore_eos=True)
-    s = r.trace.steps
+TREE_FIELDS = ("iteration", "request_id", "seq_len", "num_nodes", "tokens", "parents", "valid", "mask_packed",
+               "positions", "status", "accept_path", "accept_length", "bonus_token")
+
+
+def _engine_trace(target, config, prompts, bs: int, max_new: int):
+    return st.Engine(target, draft=config, max_batch_size=bs, max_seq_len=256).generate(
+        prompts, max_new_tokens=max_new, ignore_eos=True).trace
+
+
+def _rows(trace):
+    s = trace.steps
     return list(zip(s.column("iteration").to_pylist(), s.column("request_id").to_pylist(),
                     s.column("accept_length").to_pylist()))
+
+
+def _check_same_run(pred, recorded, engine_trace) -> None:
+    """Accept lengths equal, iteration by iteration; and the prediction as a trace is the engine's
+    trace of that run (trees, masks, decisions), and passes the trace checker."""
+    from spectool.trace.check import check_trace
+
+    assert pred.exact
+    assert _predicted_rows(pred) == _rows(engine_trace), pred.config
+    as_trace = pred.to_trace(recorded)
+    assert check_trace(as_trace) is None
+    assert as_trace.steps.select(TREE_FIELDS).to_pylist() == engine_trace.steps.select(TREE_FIELDS).to_pylist()
 
 
 def _predicted_rows(pred):
@@ -63,8 +83,7 @@ def test_ngram_whatif_equals_engine_runs(target, prompts, bs):
     result = tune(recorded, grid=NGRAM_CONFIGS, max_new_tokens=MAX_NEW, progress=False)
     assert len(result.predictions) == len(NGRAM_CONFIGS) >= 12
     for config, pred in zip(NGRAM_CONFIGS, result.predictions):
-        assert pred.exact
-        assert _predicted_rows(pred) == _engine_rows(target, config, prompts, bs, MAX_NEW), config
+        _check_same_run(pred, recorded, _engine_trace(target, config, prompts, bs, MAX_NEW))
     # The configurations really decode differently (else equality would say little).
     assert len({tuple(p.accept_length.tolist()) for p in result.predictions}) >= 4
 
@@ -95,7 +114,6 @@ def test_eagle_whatif_equals_engine_runs(target, prompts, demo_model_dir, method
         configs = [c for c, b in runs if b == bs]
         result = tune(recorded, grid=configs, max_new_tokens=MAX_NEW, batch_size=bs, target=target, progress=False)
         for config, pred in zip(configs, result.predictions):
-            assert pred.exact
-            assert _predicted_rows(pred) == _engine_rows(target, config, prompts, bs, MAX_NEW), config
+            _check_same_run(pred, recorded, _engine_trace(target, config, prompts, bs, MAX_NEW))
     distinct = {tuple(p.accept_length.tolist()) for p in result.predictions}
     assert len(distinct) >= 3

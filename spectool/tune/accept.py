@@ -31,3 +31,26 @@ def accept_against(tokens: list[int], parents: list[int], valid: list[bool], kno
             if d > best:
                 best = d
     return best, best + 1 >= limit
+
+
+def accepted_path(tokens: list[int], parents: list[int], valid: list[bool], known: list[int], seq_len: int
+                  ) -> list[int]:
+    """Node indices of the accepted path, root first (the path ``accept_against`` measures)."""
+    limit = len(known) - seq_len
+    depth = [0] * len(tokens)
+    ok = [False] * len(tokens)
+    ok[0] = True
+    best, node = 0, 0
+    for i in range(1, len(tokens)):
+        if not valid[i]:
+            continue
+        p = parents[i]
+        depth[i] = depth[p] + 1
+        if ok[p] and depth[i] < limit and tokens[i] == known[seq_len + depth[i]]:
+            ok[i] = True
+            if depth[i] > best:
+                best, node = depth[i], i
+    path = [node]
+    while path[-1] != 0:
+        path.append(parents[path[-1]])
+    return path[::-1]

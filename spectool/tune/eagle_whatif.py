@@ -221,15 +221,15 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
     ``lane_of[i]`` = (index into works, index into configs) of lane i. A draft depends only on
     (request, L), so each round drafts only the (request, L) no lane drafted before (in the slot of
     one lane standing there), and a configuration's accept length at (request, L) is worked out once.
-    ``accept_rows(config, request_ids, seq_lens, drafts)`` gives (accept length, censored) per row.
-    Returns each lane's iterations as (seq_len, accept length, censored) rows, keyed by
+    ``accept_rows(config, request_ids, seq_lens, drafts)`` gives (accept length, censored, tree) per
+    row. Returns each lane's iterations as (seq_len, accept length, censored, tree) rows, keyed by
     (request id, config index).
     """
     seq = [works[w].prompt_len for w, _ in lane_of]
     rid_of = [works[w].request_id for w, _ in lane_of]
     rows: dict[tuple[int, int], list] = {(works[w].request_id, c): [] for w, c in lane_of}
     drafts: dict[tuple[int, int], object] = {}
-    accepts: dict[tuple[int, int, int], tuple[int, bool]] = {}
+    accepts: dict[tuple[int, int, int], tuple[int, bool, tuple]] = {}
     active = [i for i, (w, _) in enumerate(lane_of) if seq[i] + 1 < works[w].end]
     while active:
         todo: dict[tuple[int, int], int] = {}
@@ -252,8 +252,8 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
             for key, res in zip(keys, results):
                 accepts[(c, *key)] = res
         for i in active:
-            a, cut = accepts[(lane_of[i][1], rid_of[i], seq[i])]
-            rows[(rid_of[i], lane_of[i][1])].append((seq[i], a, cut))
+            a, cut, tree = accepts[(lane_of[i][1], rid_of[i], seq[i])]
+            rows[(rid_of[i], lane_of[i][1])].append((seq[i], a, cut, tree))
             seq[i] += a + 1
         active = [i for i in active if seq[i] + 1 < works[lane_of[i][0]].end]
     return rows
@@ -270,7 +270,7 @@ def eagle_accepts(known: dict[int, list[int]]):
         tree = eagle_tree_from_candidates(tok, score, par, config.num_draft_tokens,
                                           torch.tensor(seq_lens, device=tok.device), max_depth=s)
         tokens, parents, valid = tree.tokens.tolist(), tree.parents.tolist(), tree.valid.tolist()
-        return [accept_against(tokens[b], parents[b], valid[b], known[rid], L)
+        return [(*accept_against(tokens[b], parents[b], valid[b], known[rid], L), (tokens[b], parents[b], valid[b]))
                 for b, (rid, L) in enumerate(zip(rids, seq_lens))]
 
     return accept_rows
@@ -282,7 +282,10 @@ def multi_layer_accepts(known: dict[int, list[int]]):
     def accept_rows(config: MultiLayerEagleConfig, rids, seq_lens, drafts):
         s = config.num_steps
         parents, valid = list(range(-1, s)), [True] * (s + 1)
-        return [accept_against([known[rid][L], *chain[:s]], parents, valid, known[rid], L)
-                for rid, L, chain in zip(rids, seq_lens, drafts)]
+        out = []
+        for rid, L, chain in zip(rids, seq_lens, drafts):
+            tokens = [known[rid][L], *chain[:s]]
+            out.append((*accept_against(tokens, parents, valid, known[rid], L), (tokens, parents, valid)))
+        return out
 
     return accept_rows

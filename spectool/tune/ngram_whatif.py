@@ -51,7 +51,7 @@ class NgramReplay:
                               total_lens=[len(h) for h in histories])
         self.corpus.synchronize()
 
-    def step(self, running: list[Running]) -> tuple[list[int], int, list[bool]]:
+    def step(self, running: list[Running]) -> tuple[list[int], int, list[bool], list]:
         depth = self.depth
         rids = [r.request_id for r in running]
         tails, lens = [], []
@@ -65,7 +65,7 @@ class NgramReplay:
         valid = got.valid
         n = self.n if valid[:, 1:].any() else 1
         self.match_len.extend(got.match_len.tolist())
-        accepts, censored, windows, totals = [], [], [], []
+        accepts, censored, windows, totals, trees = [], [], [], [], []
         tokens, parents = got.tokens.tolist(), got.parents.tolist()
         valid_rows = valid.tolist()
         for b, r in enumerate(running):
@@ -74,6 +74,7 @@ class NgramReplay:
                 (0, r.seq_len + 1 >= len(known))
             accepts.append(a)
             censored.append(cut)
+            trees.append((tokens[b][:n], parents[b][:n], valid_rows[b][:n]))
             end = min(r.seq_len + a + 2, len(known))
             windows.append(known[max(0, r.history_len - depth):end])
             totals.append(end)
@@ -82,7 +83,7 @@ class NgramReplay:
         # thread), and a hand-off per iteration would cost more than the replay's own work.
         for window, rid, total in zip(windows, rids, totals):
             self.corpus.batch_put([window], req_ids=[rid], total_lens=[total])
-        return accepts, n, censored
+        return accepts, n, censored, trees
 
     def release(self, reqs: list[Running]) -> None:
         self.corpus.erase_match_state([r.request_id for r in reqs])

@@ -35,6 +35,7 @@ class Prediction:
     num_nodes: np.ndarray
     output_tokens: int
     extra: dict = field(default_factory=dict)
+    trees: list | None = None  # per row: (tokens, parents, valid) of the tree that iteration verifies
 
     @property
     def num_iterations(self) -> int:
@@ -52,6 +53,17 @@ class Prediction:
     def accept_lengths(self, request_id: int) -> list[int]:
         """The accept length of each iteration of one request, in order."""
         return self.accept_length[self.request_id == request_id].tolist()
+
+    def to_trace(self, trace):
+        """This prediction as a ``Trace`` of the recorded one's requests: per row its tree, accepted path,
+        accept length and bonus (what the engine would have recorded, less the target's top-k and
+        timings), so trace views and CompareView show it like a recorded run::
+
+            CompareView(trace, result.prediction(config).to_trace(trace), labels=("recorded", "predicted"))
+        """
+        from spectool.tune.trace_export import prediction_trace
+
+        return prediction_trace(self, trace)
 
     def to_frame(self):
         """The rows as a pandas DataFrame (steps-table column names)."""
@@ -73,13 +85,16 @@ class RowLog:
         self.censored: list[bool] = []
         self.batch_size: list[int] = []
         self.num_nodes: list[int] = []
+        self.trees: list = []
 
     def add_iteration(self, batch_size: int, num_nodes: int) -> int:
         self.batch_size.append(batch_size)
         self.num_nodes.append(num_nodes)
         return len(self.batch_size) - 1
 
-    def add_row(self, iteration: int, request_id: int, seq_len: int, accept_length: int, censored: bool) -> None:
+    def add_row(self, iteration: int, request_id: int, seq_len: int, accept_length: int, censored: bool,
+                tree=None) -> None:
+        self.trees.append(tree)
         self.iteration.append(iteration)
         self.request_id.append(request_id)
         self.seq_len.append(seq_len)
@@ -91,4 +106,5 @@ class RowLog:
         return Prediction(config, method, np.asarray(self.iteration, i64), np.asarray(self.request_id, i64),
                           np.asarray(self.seq_len, i64), np.asarray(self.accept_length, i64),
                           np.asarray(self.censored, bool), np.asarray(self.batch_size, i64),
-                          np.asarray(self.num_nodes, i64), output_tokens, extra)
+                          np.asarray(self.num_nodes, i64), output_tokens, extra,
+                          self.trees if any(t is not None for t in self.trees) else None)

@@ -166,18 +166,18 @@ def _base_config(method: str, draft_info: dict, path):
 
 
 class _Precomputed:
-    """A schedule method that replays per-request (seq_len, accept, censored) rows computed beforehand."""
+    """A schedule method that replays per-request (seq_len, accept, censored, tree) rows computed beforehand."""
 
-    def __init__(self, rows: dict[int, list[tuple[int, int, bool]]], n: int) -> None:
+    def __init__(self, rows: dict[int, list[tuple]], n: int) -> None:
         self.rows = {rid: iter(r) for rid, r in rows.items()}
         self.n = n
 
     def admit(self, reqs: list[Running]) -> None:
         pass
 
-    def step(self, running: list[Running]) -> tuple[list[int], int, list[bool]]:
+    def step(self, running: list[Running]) -> tuple[list[int], int, list[bool], list]:
         out = [next(self.rows[r.request_id]) for r in running]
-        return [a for _, a, _ in out], self.n, [c for _, _, c in out]
+        return [o[1] for o in out], self.n, [o[2] for o in out], [o[3] if len(o) > 3 else None for o in out]
 
     def release(self, reqs: list[Running]) -> None:
         pass
@@ -290,6 +290,8 @@ def tune(trace, grid: dict | list | None = None, profile: str | Path | CostProfi
             preds = _predict_eagle_family(method, configs, workload, target, bar)
     finally:
         bar.close()
+    for p in preds:
+        p.extra["workload"] = workload  # what to_trace and compare read: the known tokens, outputs
     return TuneResult(preds, plain_prediction(workload), profile, workload.max_batch_size, skipped)
 
 

@@ -38,8 +38,9 @@ class Running:
 class Method(Protocol):
     def admit(self, reqs: list[Running]) -> None: ...
 
-    def step(self, running: list[Running]) -> tuple[list[int], int, list[bool]]:
-        """Accept length per running request, the tree size N verified, and which rows were censored."""
+    def step(self, running: list[Running]) -> tuple[list[int], int, list[bool], list]:
+        """Accept length per running request, the tree size N verified, which rows were censored, and
+        each row's tree as (tokens, parents, valid) lists (or None)."""
         ...
 
     def release(self, reqs: list[Running]) -> None: ...
@@ -67,11 +68,11 @@ def replay(workload: Workload, method: Method, log: RowLog) -> None:
             running.sort(key=lambda r: r.slot)
         if not running:
             continue
-        accepts, n, censored = method.step(running)
+        accepts, n, censored, trees = method.step(running)
         it = log.add_iteration(len(running), n)
         done = []
-        for r, a, c in zip(running, accepts, censored):
-            log.add_row(it, r.request_id, r.seq_len, a, c)
+        for r, a, c, tree in zip(running, accepts, censored, trees):
+            log.add_row(it, r.request_id, r.seq_len, a, c, tree)
             r.seq_len += a + 1
             if r.history_len >= r.work.end:
                 done.append(r)
