@@ -16,6 +16,10 @@ def accept_against(tokens: list[int], parents: list[int], valid: list[bool], kno
     Censored: the path reached the end of what is known, so the bonus (or deeper matches) is unknown.
     """
     limit = len(known) - seq_len  # depths d < limit have a known token
+    if limit <= 1:
+        return 0, True
+    if known[seq_len + 1] not in tokens:  # no node drafts the next token (most misses): one C-level scan
+        return 0, False
     depth = [0] * len(tokens)
     ok = [False] * len(tokens)
     ok[0] = True

@@ -52,37 +52,37 @@ class NgramReplay:
         self.corpus.synchronize()
 
     def step(self, running: list[Running]) -> tuple[list[int], int, list[bool], list]:
-        depth = self.depth
-        rids = [r.request_id for r in running]
-        tails, lens = [], []
-        for r in running:
-            h = self._known[r.request_id]
-            end = r.history_len
-            tails.append(h[max(0, end - depth):end])
-            lens.append(end)
-        self.corpus.synchronize()
-        got = self.corpus.batch_get(rids, tails, lens)
+        depth, known_of, corpus = self.depth, self._known, self.corpus
+        rids = [r.work.request_id for r in running]
+        knowns = [known_of[rid] for rid in rids]
+        lens = [r.seq_len + 1 for r in running]
+        tails = [h[max(0, end - depth):end] for h, end in zip(knowns, lens)]
+        corpus.synchronize()
+        got = corpus.batch_get(rids, tails, lens)
         valid = got.valid
         n = self.n if valid[:, 1:].any() else 1
         self.match_len.extend(got.match_len.tolist())
-        accepts, censored, windows, totals, trees = [], [], [], [], []
-        tokens, parents = got.tokens.tolist(), got.parents.tolist()
-        valid_rows = valid.tolist()
-        for b, r in enumerate(running):
-            known = self._known[r.request_id]
-            a, cut = accept_against(tokens[b], parents[b], valid_rows[b], known, r.seq_len) if n > 1 else \
-                (0, r.seq_len + 1 >= len(known))
-            accepts.append(a)
-            censored.append(cut)
-            trees.append((tokens[b][:n], parents[b][:n], valid_rows[b][:n]))
-            end = min(r.seq_len + a + 2, len(known))
-            windows.append(known[max(0, r.history_len - depth):end])
-            totals.append(end)
+        accepts, censored, trees = [], [], []
+        if n > 1:
+            tokens, parents, valid_rows = got.tokens.tolist(), got.parents.tolist(), valid.tolist()
+            for b, r in enumerate(running):
+                a, cut = accept_against(tokens[b], parents[b], valid_rows[b], knowns[b], r.seq_len)
+                accepts.append(a)
+                censored.append(cut)
+                trees.append((tokens[b], parents[b], valid_rows[b]))
+        else:  # no row matched: the engine verifies the roots alone
+            for b, r in enumerate(running):
+                accepts.append(0)
+                censored.append(r.seq_len + 1 >= len(knowns[b]))
+                trees.append(([knowns[b][r.seq_len]], [-1], [True]))
         # One put per window: the worker thread applies a batch's windows one after another, in
         # order, exactly as these calls do inline (a small put with none pending runs on the caller's
         # thread), and a hand-off per iteration would cost more than the replay's own work.
-        for window, rid, total in zip(windows, rids, totals):
-            self.corpus.batch_put([window], req_ids=[rid], total_lens=[total])
+        put = corpus.batch_put
+        for b, rid in enumerate(rids):
+            h, end0 = knowns[b], lens[b]
+            end = min(end0 + accepts[b] + 1, len(h))
+            put([h[max(0, end0 - depth):end]], req_ids=[rid], total_lens=[end])
         return accepts, n, censored, trees
 
     def release(self, reqs: list[Running]) -> None:
