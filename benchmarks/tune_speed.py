@@ -8,7 +8,10 @@ tokens as prompt, its next tokens as output, 10,000 output tokens in all; the N-
 replay needs only tokens, not the target), swept over 100 configurations (breadth, N,
 trie depth, match). EAGLE: a real greedy trace of the demo model (2,000 output tokens,
 recorded once on the CPU in float32), swept over 20 EAGLE configurations and the 4
-multi-layer EAGLE ones. Prints seconds per sweep; writes $OUT/tune_speed.json (or --out).
+multi-layer EAGLE ones. Also the what-if TuningPanel over a recorded N-gram trace of the demo
+model (4 editing prompts, 128 tokens each): kernel time from a slider move to the updated
+prediction, for settings not predicted before. Prints seconds per sweep; writes
+$OUT/tune_speed.json (or --out).
 """
 
 from __future__ import annotations
@@ -97,6 +100,18 @@ def main(argv: list[str] | None = None) -> int:
                target=target, progress=False)
     mle_s = time.perf_counter() - t0
 
+    editing = [target.encode(t)[-128:] for t in load_prompts(args.prompts, "editing")[:4]]
+    panel_trace = st.Engine(target, draft=st.NgramConfig(), max_batch_size=4, max_seq_len=1024).generate(
+        editing, max_new_tokens=16 if args.quick else 128).trace
+    from spectool.widgets import TuningPanel
+
+    panel = TuningPanel(trace=panel_trace, profile="demo-cpu")
+    slider_ms = []
+    for value in (4, 6, 8, 10, 14, 16, 20, 24):
+        t0 = time.perf_counter()
+        panel.sliders["num_draft_tokens"].value = value
+        slider_ms.append((time.perf_counter() - t0) * 1e3)
+
     rows = [
         {"sweep": "ngram", "configs": len(ngram.predictions), "output_tokens": n_tokens, "seconds": ngram_s},
         {"sweep": "eagle", "configs": len(eagle.predictions), "output_tokens": per_request * 4, "seconds": eagle_s},
@@ -107,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['sweep']:<18} {r['configs']:>7} {r['output_tokens']:>7} {r['seconds']:>8.2f} "
               f"{r['seconds'] / r['configs'] * 1e3:>9.1f}")
+    print(f"what-if panel, slider move to prediction: median {sorted(slider_ms)[len(slider_ms) // 2]:.0f} ms, "
+          f"max {max(slider_ms):.0f} ms over {len(slider_ms)} moves")
     print(f"(recording the EAGLE trace took {record_s:.1f} s; torch threads {torch.get_num_threads()})")
-    write_json("tune_speed.json", {"meta": run_meta(args), "rows": rows}, args.out)
+    write_json("tune_speed.json", {"meta": run_meta(args), "rows": rows, "panel_slider_ms": slider_ms}, args.out)
     return 0
 
 

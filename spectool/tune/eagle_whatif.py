@@ -58,7 +58,7 @@ def target_hidden(target, known: torch.Tensor) -> torch.Tensor:
 
     t = known.shape[0]
     dev = known.device
-    cache = KVCache.for_model(target.config, 1, t, target.dtype, dev)
+    cache = KVCache.for_model(getattr(target.model, "local_config", target.config), 1, t, target.dtype, dev)
     zero = torch.zeros(1, dtype=torch.long, device=dev)
     hidden = target.model(known[None], torch.arange(t, device=dev)[None], cache=cache, slots=zero, starts=zero,
                           tree_mask=None, kv_len=t)
