@@ -76,7 +76,8 @@ class TuningPanel(widgets.VBox):
         prompts: prompt strings (or token-id lists) for Run (default: the trace's prompts).
         draft_kind: ``"ngram"``, ``"eagle"`` or ``"multi_layer_eagle"`` (default: the trace's method).
         draft_path: checkpoint directory for the EAGLE kinds (default: the trace's).
-        max_new_tokens: tokens generated per prompt in each run.
+        max_new_tokens: tokens generated per prompt in each run (default: the trace's longest
+            output, else 64).
         engine_kwargs: extra ``Engine`` arguments (e.g. ``max_seq_len``, ``cuda_graphs``).
         trace: a greedy Trace (or path): turns on what-if predictions.
         profile: a cost profile (path, shipped name or CostProfile) for predicted tokens/s.
@@ -84,7 +85,7 @@ class TuningPanel(widgets.VBox):
     """
 
     def __init__(self, target=None, prompts: Sequence | None = None, draft_kind: str | None = None,
-                 draft_path: str | Path | None = None, max_new_tokens: int = 64,
+                 draft_path: str | Path | None = None, max_new_tokens: int | None = None,
                  engine_kwargs: dict | None = None, trace=None, profile=None, batch_size: int | None = None) -> None:
         self.target = target
         self.trace, problem = _open_trace(trace)
@@ -92,7 +93,7 @@ class TuningPanel(widgets.VBox):
         self.draft_kind = draft_kind or info.get("method") or "ngram"
         self.draft_path = draft_path or (info.get("path") if info.get("method") == self.draft_kind else None)
         self.prompts = list(prompts) if prompts else _trace_prompts(self.trace)
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens = max_new_tokens or _longest_output(self.trace) or 64
         self.engine_kwargs = dict(engine_kwargs or {})
         self.profile, self.batch_size = profile, batch_size
         self.results: list[dict] = []  # one row per run (measured)
@@ -430,7 +431,10 @@ class TuningPanel(widgets.VBox):
             raise ValueError("choose at least one prompt")
         if self.target is None:
             raise ValueError("Run needs a target (TuningPanel(target, ...))")
-        kwargs = {"max_batch_size": len(chosen), **self.engine_kwargs}
+        # What-if predicts the recorded batch (or batch_size): a run to confirm it decodes the same.
+        batch = self.batch_size or ((self.trace.run_info.get("engine") or {}).get("max_batch_size")
+                                    if self.trace is not None else None)
+        kwargs = {"max_batch_size": batch or len(chosen), **self.engine_kwargs}
         engine = st.Engine(self.target, draft=config, **kwargs)
         total = self.max_new_tokens * len(chosen)
         self.run_progress.max, self.run_progress.value = max(1, total), 0
@@ -564,6 +568,12 @@ def _open_trace(trace):
     if loaded is not None and problem and loaded.requests.num_rows:
         problem = None  # a trace of requests alone (no step rows) still has prompts and outputs
     return (loaded if problem is None else None), problem
+
+
+def _longest_output(trace) -> int | None:
+    if trace is None or not trace.requests.num_rows:
+        return None
+    return max(len(r or []) for r in trace.requests.column("output_tokens").to_pylist()) or None
 
 
 def _trace_prompts(trace) -> list:
