@@ -13,6 +13,8 @@ import argparse
 import json
 import sys
 
+from spectool.cli.args import BadInput, fail, open_trace, parser
+
 
 def _grid_item(text: str) -> tuple[str, list]:
     name, sep, values = text.partition("=")
@@ -26,8 +28,11 @@ def _grid_item(text: str) -> tuple[str, list]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="spectool tune", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("tune", "Predict, exactly and without running the target's verify, the accept length every "
+                       "other draft setting would have had on a recorded greedy trace, and with a cost profile "
+                       "its tokens/s; print them ranked, the recommended setting, and the same setting as "
+                       "SGLang launch flags and a vLLM speculative_config. Example: spectool tune run.sptrace "
+                       "--profile demo-cpu --grid num_draft_tokens=4,8,16 --grid max_bfs_breadth=1,4")
     p.add_argument("trace", help="a greedy .sptrace file")
     p.add_argument("--profile", help="cost profile JSON (or a shipped name) for predicted tokens/s")
     p.add_argument("--batch-size", type=int, help="max_batch_size to predict for (default: the recorded one)")
@@ -43,14 +48,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", help="also write the table and the recommendation to this file")
     args = p.parse_args(argv)
 
-    from spectool.trace.format import TraceFormatError
+    try:
+        trace = open_trace("tune", args.trace)
+    except BadInput as e:
+        return fail("tune", e)
     from spectool.tune.recommend import tune
     from spectool.tune.workload import TuneError
 
     try:
         import spectool as st
 
-        trace = st.Trace.load(args.trace)
         method = args.method or (trace.run_info.get("draft") or {}).get("method")
         target = None
         if method in ("eagle", "multi_layer_eagle"):
@@ -64,12 +71,8 @@ def main(argv: list[str]) -> int:
                       method=args.method, max_new_tokens=args.max_new_tokens, target=target,
                       draft_path=args.draft_path, allow_other_model=args.allow_other_model,
                       progress=sys.stderr.isatty())
-    except FileNotFoundError as e:
-        print(f"spectool tune: {e}", file=sys.stderr)
-        return 2
-    except (TuneError, TraceFormatError, ValueError, OSError) as e:
-        print(f"spectool tune: {e}", file=sys.stderr)
-        return 2
+    except (TuneError, ValueError, OSError) as e:
+        return fail("tune", e)
     print(result.report(top=args.top))
     if args.json:
         out = {"table": json.loads(result.frame.to_json(orient="records")), "recommended": result.best.to_dict(),
