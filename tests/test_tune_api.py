@@ -85,7 +85,6 @@ def test_profile_prediction_is_the_sum_of_its_measured_parts(ngram_trace, profil
     assert set(pred.num_nodes.tolist()) <= {1, 4} and pred.batch_size.max() <= 2
     v = profile.data["verify_us"]
     assert profile.verify_us(1, 4) == pytest.approx(v["us"][0][1])  # a grid point is the measurement itself
-    assert v["us"][0][0] < v["us"][-1][-1]  # two trees of 12 nodes cost more than one root
     row = result.frame.iloc[0]
     assert row["speedup"] == pytest.approx(result.tokens_per_s(pred) / result.tokens_per_s(result.plain))
 
