@@ -1,0 +1,67 @@
+"""The what-if tuner on CUDA in bf16: N-gram predictions stay exact (no float in them), EAGLE
+and multi-layer EAGLE mean accept lengths agree with real graphed runs within 2 %, and a
+calibration measures the engine's graphed steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+import spectool as st  # noqa: E402
+from spectool.tune.calibrate import calibrate  # noqa: E402
+from spectool.tune.recommend import tune  # noqa: E402
+
+NEW = 64
+
+
+@pytest.fixture(scope="module")
+def target():
+    return st.load(st.demo_model() / "target", device="cuda", dtype=torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def prompts(target):
+    lines = [json.loads(x) for x in (st.demo_model() / "prompts.jsonl").read_text().splitlines() if x.strip()]
+    return [target.encode(x["prompt"])[-128:] for x in lines if x["kind"] == "completion"][:8]
+
+
+def _run(target, config, prompts, new):
+    return st.Engine(target, draft=config, max_batch_size=4, max_seq_len=1024).generate(
+        prompts, max_new_tokens=new, ignore_eos=True)
+
+
+def test_ngram_whatif_exact_on_cuda(target, prompts):
+    recorded = _run(target, st.NgramConfig(), prompts, NEW + 16).trace
+    configs = [st.NgramConfig(num_draft_tokens=n, max_bfs_breadth=b) for n, b in ((4, 1), (8, 4), (16, 8))]
+    result = tune(recorded, grid=configs, max_new_tokens=NEW, progress=False)
+    for config, pred in zip(configs, result.predictions):
+        s = _run(target, config, prompts, NEW).trace.steps
+        assert pred.accept_length.tolist() == s.column("accept_length").to_pylist()
+
+
+@pytest.mark.parametrize("method", ["eagle", "multi_layer_eagle"])
+def test_eagle_whatif_mean_within_two_percent_in_bf16(target, prompts, method):
+    path = st.demo_model() / method
+    if method == "eagle":
+        configs = [st.EagleConfig(path, num_steps=s, topk=k, num_draft_tokens=n)
+                   for s, k, n in ((3, 1, 4), (4, 2, 8), (5, 4, 16))]
+    else:
+        configs = [st.MultiLayerEagleConfig(path, num_steps=s) for s in (2, 4)]
+    recorded = _run(target, configs[-1], prompts, NEW + 16).trace
+    result = tune(recorded, grid=configs, max_new_tokens=NEW, target=target, progress=False)
+    for config, pred in zip(configs, result.predictions):
+        measured = _run(target, config, prompts, NEW).stats.mean_accept_length
+        assert pred.mean_accept_length == pytest.approx(measured, rel=0.02), config
+
+
+def test_calibration_on_cuda(target):
+    profile = calibrate(target, eagle_path=st.demo_model() / "eagle", batch_sizes=(1, 4), num_nodes=(1, 8),
+                        topks=(1, 4), eagle_steps=(1, 3), repeats=5, progress=False)
+    assert profile.device == torch.cuda.get_device_name()
+    v = profile.data["verify_us"]["us"]
+    assert all(x > 0 for row in v for x in row)
+    assert profile.draft_us(st.EagleConfig(st.demo_model() / "eagle", num_steps=3, topk=4), 4, 16) > 0
