@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from spectool.config import DraftConfig
-from spectool.draft import Batch, make_drafter
+from spectool.draft import Batch, make_drafter, prefill_groups
 from spectool.draft.tree import DraftTree, MaskTree, chain_tree
 from spectool.graphs import GraphRunner
 from spectool.stats import RunStats
@@ -226,7 +226,9 @@ class Engine:
                     req.slot = free_slots.pop(0)
                     admitted.append(req)
                 if admitted:
+                    prefill_began = time.perf_counter()
                     self._prefill(admitted, sampling, generator, stats)
+                    stats.add_prefill(prefill_began - started, time.perf_counter() - prefill_began)
                     prefilled.update({req.request_id: req.output[0] for req in admitted})
                     for req in admitted:
                         bar.update(1)
@@ -274,6 +276,65 @@ class Engine:
             stats.graphs = {k: v - graphs_before[k] for k, v in self.graph_stats().items()}
             if recorder is not None:
                 state["trace"] = recorder.close()
+
+    @torch.no_grad()
+    def warmup(self, sampling: bool = True, record: bool = True) -> dict:
+        """Capture every CUDA graph (and compile every kernel) a ``generate`` call can need, now.
+
+        Graphs are otherwise captured lazily, the first time a batch bucket, tree size or mode
+        comes up, each capture costing tens to hundreds of ms inside that call: as requests
+        finish at different iterations a batch falls into smaller buckets, so a user's calls
+        would pay it again and again. ``warmup`` runs one prefill and one iteration of dummy
+        requests per batch bucket (largest first) for greedy decoding and, with ``sampling``,
+        for temperature > 0, each with recording off and, with ``record``, on; that takes every
+        path of the iteration (N-gram's whole tree and roots alone, both EAGLEs' draft and
+        extend graphs). It is harmless: the dummy requests use free cache slots (whatever they
+        write there is overwritten before a later request reads it), and a drafter that learns
+        on the host (the N-gram trie) is kept from learning their tokens.
+
+        Call it between ``generate`` calls, never while a ``stream`` is suspended. Returns
+        ``{"seconds": wall time, "captures": graphs captured}``.
+        """
+        started = time.perf_counter()
+        before = self.graph_stats()["captures"]
+        modes = [(t, r) for t in ((0.0, 1.0) if sampling else (0.0,)) for r in ((False, True) if record else (False,))]
+        drafter = self.drafter
+        if drafter is not None and drafter.host_accepted:
+            self.drafter = _NotLearning(drafter)
+        try:
+            for bucket in reversed(self.graph_buckets):
+                for temperature, rec in modes:
+                    self._warm_iteration(min(bucket, self.max_batch_size), temperature, rec)
+        finally:
+            self.drafter = drafter
+            self._next_draft = None
+        if self.on_cuda:
+            torch.cuda.synchronize(self.device)
+        return {"seconds": time.perf_counter() - started, "captures": self.graph_stats()["captures"] - before}
+
+    def _warm_iteration(self, b: int, temperature: float, record: bool) -> None:
+        """Prefill ``b`` dummy requests in slots 0..b-1 and run one iteration (``warmup``)."""
+        vocab = self.config.vocab_size
+        length = max(1, min(32, self.max_seq_len - 2))  # a multiple of 16, like most kernel specialisations
+        reqs = [_Request(i, [(7 * i + j) % vocab for j in range(length)], "", self.max_seq_len, slot=i)
+                for i in range(b)]
+        for req in reqs:
+            req.history = list(req.prompt)
+        sampling = dict(temperature=temperature, top_k=0, top_p=1.0)
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        stats = RunStats(method=self.method)
+        recorder = self._make_recorder(sampling, 0) if record else None
+        self._next_draft = None
+        try:
+            self._prefill(reqs, sampling, generator, stats)
+            batch, lens_roots = self._batch(reqs)
+            self._iteration(time.perf_counter(), 0, reqs, batch, lens_roots, sampling, generator, stats, recorder,
+                            PhaseTimer(self.device), set(), False)
+        finally:
+            self._next_draft = None
+            self._release(reqs, [], recorder)
+            if recorder is not None:
+                recorder.close()
 
     # ----------------------------------------------------------------- internals
 
@@ -722,6 +783,23 @@ class _SamplingVerify:
         return _Verified(tree, hidden, res, table, lambda: e._pack_sampling_record(tree, res))
 
 
+class _NotLearning:
+    """A drafter that learns on the host (``host_accepted``: the N-gram trie), kept from learning
+    ``Engine.warmup``'s dummy tokens: its prefill and verify feeds are dropped, the rest delegated."""
+
+    def __init__(self, drafter) -> None:
+        self._drafter = drafter
+
+    def __getattr__(self, name: str):
+        return getattr(self._drafter, name)
+
+    def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
+        pass
+
+    def on_verify(self, *args, **kwargs) -> None:
+        pass
+
+
 def _record_tensors(tree: DraftTree, res: VerifyResult, top_i: torch.Tensor, top_p: torch.Tensor):
     """The per-request tensors of one iteration's trace row: its tree, the target's top-k
     and the verifier's decision (DESIGN.md, "The trace")."""
@@ -778,13 +856,7 @@ def graph_buckets(max_batch_size: int) -> tuple[int, ...]:
 
 def _prefill_groups(reqs: list[_Request], budget: int) -> list[list[_Request]]:
     """Split requests into prefill groups whose padded size stays within ``budget`` tokens."""
-    groups: list[list[_Request]] = []
-    for req in reqs:
-        if groups and max(len(r.prompt) for r in [*groups[-1], req]) * (len(groups[-1]) + 1) <= budget:
-            groups[-1].append(req)
-        else:
-            groups.append([req])
-    return groups
+    return [[reqs[i] for i in group] for group in prefill_groups([len(r.prompt) for r in reqs], budget)]
 
 
 def _version() -> str:

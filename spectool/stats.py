@@ -26,6 +26,8 @@ class RunStats:
     prefill_tokens: int = 0
     generated_tokens: int = 0
     elapsed_s: float = 0.0
+    prefill_s: float = 0.0  # host wall time inside prefills (the drafters' GPU work may run on past it)
+    time_to_first_token_s: float | None = None  # from the call's start to the first prefill's tokens
     graphs: dict[str, int] = field(default_factory=dict)  # CUDA-graph replays / eager runs / captures
     # Running totals behind the live tokens/s and accept length (summarize's formulas, without
     # re-reading every record each iteration).
@@ -49,6 +51,12 @@ class RunStats:
         cols["depth"].extend([d] for d in tree_depths)  # the deepest node is all summarize reads of a tree
         for name in _TIMING_COLUMNS:
             cols[name].extend([phase_us[name]] * rows)
+
+    def add_prefill(self, began_s: float, took_s: float) -> None:
+        """A prefill that began ``began_s`` after the call's start and took ``took_s``."""
+        self.prefill_s += took_s
+        if self.time_to_first_token_s is None:
+            self.time_to_first_token_s = began_s + took_s
 
     def summary(self) -> dict:
         """``spectool.trace.stats.summarize`` over the records so far."""
@@ -110,6 +118,8 @@ class RunStats:
             "generated_tokens": self.generated_tokens,
             "elapsed_s": self.elapsed_s,
             "end_to_end_tokens_per_s": self.end_to_end_tokens_per_s,
+            "prefill_s": self.prefill_s,
+            "time_to_first_token_s": self.time_to_first_token_s,
             "graphs": dict(self.graphs),
             "per_request_mean_accept_length": {rid: sum(v) / len(v) for rid, v in per_request.items()},
         }

@@ -67,6 +67,21 @@ def accepted_inputs(tree_tokens: torch.Tensor, accept_path: torch.Tensor, accept
     return tokens, hidden.gather(1, path[..., None].expand(-1, -1, hidden.shape[-1]))
 
 
+def prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices of consecutive prompts in groups whose right-padded size (longest × count) stays
+    within ``budget`` tokens (a prompt longer than the budget is a group of its own)."""
+    groups: list[list[int]] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if groups and max(longest, n) * (len(groups[-1]) + 1) <= budget:
+            groups[-1].append(i)
+            longest = max(longest, n)
+        else:
+            groups.append([i])
+            longest = n
+    return groups
+
+
 def make_drafter(config, engine):
     """The drafter for a draft config (None for plain decoding)."""
     if config is None:

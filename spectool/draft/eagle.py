@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from spectool.draft import Batch, accepted_inputs
+from spectool.draft import Batch, accepted_inputs, prefill_groups
 from spectool.draft.tree import DraftTree, eagle_tree_from_candidates
 from spectool.graphs import GraphRunner
 from spectool.kernels.topk import row_topk
@@ -147,13 +147,18 @@ class EagleDrafter:
         return self._draft_step(slots, starts + length + 1, bonus)
 
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
-        for b in range(batch.size):
-            hist = batch.histories[b]
-            n = len(hist) - 1  # prompt length; hist[-1] is the first sampled token (the root)
-            tokens = torch.tensor([hist[1:]], dtype=torch.long, device=self.device)
-            zero = torch.zeros(1, dtype=torch.long, device=self.device)
+        # The prompts in right-padded groups, one extend each (one per prompt cost a draft prefill
+        # as much host time as the target's): padding writes past a prompt's end in the draft cache,
+        # where the first extend after a verify writes before anything reads.
+        for rows in prefill_groups([len(h) for h in hiddens], self.engine.prefill_budget):
+            lens = [len(hiddens[b]) for b in rows]  # prompt lengths; a history also holds the root
+            tokens = torch.tensor([batch.histories[b][1:] + [0] * (max(lens) - n) for b, n in zip(rows, lens)],
+                                  dtype=torch.long, device=self.device)
+            hidden = torch.nn.utils.rnn.pad_sequence([hiddens[b] for b in rows], batch_first=True)
+            index = torch.tensor(rows, device=self.device)
+            last = torch.tensor(lens, device=self.device) - 1
             self._kv_len = 0
-            self._extend_step(batch.slots[b:b + 1], zero, tokens, hiddens[b][None, :n], zero + n - 1)
+            self._extend_step(batch.slots[index], torch.zeros_like(last), tokens, hidden, last)
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
                   accepted: list[list[int]] | None, timer) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from spectool.config import MultiLayerEagleConfig
-from spectool.draft import Batch, accepted_inputs
+from spectool.draft import Batch, accepted_inputs, prefill_groups
 from spectool.draft.tree import DraftTree, chain_tree
 from spectool.graphs import GraphRunner
 from spectool.kernels.topk import row_topk
@@ -132,16 +132,24 @@ class MultiLayerEagleDrafter:
         return chain_tree(tokens, self.chain_p[slots], seq_lens)
 
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
-        zero = torch.zeros(1, dtype=torch.long, device=self.device)
-        for b, h in enumerate(hiddens):
-            n = h.shape[0]
-            slot = batch.slots[b:b + 1]
-            self.tokens[slot, : n + 1] = torch.tensor(batch.histories[b], device=self.device)
-            self.hidden[slot, :n] = h
+        # The prompts in right-padded groups, each layer one step per group (one per prompt and
+        # layer cost a draft prefill several times the target's host time). A short row's padding
+        # lands past its prompt (zeros in the token and hidden tables, junk in the layer caches
+        # and features), and the first extend after a verify rewrites those indices before any
+        # layer reads them; its drafts are written after the padding, where later layers read them.
+        for rows in prefill_groups([len(h) for h in hiddens], self.engine.prefill_budget):
+            lens = [len(hiddens[b]) for b in rows]
+            t = max(lens)
+            index = torch.tensor(rows, device=self.device)
+            slots = batch.slots[index]
+            self.tokens[slots, :t + 1] = torch.tensor(
+                [batch.histories[b] + [0] * (t - n) for b, n in zip(rows, lens)], device=self.device)
+            self.hidden[slots, :t] = torch.nn.utils.rnn.pad_sequence([hiddens[b] for b in rows], batch_first=True)
+            n = torch.tensor(lens, device=self.device)
+            zero = torch.zeros_like(n)
             for k in range(self.steps):
-                draft, p = self._layer_step(k, slot, zero, zero + n - 1, zero + n + k + 1, window=n,
-                                            kv_len=n + k + 1)
-                self.chain[slot, k], self.chain_p[slot, k + 1] = draft, p
+                draft, p = self._layer_step(k, slots, zero, n - 1, n + k + 1, window=t, kv_len=t + k + 1)
+                self.chain[slots, k], self.chain_p[slots, k + 1] = draft, p
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
                   accepted: list[list[int]] | None, timer) -> None:
