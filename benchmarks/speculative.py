@@ -4,19 +4,24 @@
     python benchmarks/speculative.py --model /tmp/large/target --draft-dir /tmp/large
     python benchmarks/speculative.py --device cpu --quick  # smoke test: bs 1, 1 prompt, 4 tokens
 
-For every workload (completion, editing: the "kind" of prompts.jsonl), batch size and
-method (plain = draft None; ngram = NgramConfig defaults; eagle = 5 steps, top-k 4,
+For every workload (completion, editing: the "kind" of prompts.jsonl), batch size,
+temperature (``--temperatures``, greedy by default; sampled cells draw with the same seed)
+and method (plain = draft None; ngram = NgramConfig defaults; eagle = 5 steps, top-k 4,
 16 tokens; multi_layer_eagle = 4 steps), one engine with ``max_batch_size = batch``
 decodes max(batch, --min-prompts) prompts (a small batch takes them in turn, so batch 1
 is not one prompt's luck) with ``ignore_eos=True`` and a fixed max_new_tokens, so every
 method does the same work.
-Each cell gets a fresh engine, warmed up (and its CUDA graphs captured) on random
-token prompts of the same batch size first: a reused N-gram trie would remember the
-previous cell's outputs. Reported per cell: decode tokens/s (prefill excluded, from
-``result.stats``), mean accept length, mean µs per iteration of each phase, speedup
-over plain at the same workload and batch. Prints a table; writes
-$OUT/speculative.json (or --out DIR). ``--budget-s`` skips the cells that would start
-after the budget (they are listed as skipped, never silently dropped).
+Each cell gets a fresh engine (a reused N-gram trie would remember the previous cell's
+outputs), ``Engine.warmup()`` (its time is reported) and one call on random prompts of the
+same lengths, then the timed call. Reported per cell: end-to-end tokens/s (the call's wall
+time, prefill included) and its speedup over plain at the same workload, batch and
+temperature; decode tokens/s (iterations only, from ``result.stats``) and its speedup;
+for sampled cells the speedup their accept length implies at greedy's cost per iteration;
+time to first token; the prefill's cost (a one-token call of the same prompts) and its
+ratio to plain's; mean µs per iteration of each phase. A cell whose timed region had a
+CUDA-graph capture or an eager step is refused (printed as such, no figures).
+Prints a table; writes $OUT/speculative.json (or --out DIR). ``--budget-s`` skips the
+cells that would start after the budget (they are listed as skipped, never silently dropped).
 
 The other benchmark scripts import the helpers below (they run from benchmarks/).
 """
@@ -72,15 +77,34 @@ def workload_prompts(target, path: str | Path, kind: str, count: int, max_tokens
     return out
 
 
-def random_prompts(count: int, length: int, vocab: int, seed: int, repeat: bool = True) -> list[list[int]]:
-    """Warm-up prompts of random tokens, each a chunk written twice (``repeat``) or not. For N-gram
-    they add trie entries that never match real text; the repeat makes its drafts match, so the
-    warm-up captures the graph of its full-size tree, and the target's continuation of unrepeated
-    random text rarely matches anything, so it captures that of the roots alone (no row matched)."""
+def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """Prompts of random tokens (for N-gram: trie entries that never match real text)."""
     rng = random.Random(seed)
-    half = (length + 1) // 2 if repeat else length
-    chunks = [[rng.randrange(1, vocab) for _ in range(half)] for _ in range(count)]
-    return [(chunk * 2)[:length] for chunk in chunks]
+    return [[rng.randrange(1, vocab) for _ in range(length)] for _ in range(count)]
+
+
+def timed_region(engine) -> dict:
+    """Graph counters of ``engine`` now, to diff after a timed region (``region_faults``)."""
+    return dict(engine.graph_stats())
+
+
+def region_faults(engine, before: dict) -> dict:
+    """CUDA-graph captures and eager steps since ``before``: a timed region must have none (each
+    capture costs more than many iterations, and an eager step is not what a user runs)."""
+    now = engine.graph_stats()
+    return {"timed_graph_captures": now["captures"] - before["captures"],
+            "timed_eager_steps": now["eager"] - before["eager"]}
+
+
+def refused(row: dict, device: str) -> str | None:
+    """Why a measured row must not be reported (None: it may): any capture or eager step inside
+    its timed region on CUDA (on the CPU everything runs eagerly anyway)."""
+    if torch.device(device).type != "cuda":
+        return None
+    if row.get("timed_graph_captures") or row.get("timed_eager_steps"):
+        return (f"{row.get('timed_graph_captures', 0)} graph captures and {row.get('timed_eager_steps', 0)} "
+                f"eager steps inside the timed region")
+    return None
 
 
 def draft_config(method: str, draft_dir: str | Path, **overrides):
@@ -101,35 +125,45 @@ def draft_config(method: str, draft_dir: str | Path, **overrides):
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
 
 
+def _synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def measure(target, draft, prompts: list[list[int]], new_tokens: int, max_seq_len: int, seed: int,
-            batch: int | None = None) -> dict:
+            batch: int | None = None, temperature: float = 0.0) -> dict:
     """Fresh engine decoding ``prompts`` at most ``batch`` at a time (default: all in one batch;
-    the rest wait for a free slot), warmed up, then one timed greedy run."""
-    warmup_tokens = min(8, new_tokens)
+    the rest wait for a free slot): ``Engine.warmup()`` (timed), one untimed call on random
+    prompts of the same lengths (kernels that specialise on a prefill's shape), then the timed
+    call, end to end (prefill included), and a prefill-only call of the same prompts (one new
+    token each), timed to the GPU's end, after the timed call so no trie has seen the prompts
+    before it."""
     batch = batch or len(prompts)
     engine = st.Engine(target, draft=draft, max_batch_size=batch, max_seq_len=max_seq_len)
-    length = min(len(p) for p in prompts)
-    warm = [random_prompts(batch, length, target.config.vocab_size, seed + 1, repeat)
-            for repeat in (True, False)]
-    # Warm every batch bucket the timed run can shrink through (requests finish at different
-    # iterations), so no CUDA-graph capture or kernel compilation lands inside the timing (the
-    # rows' timed_graph_captures say whether any did).
-    for bucket in engine.graph_buckets:
-        for w in warm:
-            engine.generate(w[: min(bucket, len(w))], max_new_tokens=warmup_tokens, record=False,
-                            ignore_eos=True, seed=seed)
-    graphs_before = engine.graph_stats()
+    warm = engine.warmup()
+    vocab = target.config.vocab_size
+    shaped = [random_prompts(1, len(p), vocab, seed + 1 + i)[0] for i, p in enumerate(prompts[:batch])]
+    engine.generate(shaped, max_new_tokens=2, record=False, ignore_eos=True, seed=seed, temperature=temperature)
+    before = timed_region(engine)
+    _synchronize(target.device)
     t0 = time.perf_counter()
-    result = engine.generate(prompts, max_new_tokens=new_tokens, record=False, ignore_eos=True, seed=seed)
+    result = engine.generate(prompts, max_new_tokens=new_tokens, record=False, ignore_eos=True, seed=seed,
+                             temperature=temperature)
+    _synchronize(target.device)
     wall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    engine.generate(prompts, max_new_tokens=1, record=False, ignore_eos=True, seed=seed, temperature=temperature)
+    _synchronize(target.device)
+    prefill = time.perf_counter() - t0
+    faults = region_faults(engine, before)
     stats = result.stats.to_dict()
-    # A capture (or an eager fallback) inside the timed run costs far more than a replay: count them.
-    timed_graphs = {k: v - graphs_before[k] for k, v in engine.graph_stats().items()}
     return {"tokens_per_s": stats["tokens_per_s"] or 0.0, "mean_accept_length": stats["mean_accept_length"],
-            "timed_graph_captures": timed_graphs["captures"], "timed_eager_steps": timed_graphs["eager"],
-            "phase_us": stats["phase_us"], "iterations": stats["iterations"],
+            **faults, "phase_us": stats["phase_us"], "iterations": stats["iterations"],
             "generated_tokens": stats["generated_tokens"], "wall_s": wall,
-            "end_to_end_tokens_per_s": stats["end_to_end_tokens_per_s"], "token_ids": result.token_ids}
+            "end_to_end_tokens_per_s": stats["generated_tokens"] / wall,
+            "time_to_first_token_ms": (stats["time_to_first_token_s"] or 0.0) * 1e3,
+            "prefill_ms": prefill * 1e3, "warmup_s": warm["seconds"], "warmup_captures": warm["captures"],
+            "temperature": temperature, "token_ids": result.token_ids}
 
 
 def write_json(name: str, payload: dict, out: str | None) -> Path | None:
@@ -186,6 +220,45 @@ def parse_overrides(items: list[str]) -> dict[str, dict]:
     return out
 
 
+def add_implied_speedups(rows: list[dict]) -> None:
+    """A sampled row's ``implied_speedup``: the greedy row's speedup (same workload, batch and
+    method) scaled by the tokens per iteration, (1 + its accept length) / (1 + greedy's), i.e.
+    what its accept length would give at greedy's cost per iteration."""
+    greedy = {(r["workload"], r["batch"], r["method"]): r for r in rows if r["temperature"] == 0}
+    for r in rows:
+        g = greedy.get((r["workload"], r["batch"], r["method"]))
+        r["implied_speedup"] = (g["speedup"] * (1 + r["mean_accept_length"]) / (1 + g["mean_accept_length"])
+                                if r["temperature"] and g and g["speedup"] and r["speedup"] is not None else None)
+
+
+def print_table(rows: list[dict], args: argparse.Namespace, new_tokens: int) -> None:
+    print(f"\nspeculative.py — {run_meta(args)['gpu'] or args.device}; target {args.model}; "
+          f"{new_tokens} new tokens per request; e2e = end to end (prefill included), decode = iterations only; "
+          f"prefill = a one-token call of the same prompts; a cell with a graph capture or an eager step "
+          f"inside its timed region is refused")
+    phases = ("draft_us", "index_us", "verify_us", "commit_us", "trie_get_us", "trie_put_us")
+    print(f"{'workload':<10} {'bs':>3} {'temp':>4} {'method':<18} {'e2e tok/s':>9} {'decode':>9} {'e2e x':>6} "
+          f"{'dec x':>6} {'impl x':>6} {'accept':>6} {'ttft ms':>7} {'prefill':>7} {'pf x':>5} "
+          + " ".join(f"{name.removesuffix('_us'):>8}" for name in phases) + f" {'same':>5}   (µs/iteration)")
+    for r in rows:
+        head = f"{r['workload']:<10} {r['batch']:>3} {r['temperature']:>4g} {r['method']:<18}"
+        if r["refused"]:
+            print(f"{head} refused: {r['refused']}")
+            continue
+        ph = r["phase_us"]
+        print(f"{head} {r['end_to_end_tokens_per_s']:>9.1f} {r['tokens_per_s']:>9.1f} "
+              f"{fmt(r['end_to_end_speedup'], '.2f'):>6} {fmt(r['speedup'], '.2f'):>6} "
+              f"{fmt(r['implied_speedup'], '.2f'):>6} {r['mean_accept_length']:>6.2f} "
+              f"{r['time_to_first_token_ms']:>7.1f} {r['prefill_ms']:>7.1f} {fmt(r['prefill_vs_plain'], '.2f'):>5} "
+              + " ".join(f"{ph.get(name, 0):>8.0f}" for name in phases)
+              + f" {str(r['same_tokens_as_plain']):>5}")
+    warm = [r for r in rows if r["warmup_captures"]]
+    if warm:
+        print("Engine.warmup(): " + ", ".join(f"{r['method']}/bs{r['batch']} {r['warmup_s']:.2f} s "
+                                               f"({r['warmup_captures']} graphs)" for r in warm[:8])
+              + (" ..." if len(warm) > 8 else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(p)
@@ -193,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", help="comma-separated (default: every method whose draft is in --draft-dir)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--temperatures", default="0",
+                   help="comma-separated; 0 = greedy, > 0 sampled cells (e.g. 0,0.7,1.0)")
     p.add_argument("--min-prompts", type=int, default=4,
                    help="prompts per cell at least: a batch smaller than this decodes them in turn")
     p.add_argument("--budget-s", type=float, default=float("inf"),
@@ -223,54 +298,48 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     rows, skipped = [], []
+    temperatures = [float(t) for t in args.temperatures.split(",")]
     for workload in args.workloads.split(","):
         for batch in batches:
             count = 1 if args.quick else max(batch, args.min_prompts)
             prompts = workload_prompts(target, args.prompts, workload, count, max_prompt)
-            base, base_tokens = None, None
-            for method in methods:
-                cell = {"workload": workload, "batch": batch, "method": method}
-                if time.perf_counter() - started > args.budget_s:
-                    skipped.append(cell)
-                    continue
-                seed_all(args.seed)
-                r = measure(target, configs[method], prompts, new_tokens,
-                            min(max_seq_len, max(map(len, prompts)) + new_tokens + 8), args.seed, batch)
-                tokens = r.pop("token_ids")
-                if method == "plain":
-                    base, base_tokens = r, tokens
-                row = {**cell, **r, "new_tokens": new_tokens,
-                       "speedup": r["tokens_per_s"] / base["tokens_per_s"] if base else None,
-                       # greedy speculative output must equal plain greedy output (bf16 may differ on ties)
-                       "same_tokens_as_plain": tokens == base_tokens if base else None}
-                rows.append(row)
-
-    print(f"\nspeculative.py — {run_meta(args)['gpu'] or args.device}; target {args.model}; "
-          f"{new_tokens} new tokens per request; tok/s = decode tokens/s (prefill excluded)")
-    phases = ("draft_us", "index_us", "verify_us", "commit_us", "trie_get_us", "trie_put_us")
-    print(f"{'workload':<10} {'bs':>3} {'method':<18} {'tok/s':>9} {'accept':>6} {'speedup':>7} "
-          + " ".join(f"{name.removesuffix('_us'):>8}" for name in phases) + f" {'same':>5}   (µs/iteration)")
-    for r in rows:
-        ph = r["phase_us"]
-        print(f"{r['workload']:<10} {r['batch']:>3} {r['method']:<18} {r['tokens_per_s']:>9.1f} "
-              f"{r['mean_accept_length']:>6.2f} {fmt(r['speedup'], '.2f'):>7} "
-              + " ".join(f"{ph.get(name, 0):>8.0f}" for name in phases)
-              + f" {str(r['same_tokens_as_plain']):>5}")
+            for temperature in temperatures:
+                base, base_tokens = None, None
+                for method in methods:
+                    cell = {"workload": workload, "batch": batch, "temperature": temperature, "method": method}
+                    if time.perf_counter() - started > args.budget_s:
+                        skipped.append(cell)
+                        continue
+                    seed_all(args.seed)
+                    r = measure(target, configs[method], prompts, new_tokens,
+                                min(max_seq_len, max(map(len, prompts)) + new_tokens + 8), args.seed, batch,
+                                temperature)
+                    tokens = r.pop("token_ids")
+                    row = {**cell, **r, "new_tokens": new_tokens, "refused": refused(r, args.device)}
+                    if method == "plain":
+                        base, base_tokens = row, tokens
+                    ok = base is not None and not base["refused"] and not row["refused"]
+                    row.update(
+                        speedup=r["tokens_per_s"] / base["tokens_per_s"] if ok else None,
+                        end_to_end_speedup=(r["end_to_end_tokens_per_s"] / base["end_to_end_tokens_per_s"]
+                                            if ok else None),
+                        prefill_vs_plain=r["prefill_ms"] / base["prefill_ms"] if ok else None,
+                        # greedy speculative output must equal plain greedy output (bf16 may differ on ties)
+                        same_tokens_as_plain=tokens == base_tokens if base and temperature == 0 else None)
+                    rows.append(row)
+    add_implied_speedups(rows)
+    print_table(rows, args, new_tokens)
     big = max(batches)
-    keep = [f"{r['method']}/{r['workload']}" for r in rows
-            if r["batch"] == big and r["method"] != "plain" and (r["speedup"] or 0) >= 1.0]
-    print(f"speedup >= 1 at batch {big}: {', '.join(keep) if keep else 'none'}")
-    for r in rows if torch.device(args.device).type == "cuda" else ():  # the CPU runs eagerly anyway
-        if r["timed_graph_captures"] or r["timed_eager_steps"]:
-            print(f"note: {r['method']}/{r['workload']}/bs{r['batch']}: {r['timed_graph_captures']} CUDA-graph "
-                  f"captures and {r['timed_eager_steps']} eager steps inside the timed run")
+    keep = [f"{r['method']}/{r['workload']}/t{r['temperature']:g}" for r in rows
+            if r["batch"] == big and r["method"] != "plain" and (r["end_to_end_speedup"] or 0) >= 1.0]
+    print(f"end-to-end speedup >= 1 at batch {big}: {', '.join(keep) if keep else 'none'}")
     if skipped:
         print(f"skipped (budget {args.budget_s:.0f} s): "
-              + ", ".join(f"{c['method']}/{c['workload']}/bs{c['batch']}" for c in skipped))
+              + ", ".join(f"{c['method']}/{c['workload']}/bs{c['batch']}/t{c['temperature']:g}" for c in skipped))
     settings = {m: (c.to_dict() if c is not None else None) for m, c in configs.items()}
     write_json("speculative.json", {"meta": {**run_meta(args), "model": args.model, "settings": settings},
                                     "rows": rows, "skipped": skipped,
-                                    f"speedup_ge_1_at_batch_{big}": keep}, args.out)
+                                    f"end_to_end_speedup_ge_1_at_batch_{big}": keep}, args.out)
     return 0
 
 

@@ -51,6 +51,12 @@ def test_speculative_equal_work_and_lossless(speculative_json):
         plain = next(p for p in rows if p["method"] == "plain" and p["workload"] == r["workload"]
                      and p["batch"] == r["batch"])
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / plain["tokens_per_s"])
+        assert r["end_to_end_tokens_per_s"] == pytest.approx(r["generated_tokens"] / r["wall_s"])
+        assert r["end_to_end_speedup"] == pytest.approx(r["end_to_end_tokens_per_s"]
+                                                       / plain["end_to_end_tokens_per_s"])
+        assert r["prefill_vs_plain"] == pytest.approx(r["prefill_ms"] / plain["prefill_ms"])
+        assert 0 < r["time_to_first_token_ms"] < r["wall_s"] * 1e3
+        assert r["refused"] is None  # the CPU runs eagerly: nothing to refuse
         assert "verify_us" in r["phase_us"]
     assert all(r["mean_accept_length"] == 0 for r in rows if r["method"] == "plain")
 
@@ -66,6 +72,29 @@ def test_speculative_set_overrides_a_method_setting(tmp_path):
         with pytest.raises(SystemExit) as exit_:
             run_script("speculative", tmp_path, "--set", bad)
         assert exit_.value.code == 2
+
+
+def test_speculative_sampled_cells_and_their_implied_speedup(tmp_path):
+    rows = run_script("speculative", tmp_path, "--methods", "eagle", "--workloads", "editing",
+                      "--temperatures", "0,1.0")["rows"]
+    assert {(r["method"], r["temperature"]) for r in rows} == {(m, t) for m in ("plain", "eagle") for t in (0, 1.0)}
+    greedy = next(r for r in rows if r["method"] == "eagle" and r["temperature"] == 0)
+    sampled = next(r for r in rows if r["method"] == "eagle" and r["temperature"] == 1.0)
+    assert sampled["same_tokens_as_plain"] is None and sampled["generated_tokens"] == greedy["generated_tokens"]
+    assert sampled["implied_speedup"] == pytest.approx(
+        greedy["speedup"] * (1 + sampled["mean_accept_length"]) / (1 + greedy["mean_accept_length"]))
+
+
+def test_a_cell_with_captures_or_eager_steps_in_its_timed_region_is_refused():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from speculative import refused
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert refused({"timed_graph_captures": 0, "timed_eager_steps": 0}, "cuda") is None
+    assert "2 graph captures" in refused({"timed_graph_captures": 2, "timed_eager_steps": 0}, "cuda")
+    assert "3 eager steps" in refused({"timed_graph_captures": 0, "timed_eager_steps": 3}, "cuda")
+    assert refused({"timed_graph_captures": 0, "timed_eager_steps": 3}, "cpu") is None
 
 
 def test_step_times_implied_speedup_follows_from_times(speculative_json):
