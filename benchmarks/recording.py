@@ -17,8 +17,11 @@ the same step without (re-run on the run's last inputs; on CUDA with a sync each
 record graph's extra GPU time).
 (b) Engine. tokens/s of `Engine.generate` on the bundled demo model with
 record=True vs record=False, at bs 1 and 16, for each method (none, ngram, eagle,
-multi_layer_eagle); on and off runs alternate ``--repeats`` times and the table
-shows the medians and their ratio (on / off, 1.0 = free). ``--shape 8B|1B`` runs the
+multi_layer_eagle); on and off runs alternate ``--repeats`` times (which goes first
+alternates too) and the table shows the medians and their ratio (on / off, 1.0 = free).
+Every run does the same work: one engine per cell, warmed up once (``Engine.warmup``), whose
+N-gram trie is emptied before each run (else each run would draft from the prompts and outputs
+of the runs before it); a cell whose runs captured a graph or ran a step eagerly is refused. ``--shape 8B|1B`` runs the
 engine part on a target of one of decode.py's shapes (Llama-3-8B, Llama-3.2-1B, the 107M
 trained target's) with random weights (bf16 on CUDA) instead, and random draft layers of that
 shape, prompts of random token ids; there a fixed per-iteration recording cost weighs as much
@@ -39,7 +42,7 @@ from pathlib import Path
 import torch
 from decode import SHAPES, random_target
 from profile_iteration import random_drafts
-from speculative import draft_config
+from speculative import draft_config, refused, region_faults, timed_region
 
 from spectool.trace.recorder import Recorder
 
@@ -144,7 +147,7 @@ def measure_host(device: str, new_tokens: int, steps: int) -> list[dict]:
     results = []
     for method in METHODS:
         engine = st.Engine(target, draft=_draft_config(method, demo), max_batch_size=1, max_seq_len=2048)
-        engine.generate([prompt], max_new_tokens=16, ignore_eos=True)  # warm-up: captures, JIT
+        engine.warmup(sampling=False)  # captures, JIT
         calls: dict[str, list[float]] = {}
         last: dict = {}
         record_runner = engine._greedy_record_runner
@@ -211,17 +214,25 @@ def measure_engine(device: str, batches: tuple[int, ...], repeats: int, max_new_
             try:
                 engine = st.Engine(target, draft=_draft_config(method, demo), max_batch_size=bs,
                                    max_seq_len=1024 if shape != "demo" else 2048)
+                engine.warmup(sampling=False)
                 batch_prompts = [prompts[i % len(prompts)] for i in range(bs)]
                 speed = {True: [], False: []}
-                for rep in range(repeats + 1):  # run 0 warms up: graph capture, Triton JIT, allocator
-                    for record in (False, True):
+                before = None
+                for rep in range(repeats + 1):  # run 0 warms up the rest: Triton JIT of prefill shapes, allocator
+                    if rep == 1:
+                        before = timed_region(engine)
+                    for record in (False, True) if rep % 2 else (True, False):
+                        _empty_trie(engine)
                         res = engine.generate(batch_prompts, max_new_tokens=max_new_tokens, record=record,
                                               ignore_eos=True)
                         if rep:
                             speed[record].append(res.stats.tokens_per_s)
-                off, on = statistics.median(speed[False]), statistics.median(speed[True])
-                row.update(tokens_per_s_off=off, tokens_per_s_on=on, ratio=on / off,
-                           runs_off=speed[False], runs_on=speed[True])
+                row.update(region_faults(engine, before))
+                row["refused"] = refused(row, device)
+                if not row["refused"]:
+                    off, on = statistics.median(speed[False]), statistics.median(speed[True])
+                    row.update(tokens_per_s_off=off, tokens_per_s_on=on, ratio=on / off,
+                               runs_off=speed[False], runs_on=speed[True])
             except Exception as e:  # one broken method must not hide the others' figures
                 row["error"] = f"{type(e).__name__}: {e}"[:200]
             results.append(row)
@@ -229,9 +240,19 @@ def measure_engine(device: str, batches: tuple[int, ...], repeats: int, max_new_
     return results
 
 
+def _empty_trie(engine) -> None:
+    """Start a run from an empty N-gram trie, as the first run did (other drafters keep no state
+    across calls: their per-slot tables are rewritten at prefill)."""
+    corpus = getattr(engine.drafter, "corpus", None)
+    if corpus is not None:
+        corpus.reset()
+
+
 def _engine_line(r: dict) -> str:
     if "error" in r:
         return f"{r['method']:>18} {r['batch']:>5}  error: {r['error']}"
+    if r.get("refused"):
+        return f"{r['method']:>18} {r['batch']:>5}  refused: {r['refused']}"
     return (f"{r['method']:>18} {r['batch']:>5} {r['tokens_per_s_off']:>10.1f} {r['tokens_per_s_on']:>10.1f} "
             f"{r['ratio']:>6.3f}")
 
