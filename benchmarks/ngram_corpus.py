@@ -8,11 +8,14 @@ worker thread; `synchronize()` after each put keeps them inside the timing. Pinn
 one core. The pure-Python reference (tests/ngram_reference.py) runs the same loop on a
 smaller trie (it needs ~0.5 KB per node), in the same run, for the ratio.
 
-    python benchmarks/ngram_corpus.py [--tokens 1000000] [--iters 200] [--capacity 10000000]
+    python benchmarks/ngram_corpus.py [--tokens 1000000] [--iters 200] [--capacity 10000000] [--match both]
 
 1M tokens of source need more than the default capacity (10M nodes; a token adds up to
 18 n-grams), so eviction runs in every timed put; pass e.g. --capacity 20000000 to time
 a trie that never evicts. Native timings are the median of --repeats runs.
+
+``--match both`` (the default) times BFS and then PROB matching on the same tokens and streams
+in one run (one corpus at a time) and prints PROB's get and get+put over BFS's per batch size.
 
 Prints a table and writes ngram_corpus.json to $OUT if set.
 """
@@ -65,8 +68,9 @@ def train_tokenizer(texts: list[str]) -> Tokenizer:
 
 
 def decode_loop(corpus, streams: list[np.ndarray], start: int, iters: int,
-                sync: bool) -> tuple[float, float, float]:
-    """Wall seconds in get, in put (+synchronize), and process CPU seconds (all threads) of the loop.
+                sync: bool) -> tuple[float, float, float, float]:
+    """Wall seconds in get, in put (+synchronize), process CPU seconds (all threads) of the loop,
+    and CPU seconds of the calling thread in get (what a busy machine's other load leaves alone).
 
     The batches are cut from the streams before the clocks start, so neither clock
     counts the loop's own array building (about 1 µs per request at bs=64).
@@ -79,19 +83,21 @@ def decode_loop(corpus, streams: list[np.ndarray], start: int, iters: int,
         tails = np.stack([s[total - WINDOW:total] for s in streams])
         windows = np.stack([s[total + 1 - WINDOW:total + 1] for s in streams])  # + the "accepted" token
         batches.append((tails, [total] * bs, windows, [total + 1] * bs))
-    t_get = t_put = 0.0
+    t_get = t_put = c_get = 0.0
     cpu0 = time.process_time()
     for tails, lens, windows, put_lens in batches:
+        c0 = time.thread_time()
         t0 = time.perf_counter()
         corpus.batch_get(ids, tails, lens)
         t1 = time.perf_counter()
+        c_get += time.thread_time() - c0
         corpus.batch_put(windows, ids, put_lens)
         if sync:
             corpus.synchronize()
         t2 = time.perf_counter()
         t_get += t1 - t0
         t_put += t2 - t1
-    return t_get, t_put, time.process_time() - cpu0
+    return t_get, t_put, time.process_time() - cpu0, c_get
 
 
 def main() -> None:
@@ -99,7 +105,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1_000_000, help="tokens put before timing")
     ap.add_argument("--ref-tokens", type=int, default=50_000, help="tokens put into the Python reference")
     ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--match", default="bfs", choices=["bfs", "prob"])
+    ap.add_argument("--match", default="both", choices=["bfs", "prob", "both"])
     ap.add_argument("--repeats", type=int, default=5, help="native timing runs per batch size (median)")
     ap.add_argument("--capacity", type=int, default=10_000_000, help="trie capacity in nodes")
     args = ap.parse_args()
@@ -114,7 +120,29 @@ def main() -> None:
     train, held = ids[:args.tokens], ids[args.tokens:]
     print(f"tokenizer + {len(ids)} tokens in {time.perf_counter() - t0:.1f}s")
 
-    corpus = NgramCorpus(max_trie_depth=DEPTH, num_draft_tokens=N, match=args.match, capacity=args.capacity)
+    matches = ("bfs", "prob") if args.match == "both" else (args.match,)
+    results = {m: time_match(m, train, held, args) for m in matches}
+    out: dict = results[matches[0]] if len(matches) == 1 else {"matches": results}
+    if len(matches) == 2:
+        print("\nPROB over BFS per request (same tokens, streams and run; get cpu = the calling thread's CPU "
+              "time in get)")
+        print(f"{'bs':>4} {'get':>6} {'get cpu':>8} {'get+put':>8}")
+        ratios = []
+        for b, p in zip(results["bfs"]["rows"], results["prob"]["rows"]):
+            ratio = {"bs": b["bs"], "get": p["get_us"] / b["get_us"], "get_cpu": p["get_cpu_us"] / b["get_cpu_us"],
+                     "total": p["total_us"] / b["total_us"]}
+            ratios.append(ratio)
+            print(f"{b['bs']:>4} {ratio['get']:>5.2f}x {ratio['get_cpu']:>7.2f}x {ratio['total']:>7.2f}x")
+        out["prob_over_bfs"] = ratios
+    if os.environ.get("OUT"):
+        path = Path(os.environ["OUT"]) / "ngram_corpus.json"
+        path.write_text(json.dumps(out, indent=2))
+        print(f"wrote {path}")
+
+
+def time_match(match: str, train: np.ndarray, held: np.ndarray, args: argparse.Namespace) -> dict:
+    """Build a corpus of ``train`` with this match type and time the decode loop at bs 1, 8, 64."""
+    corpus = NgramCorpus(max_trie_depth=DEPTH, num_draft_tokens=N, match=match, capacity=args.capacity)
     t0 = time.perf_counter()
     chunk = 4096
     corpus.batch_put([train[i:i + chunk] for i in range(0, len(train), chunk)])
@@ -124,7 +152,7 @@ def main() -> None:
     print(f"put {len(train)} tokens in {build_s:.1f}s: {stats['nodes']} nodes (capacity {args.capacity}, "
           f"{stats['evictions']} evictions), {stats['bytes_per_node']:.0f} bytes/node")
 
-    ref = ReferenceCorpus(max_trie_depth=DEPTH, num_draft_tokens=N, match=args.match)
+    ref = ReferenceCorpus(max_trie_depth=DEPTH, num_draft_tokens=N, match=match)
     ref.batch_put([train[i:i + chunk] for i in range(0, args.ref_tokens, chunk)])
 
     rows = []
@@ -139,35 +167,32 @@ def main() -> None:
             next_stretch += bs
             corpus.erase_match_state(list(range(bs)))
             runs.append(decode_loop(corpus, streams, WINDOW + 1, args.iters, sync=True))
-        g, p, cpu = (float(np.median(x)) for x in zip(*runs))
+        g, p, cpu, gcpu = (float(np.median(x)) for x in zip(*runs))
         n = args.iters * bs
         ref_iters = max(3, args.iters // bs // 4)
-        rg, rp, rcpu = decode_loop(ref, streams, WINDOW + 1, ref_iters, sync=False)
+        rg, rp, rcpu, _ = decode_loop(ref, streams, WINDOW + 1, ref_iters, sync=False)
         rn = ref_iters * bs
-        rows.append(dict(bs=bs, get_us=g / n * 1e6, put_us=p / n * 1e6, total_us=(g + p) / n * 1e6,
+        rows.append(dict(bs=bs, get_us=g / n * 1e6, get_cpu_us=gcpu / n * 1e6, put_us=p / n * 1e6,
+                         total_us=(g + p) / n * 1e6,
                          cpu_us=cpu / n * 1e6, cpu_us_runs=[r[2] / n * 1e6 for r in runs],
                          ref_total_us=(rg + rp) / rn * 1e6, ref_cpu_us=rcpu / rn * 1e6,
                          speedup=((rg + rp) / rn) / ((g + p) / n), cpu_speedup=(rcpu / rn) / (cpu / n)))
     timed_evictions = corpus.stats()["evictions"] - stats["evictions"]
 
-    print(f"\nNgramCorpus ({args.match}, N={N}, depth {DEPTH}, {len(train)} tokens put, capacity "
+    print(f"\nNgramCorpus ({match}, N={N}, depth {DEPTH}, {len(train)} tokens put, capacity "
           f"{args.capacity}, {timed_evictions} evictions while timed), "
           "µs per request, one core")
     print("(wall: get, put+synchronize, both; cpu: process CPU time of get+put, all threads; "
           "native: median of runs)")
-    print(f"{'bs':>4} {'get':>8} {'put+sync':>9} {'get+put':>8} {'cpu':>8} {'ref wall':>9} {'ref cpu':>8} "
-          f"{'speedup':>8} {'cpu spd':>8}")
+    print(f"{'bs':>4} {'get':>8} {'get cpu':>8} {'put+sync':>9} {'get+put':>8} {'cpu':>8} {'ref wall':>9} "
+          f"{'ref cpu':>8} {'speedup':>8} {'cpu spd':>8}")
     for r in rows:
-        print(f"{r['bs']:>4} {r['get_us']:>8.2f} {r['put_us']:>9.2f} {r['total_us']:>8.2f} "
+        print(f"{r['bs']:>4} {r['get_us']:>8.2f} {r['get_cpu_us']:>8.2f} {r['put_us']:>9.2f} {r['total_us']:>8.2f} "
               f"{r['cpu_us']:>8.2f} {r['ref_total_us']:>9.1f} {r['ref_cpu_us']:>8.1f} "
               f"{r['speedup']:>7.1f}x {r['cpu_speedup']:>7.1f}x")
-    result = dict(match=args.match, tokens=len(train), capacity=args.capacity, nodes=stats["nodes"],
-                  evictions=stats["evictions"], timed_evictions=timed_evictions,
-                  bytes_per_node=stats["bytes_per_node"], build_s=build_s, rows=rows)
-    if os.environ.get("OUT"):
-        out = Path(os.environ["OUT"]) / "ngram_corpus.json"
-        out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {out}")
+    return dict(match=match, tokens=len(train), capacity=args.capacity, nodes=stats["nodes"],
+                evictions=stats["evictions"], timed_evictions=timed_evictions,
+                bytes_per_node=stats["bytes_per_node"], build_s=build_s, rows=rows)
 
 
 if __name__ == "__main__":

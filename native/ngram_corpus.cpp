@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <limits>
 #include <queue>
+#include <type_traits>
 
 #include "ngram_corpus.h"
 
@@ -65,44 +66,80 @@ void bfs_pass(const Source& src, int32_t start, int breadth, Tree& tree,
   }
 }
 
-struct Candidate {
-  double prob;
-  uint64_t seq;  // ties go to the earlier push
-  int32_t id, token;
-  int parent;
-  bool operator<(const Candidate& o) const { return prob != o.prob ? prob < o.prob : seq > o.seq; }
-};
-
-// Best-first by path probability, the product of count shares among siblings.
+// The `keep` most frequent children of a node (count descending, ties in the source's order)
+// and the sum of all its children's counts, in one walk of the sibling list: no copy of the
+// children, no sort of them all.
 template <class Source>
-void prob_pass(const Source& src, int32_t start, Tree& tree, std::vector<Child>& kids) {
-  std::priority_queue<Candidate> heap;
+void top_children(const Source& src, int32_t id, size_t keep, ProbExpansion& out) {
+  out.sum = 0;
+  out.children = 0;
+  out.top.clear();
+  src.for_each_child(id, [&](const Child& c) {
+    out.sum += c.count;
+    std::vector<Child>& top = out.top;
+    if (keep > 0 && (top.size() < keep || c.count > top.back().count)) {
+      // After every kept child of a count >= c's: a stable sort by count, descending.
+      size_t pos = top.size();
+      while (pos > 0 && top[pos - 1].count < c.count) --pos;
+      if (top.size() == keep) top.pop_back();
+      top.insert(top.begin() + static_cast<std::ptrdiff_t>(pos), c);
+    }
+    ++out.children;
+    return true;
+  });
+}
+
+// Best-first by path probability, the product of count shares among siblings. With a
+// `cache` (trie passes), expansions of nodes with many children are read from it while valid.
+template <class Source>
+void prob_pass(const Source& src, int32_t start, Tree& tree, ProbScratch& scratch, ProbCache* cache) {
+  std::vector<Candidate>& heap = scratch.heap;
+  heap.clear();
   uint64_t seq = 0;
-  // At most N-1 nodes are popped in one pass (each adds a node or reuses one), so a
-  // child ranked below N-1 among its siblings can never be reached: push only the top.
-  const size_t keep = static_cast<size_t>(tree.n - 1);
+  // A child ranked r among its siblings is popped only after the r before it, each of which
+  // adds a node (at most n - size more) or reuses one of the tree node's children: a child
+  // ranked below that can never be reached, so only the top are pushed.
+  const size_t most = static_cast<size_t>(tree.n - 1);
   auto expand = [&](int32_t id, int at, double prob) {
-    src.children(id, kids, std::numeric_limits<size_t>::max());
-    int64_t sum = 0;
-    for (const Child& c : kids) sum += c.count;
-    if (sum <= 0) return;
-    std::vector<size_t> order(kids.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    size_t top = std::min(keep, order.size());
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(top), order.end(),
-                      [&](size_t a, size_t b) { return kids[a].count != kids[b].count ? kids[a].count > kids[b].count : a < b; });
+    const ProbExpansion* e = &scratch.expansion;
+    if constexpr (std::is_same_v<Source, Trie>) {
+      const uint64_t signature = src.children_signature(id);
+      auto it = cache->find(id);
+      if (it != cache->end() && it->second.signature == signature) {
+        e = &it->second;
+      } else {
+        top_children(src, id, most, scratch.expansion);
+        scratch.expansion.signature = signature;
+        if (scratch.expansion.children >= ProbCache::kMinChildren) {
+          if (it != cache->end()) {
+            it->second = scratch.expansion;
+          } else {
+            if (cache->size() >= ProbCache::kMaxEntries) cache->clear();
+            it = cache->emplace(id, scratch.expansion).first;
+          }
+          e = &it->second;
+        }
+      }
+    } else {
+      top_children(src, id, most, scratch.expansion);
+    }
+    if (e->sum <= 0) return;
+    const size_t reach = static_cast<size_t>(tree.n - tree.size + tree.fanout[at]);
+    const size_t top = std::min(e->top.size(), reach);
     for (size_t i = 0; i < top; ++i) {
-      const Child& c = kids[order[i]];
-      heap.push(Candidate{prob * static_cast<double>(c.count) / static_cast<double>(sum), seq++, c.id, c.token, at});
+      const Child& c = e->top[i];
+      heap.push_back(Candidate{prob * static_cast<double>(c.count) / static_cast<double>(e->sum), seq++, c.id, c.token, at});
+      std::push_heap(heap.begin(), heap.end());
     }
   };
   expand(start, 0, 1.0);
   while (!heap.empty() && !tree.full()) {
-    Candidate c = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end());
+    Candidate c = heap.back();
+    heap.pop_back();
     int idx = tree.find(c.parent, c.token);
     if (idx < 0) idx = tree.add(c.token, c.parent, c.prob);
-    expand(c.id, idx, c.prob);
+    if (!tree.full()) expand(c.id, idx, c.prob);  // a full tree would only queue the children
   }
 }
 
@@ -236,14 +273,13 @@ void NgramCorpus::build_tree(const int32_t* tail, int64_t len, int64_t row, cons
   tree.parents[0] = -1;
   tree.scores[0] = 1.0f;
   int match_len = 0, breadth = 0;
-  std::vector<Child>& kids = kids_;
 
   auto run_pass = [&](const auto& src, int32_t start, int m) {
     int b = breadth_for(m);
     if (bfs)
       bfs_pass(src, start, b, tree, bfs_queue_);
     else
-      prob_pass(src, start, tree, kids);
+      prob_pass(src, start, tree, prob_scratch_, &prob_cache_);
     if (match_len == 0) {
       match_len = m;
       breadth = b;
@@ -316,6 +352,9 @@ void NgramCorpus::build_tree(const int32_t* tail, int64_t len, int64_t row, cons
 void NgramCorpus::get(const TokenBatch& tails, const std::vector<int64_t>& req_ids,
                       const std::vector<int64_t>& total_lens, const DraftBuffers& out) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Entries of nodes that lost a child to eviction since the last get are stale (a created or
+  // counted child changes the node's signature instead).
+  if (!trie_.drain_evicted([this](int32_t parent) { prob_cache_.erase(parent); })) prob_cache_.clear();
   const bool cached = !req_ids.empty() && !total_lens.empty();
   for (int64_t i = 0; i < tails.size(); ++i) {
     const int32_t* tail = tails.data(i);
@@ -344,6 +383,7 @@ void NgramCorpus::reset() {
   std::lock_guard<std::mutex> lock(mu_);
   trie_.clear();
   requests_.clear();
+  prob_cache_.clear();
   puts_ = gets_ = 0;
 }
 

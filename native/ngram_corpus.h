@@ -58,6 +58,39 @@ struct Child {
   int64_t count;
 };
 
+// What a PROB expansion of a node reads: its most frequent children, in the order they are
+// pushed, and the sum of all its children's counts.
+struct ProbExpansion {
+  int64_t sum = 0;
+  int64_t children = 0;
+  std::vector<Child> top;
+  uint64_t signature = 0;  // Trie::children_signature when it was read
+};
+
+// Trie node -> its expansion, kept only for nodes of at least kMinChildren children (fewer
+// cost less to walk again than to look up): the nodes of frequent short contexts, costly to
+// walk and expanded by many requests. An entry is used only while the node's children are
+// unchanged: its signature says no child was created or counted since, and get() drops the
+// entries of the parents of evicted nodes (all of them when the trie lost track, or was reset).
+struct ProbCache : std::unordered_map<int32_t, ProbExpansion> {
+  static constexpr int64_t kMinChildren = 32;
+  static constexpr size_t kMaxEntries = 1 << 14;
+};
+
+// A PROB candidate: a source node below tree node `parent`, by path probability (a max-heap).
+struct Candidate {
+  double prob;
+  uint64_t seq;  // ties go to the earlier push
+  int32_t id, token;
+  int parent;
+  bool operator<(const Candidate& o) const { return prob != o.prob ? prob < o.prob : seq > o.seq; }
+};
+
+struct ProbScratch {
+  std::vector<Candidate> heap;
+  ProbExpansion expansion;
+};
+
 class Trie {
  public:
   // stamp_limit: stamps stay below it; reaching it renumbers them (tests lower it; it
@@ -101,6 +134,23 @@ class Trie {
   }
   // The first `limit` children in recency order.
   void children(int32_t node, std::vector<Child>& out, size_t limit) const;
+  // Changes whenever a child of `node` is created or counted (that child moves to the front
+  // of the sibling list with a larger count, or is the new front); evictions are not seen.
+  uint64_t children_signature(int32_t node) const {
+    const int32_t c = nodes_[node].first_child;
+    return c < 0 ? ~uint64_t{0} : (static_cast<uint64_t>(static_cast<uint32_t>(c)) << 32) | nodes_[c].count;
+  }
+  // Calls f(parent) for the parent of every node evicted since the last call, or returns false
+  // (calling nothing) when too many were to keep track of, or the trie was cleared since.
+  template <class F>
+  bool drain_evicted(F&& f) {
+    const bool complete = !evicted_overflow_;
+    if (complete)
+      for (int32_t p : evicted_parents_) f(p);
+    evicted_parents_.clear();
+    evicted_overflow_ = false;
+    return complete;
+  }
   void clear();
 
   int64_t size() const { return size_; }
@@ -154,6 +204,10 @@ class Trie {
   size_t queue_peak_ = 0;  // most entries the queue held (its touched memory)
   int64_t size_ = 0;  // nodes, root excluded
   int64_t evictions_ = 0;
+  // Parents of the nodes evicted since the last drain_evicted (until there are too many).
+  std::vector<int32_t> evicted_parents_;
+  bool evicted_overflow_ = true;
+  static constexpr size_t kMaxEvictedParents = 1 << 16;
 };
 
 // Suffix automaton over the token chunks of one external corpus (chunks are joined by a
@@ -278,7 +332,8 @@ class NgramCorpus {
   std::unordered_map<int64_t, RequestState> requests_;
   Trie::Suffixes scratch_suf_;   // puts without request ids
   std::vector<int32_t> chain_;   // scratch of get: chain_[k] = node of the tail's last k tokens
-  std::vector<Child> kids_;  // scratch of build_tree (under mu_)
+  ProbScratch prob_scratch_;  // scratch of build_tree (under mu_)
+  ProbCache prob_cache_;      // PROB expansions of trie nodes (under mu_)
   std::vector<std::pair<int32_t, int>> bfs_queue_;
   std::vector<int> fanout_;
   int64_t puts_ = 0, gets_ = 0;

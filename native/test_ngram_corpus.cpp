@@ -44,13 +44,20 @@ void check_trees(const CorpusConfig& c, int64_t bs, const std::vector<int32_t>& 
   }
 }
 
-void run(Match match) {
+// vocab 12 and capacity 300 keep the trie small and evicting; `skewed` (half the tokens are 0,
+// the rest of a vocabulary of 80, capacity 3000) gives node 0 dozens of children, the nodes whose
+// PROB expansions the corpus keeps between gets.
+void run(Match match, bool skewed = false) {
   CorpusConfig c;
   c.max_trie_depth = 8;
   c.num_draft_tokens = 12;
   c.max_bfs_breadth = 4;
   c.match = match;
-  c.capacity = 300;
+  c.capacity = skewed ? 3000 : 300;
+  auto token = [skewed](Rng& rng) {
+    if (!skewed) return static_cast<int32_t>(rng.next(12));
+    return rng.next(2) == 0 ? 0 : 1 + static_cast<int32_t>(rng.next(80));
+  };
   NgramCorpus corpus(c);
   std::atomic<bool> done{false};
 
@@ -71,7 +78,7 @@ void run(Match match) {
       std::vector<int64_t> ids, lens;
       for (int64_t b = 0; b < bs; ++b) {
         int len = 1 + static_cast<int>(rng.next(10));
-        for (int j = 0; j < len; ++j) tails.tokens.push_back(static_cast<int32_t>(rng.next(12)));
+        for (int j = 0; j < len; ++j) tails.tokens.push_back(token(rng));
         tails.offsets.push_back(static_cast<int64_t>(tails.tokens.size()));
         ids.push_back(b);
         lens.push_back(len + step);
@@ -91,7 +98,7 @@ void run(Match match) {
       int64_t id = rng.next(16);
       auto& s = streams[id];
       int add = 1 + static_cast<int>(rng.next(3));
-      for (int j = 0; j < add; ++j) s.push_back(static_cast<int32_t>(rng.next(12)));
+      for (int j = 0; j < add; ++j) s.push_back(token(rng));
       size_t w = std::min<size_t>(s.size(), 10);
       windows.tokens.insert(windows.tokens.end(), s.end() - static_cast<std::ptrdiff_t>(w), s.end());
       windows.offsets.push_back(static_cast<int64_t>(windows.tokens.size()));
@@ -105,7 +112,7 @@ void run(Match match) {
     if (it % 400 == 0) {
       std::vector<std::vector<int32_t>> chunks(3);
       for (auto& ch : chunks)
-        for (int j = 0; j < 200; ++j) ch.push_back(static_cast<int32_t>(rng.next(12)));
+        for (int j = 0; j < 200; ++j) ch.push_back(token(rng));
       corpus.remove_external_corpus("ext");
       corpus.add_external_corpus("ext", std::make_unique<SuffixAutomaton>(chunks));
     }
@@ -171,6 +178,7 @@ int main() {
   renumbering_keeps_lru_order();
   run(Match::kBfs);
   run(Match::kProb);
+  run(Match::kProb, /*skewed=*/true);
   std::printf("ok\n");
   return 0;
 }

@@ -23,6 +23,8 @@ void Trie::clear() {
   head_ = 0;
   queue_peak_ = 0;
   orphans_ = {};
+  evicted_parents_.clear();
+  evicted_overflow_ = true;  // a cache of expansions must drop everything
   // Reserved address space is not memory until touched: reserving up to capacity (at
   // most 16M nodes) spares the trie the copies of vector doubling and keeps the arrays
   // in the huge pages advised below (a reallocation would lose them). Within a position
@@ -152,6 +154,10 @@ void Trie::evict_one() {
   }
   Node& n = nodes_[id];
   const int32_t parent = n.parent;
+  if (evicted_parents_.size() < kMaxEvictedParents)
+    evicted_parents_.push_back(parent);
+  else
+    evicted_overflow_ = true;
   sibling_unlink(id);
   const uint32_t h = NodeIndex::hash(parent, n.token);
   index_.prefetch(h);

@@ -185,6 +185,50 @@ def test_native_matches_reference_on_real_text(stdlib_tokens, match, capacity):
         assert ref.evictions > 0
 
 
+@pytest.mark.parametrize("capacity", [900, 10_000_000])
+def test_prob_matches_reference_on_nodes_with_many_children(capacity):
+    """PROB reads every child of a node it expands; a node with many (here the context "0", which
+    is followed by up to 150 different tokens) is where repeated expansions within a get and
+    across gets must see every count, creation and eviction since. Gets of several rows sharing
+    that node alternate with puts that change its children and (at the small capacity) puts of
+    text without a 0, which leave its children alone or evict some of them."""
+    params = dict(max_trie_depth=4, num_draft_tokens=12, match="prob", capacity=capacity)
+    native, ref = NgramCorpus(**params), ReferenceCorpus(**params)
+    rng = random.Random(1)
+
+    def follower() -> int:  # skewed, so counts differ and some tie
+        return min(150, 1 + int(rng.expovariate(1 / 30)))
+
+    seed = [t for _ in range(300) for t in (0, follower())]
+    for c in (native, ref):
+        c.batch_put([seed[i:i + 40] for i in range(0, len(seed), 40)])
+    streams = {r: [0, follower(), 0] for r in range(4)}
+    evicted_quietly = 0  # far puts that evicted children of a node 0 of >= 32 children
+    for step in range(60):
+        native.synchronize()
+        ids = [0, 1, 2, 3, 9]
+        tails = [streams[r][-3:] for r in range(4)] + [[follower(), 0]]
+        lens = [len(streams[r]) for r in range(4)] + [2]
+        assert_same(native.batch_get(ids, tails, lens), ref.batch_get(ids, tails, lens), f"step {step}")
+        if step % 2 == 0:  # a token after 0: one of node 0's children is counted or created
+            r = step // 2 % 4
+            streams[r] += [follower(), 0]
+            for c in (native, ref):
+                c.batch_put([streams[r][-6:]], [r], [len(streams[r])])
+        else:  # text without a 0: node 0's children stay as they were, unless evicted
+            before = len(ref.root.children[0].children)
+            far = [151 + rng.randrange(300) for _ in range(40)]
+            for c in (native, ref):
+                c.batch_put([far])
+            evicted_quietly += before >= 32 and len(ref.root.children[0].children) < before
+    native.synchronize()
+    assert native.stats()["nodes"] == ref.nodes
+    assert native.stats()["evictions"] == ref.evictions
+    assert len(ref.root.children[0].children) >= 32 or capacity < 10_000_000
+    if capacity < 10_000_000:
+        assert evicted_quietly >= 3, "evictions must remove children of the many-children node between gets"
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 4), min_size=0, max_size=15), min_size=1, max_size=4),
        st.lists(st.integers(0, 4), min_size=1, max_size=10), st.lists(st.integers(0, 4), max_size=10),
