@@ -163,7 +163,7 @@ def patched(counter: OpCounter) -> Iterator[None]:
 def instrument_engine(counter: OpCounter, engine: st.Engine) -> None:
     """Label each graphed function, its graph-input copies, prefill and the shared embedding/head."""
     runners = {"verify step": engine._greedy_runner, "verify step (record)": engine._greedy_record_runner,
-               "verify forward (sampling)": engine._forward_runner}
+               "verify step (sampling)": engine._sampling_runner(0, 1.0, False)}
     drafter = engine.drafter
     if hasattr(drafter, "_extend_runner"):  # EAGLE and multi-layer EAGLE: the extend after a verify
         runners["extend"] = drafter._extend_runner

@@ -28,6 +28,7 @@ from spectool.config import DraftConfig
 from spectool.draft import Batch, make_drafter, prefill_groups
 from spectool.draft.tree import DraftTree, MaskTree, chain_tree
 from spectool.graphs import GraphRunner
+from spectool.kernels.sampling import sampling_coins
 from spectool.stats import RunStats
 from spectool.timing import PhaseTimer
 from spectool.trace.recorder import PackedRows, Recorder, pack_rows
@@ -133,9 +134,16 @@ class Engine:
         # With record=True the greedy graph also packs the iteration's trace fields (see _greedy_step).
         self._greedy_record_runner = GraphRunner(functools.partial(self._greedy_step, record=True),
                                                  self.graph_buckets, self.cuda_graphs, scratch)
-        self._record_layouts: dict[int, list] = {}  # per tree size N: the greedy graph's packed layout
+        # Per (mode, tree size N): the verify graph's packed trace layout (mode "greedy" or "sampling").
+        self._record_layouts: dict[tuple[str, int], list] = {}
         self._root_scores: dict[int, torch.Tensor] = {}  # per batch size: plain decoding's tree scores
-        self._forward_runner = GraphRunner(self._forward_step, self.graph_buckets, self.cuda_graphs, scratch)
+        # Sampling: one runner per (top_k, top_p, record), temperature a per-row input (_sampling_step).
+        self._sampling_runners: dict[tuple[int, float, bool], GraphRunner] = {}
+        self._temperatures: dict[tuple[int, float], torch.Tensor] = {}
+        # The sampling coins' key (kernels/sampling.py): the call's seed and a nonce per cache slot,
+        # the id of the request in it; the graphed step reads both at fixed addresses.
+        self._sample_seed = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._slot_nonce = torch.zeros(self.num_slots, dtype=torch.long, device=self.device)
         if self.drafter is not None:
             self.drafter.allocate()
         self._stop = threading.Event()
@@ -198,6 +206,7 @@ class Engine:
                                              else self.target.eos_token_ids)
         sampling = dict(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
         generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._sample_seed.fill_(int(seed) % 2**32)
         stats = RunStats(method=self.method)
         # Every rank of a split target takes the same decisions; rank 0 alone records them.
         recorder = self._make_recorder(sampling, seed) if record and (self.tp is None or self.tp.rank == 0) else None
@@ -395,7 +404,7 @@ class Engine:
     def graph_stats(self) -> dict[str, int]:
         """CUDA-graph replays, eager runs and captures of the target steps (and the drafter's)."""
         out = {"replays": 0, "eager": 0, "captures": 0}
-        runners = [self._greedy_runner, self._greedy_record_runner, self._forward_runner]
+        runners = [self._greedy_runner, self._greedy_record_runner, *self._sampling_runners.values()]
         runners += getattr(self.drafter, "graph_runners", [])
         for runner in runners:
             for k in out:
@@ -428,12 +437,7 @@ class Engine:
         It also makes the table the engine's host sync reads (``_host_table``), so no op runs
         between the replay and the sync.
         """
-        if "roots" in inputs:
-            tree = self._root_tree(inputs["roots"], inputs["seq_lens"])
-        elif "positions" not in inputs:
-            tree = MaskTree(**inputs, max_depth=inputs["tokens"].shape[1] - 1).build()
-        else:
-            tree = DraftTree(**inputs, max_depth=inputs["tokens"].shape[1] - 1)
+        tree = self._step_tree(inputs)
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
         res = verify_greedy(tree, logits)
         if tree.num_nodes > 1:
@@ -448,8 +452,56 @@ class Engine:
         top_p = torch.softmax(logits, dim=-1).gather(-1, top_i)
         packed = pack_rows(_record_tensors(tree, res, top_i, top_p))
         # Top-k and accept-path width follow from N; one layout object per N lets the recorder check it once.
-        self._record_layouts.setdefault(tree.num_nodes, packed.layout)
+        self._record_layouts.setdefault(("greedy", tree.num_nodes), packed.layout)
         return (*out, packed.data)
+
+    def _step_tree(self, inputs: dict) -> DraftTree:
+        """The tree of a verify step's inputs: a tree's tensors, a MaskTree's (completed here), or
+        ``roots`` and ``seq_lens`` (plain decoding's one-node tree, made here)."""
+        if "roots" in inputs:
+            return self._root_tree(inputs["roots"], inputs["seq_lens"])
+        if "positions" not in inputs:
+            return MaskTree(**inputs, max_depth=inputs["tokens"].shape[1] - 1).build()
+        return DraftTree(**inputs, max_depth=inputs["tokens"].shape[1] - 1)
+
+    def _sampling_step(self, slots, temperature, top_k: int, top_p: float, record: bool = False, **inputs):
+        """Forward, lossless sampling verify and KV commit in one (graph-captured) step; the same
+        outputs as ``_greedy_step``. ``temperature`` is a [B] input, so one graph serves every
+        temperature; ``top_k`` and ``top_p`` are fixed per runner (``_sampling_runner``).
+
+        The coins come from ``sampling_coins``: counter-based Philox keyed by the call's seed and
+        each slot's request, at the row's seq_len, so replays need no generator state and graph
+        warm-up runs (which draw the same coins) change nothing.
+        """
+        tree = self._step_tree(inputs)
+        hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
+        coins = sampling_coins(self._sample_seed, self._slot_nonce[slots], tree.seq_lens, tree.num_nodes)
+        res = verify_sampling(tree, logits, temperature, top_k, top_p, None, coins)
+        if tree.num_nodes > 1:
+            commit_kv(self.cache.k, self.cache.v, slots, tree.seq_lens, res.accept_path, res.accept_length)
+        out = (hidden, res.status, res.accept_path, res.accept_length, res.bonus, res.target_argmax, res.coins,
+               _host_table(tree, res))
+        if not record:
+            return out
+        packed = self._pack_sampling_record(tree, res)
+        self._record_layouts.setdefault(("sampling", tree.num_nodes), packed.layout)
+        return (*out, packed.data)
+
+    def _sampling_runner(self, top_k: int, top_p: float, record: bool) -> GraphRunner:
+        key = (top_k, top_p, record)
+        if key not in self._sampling_runners:
+            step = functools.partial(self._sampling_step, top_k=top_k, top_p=top_p, record=record)
+            self._sampling_runners[key] = GraphRunner(step, self.graph_buckets, self.cuda_graphs,
+                                                      {"slots": self.max_batch_size, "temperature": 1.0})
+        return self._sampling_runners[key]
+
+    def _temperature_input(self, b: int, temperature: float) -> torch.Tensor:
+        """The sampling step's [b] temperature input, made once per (b, temperature), so a replay
+        finds it unchanged and copies nothing."""
+        key = (b, temperature)
+        if key not in self._temperatures:
+            self._temperatures[key] = torch.full((b,), temperature, dtype=torch.float32, device=self.device)
+        return self._temperatures[key]
 
     def _prefill(self, reqs: list[_Request], sampling: dict, generator, stats: RunStats) -> None:
         """Prefill new requests (right-padded into groups) and sample each one's first token.
@@ -466,6 +518,7 @@ class Engine:
                                   device=dev)
             positions = torch.arange(t, device=dev).expand(len(group), -1)
             slots = torch.tensor([r.slot for r in group], dtype=torch.long, device=dev)
+            self._slot_nonce[slots] = torch.tensor([r.request_id % 2**31 for r in group], device=dev)
             starts = torch.zeros(len(group), dtype=torch.long, device=dev)
             self._kv_len = t  # prompts are longer than the graphed attention takes: read t keys
             hidden, logits = self._forward_step(tokens, positions, slots, starts, None)
@@ -524,7 +577,7 @@ class Engine:
         sampling differ only in the verify step object (``_verify_step``); drafters that work on
         the device or on the host differ only in when ``_feed_drafter`` calls them.
         """
-        step = self._verify_step(sampling, generator, recorder is not None)
+        step = self._verify_step(sampling, recorder is not None)
         tree, why = self._draft_tree(batch, step, timer)
         n = 1 if tree is None else tree.tokens.shape[1]
         self._kv_len = None if self.on_cuda else max(batch.seq_lens_host) + n
@@ -556,18 +609,18 @@ class Engine:
                 event.records = recorder.iteration_rows()
         return event
 
-    def _verify_step(self, sampling: dict, generator, recording: bool) -> _GreedyVerify | _SamplingVerify:
+    def _verify_step(self, sampling: dict, recording: bool) -> _GreedyVerify | _SamplingVerify:
         """How this iteration verifies: the one place where greedy and sampling part ways."""
         if sampling["temperature"] == 0.0:
             return _GreedyVerify(self, recording)
-        return _SamplingVerify(self, sampling, generator)
+        return _SamplingVerify(self, recording, sampling)
 
     def _draft_tree(self, batch: Batch, step: _GreedyVerify | _SamplingVerify,
                     timer: PhaseTimer) -> tuple[DraftTree | MaskTree | None, dict]:
         """The iteration's tree, drafted at the end of the last iteration or now, made ready for
-        ``step``; None for greedy plain decoding, whose one-node tree the greedy graph makes."""
+        ``step``; None for plain decoding, whose one-node tree the verify graph makes."""
         drafted, self._next_draft = self._next_draft, None
-        if self.drafter is None and step.greedy:
+        if self.drafter is None:
             return None, {}
         if drafted is not None and drafted[0] is batch:
             tree, why = drafted[1:]
@@ -575,7 +628,7 @@ class Engine:
             with timer("draft"):
                 tree, why = self._draft(batch, timer)
         if isinstance(tree, MaskTree):
-            self._capture_other_size(step.runner, tree, batch, step.greedy)
+            self._capture_other_size(step.runner, tree, batch, step.extra_inputs(batch))
         return step.prepare(tree, timer), why
 
     def _feed_drafter(self, batch: Batch, verified: _Verified, lens_roots: torch.Tensor,
@@ -615,7 +668,7 @@ class Engine:
                 event.finished.append(req.request_id)
         return event, accept_lengths
 
-    def _capture_other_size(self, runner: GraphRunner, tree: MaskTree, batch: Batch, greedy: bool) -> None:
+    def _capture_other_size(self, runner: GraphRunner, tree: MaskTree, batch: Batch, extra: dict) -> None:
         """Capture now the graph of the other size an N-gram tree can take in this bucket.
 
         An N-gram iteration verifies its whole tree, or the roots alone when no row matched, so
@@ -624,7 +677,8 @@ class Engine:
         outlier inside any timing). Capturing it beside the first costs nothing later. It is
         harmless: it runs before this iteration's verify, whose tree starts at the same cache
         position, and it writes K/V only there (the roots, rewritten by that verify) and past
-        it (padding); padding is never accepted, so its commit moves nothing.
+        it (padding); padding is never accepted, so its commit moves nothing. ``extra`` holds
+        the step's other inputs (the sampling step's temperatures).
         """
         if not self.cuda_graphs:
             return
@@ -634,12 +688,7 @@ class Engine:
             return
         self._both_tree_sizes.add(key)
         other = _roots_alone(tree) if tree.tokens.shape[1] > 1 else _roots_and_padding(tree, self.num_draft_tokens)
-        if greedy:
-            runner.capture(b, slots=batch.slots, **other.as_inputs())
-        else:
-            built = other.build()
-            runner.capture(b, tokens=built.tokens, positions=built.positions, slots=batch.slots,
-                           starts=built.seq_lens, mask=built.mask)
+        runner.capture(b, slots=batch.slots, **extra, **other.as_inputs())
 
     def _table_to_host(self, table: torch.Tensor) -> Callable[[], list[list[int]]]:
         """Start copying the verify's host table off the device; the returned function waits for
@@ -703,8 +752,8 @@ class Engine:
         free_slots.sort()
 
     def _pack_sampling_record(self, tree: DraftTree, res: VerifyResult) -> PackedRows:
-        """The trace fields of a sampling iteration, whose verify runs eagerly; the top-k is of
-        the distribution it drew from (after temperature, top-k and top-p)."""
+        """The trace fields of a sampling iteration (packed inside its verify step); the top-k is
+        of the distribution it drew from (after temperature, top-k and top-p)."""
         k = min(self.record_topk, res.target_probs.shape[-1])
         top_p, top_i = res.target_probs.topk(k, dim=-1)
         return pack_rows([*_record_tensors(tree, res, top_i, top_p), ("coins", res.coins)])
@@ -728,6 +777,7 @@ class _GreedyVerify:
     MaskTree is completed and, when recording, the trace fields packed inside it."""
 
     greedy = True
+    kind = "greedy"  # the key of its packed trace layout in Engine._record_layouts
 
     def __init__(self, engine: Engine, recording: bool) -> None:
         self.engine, self.recording = engine, recording
@@ -737,6 +787,10 @@ class _GreedyVerify:
         e = self.engine
         return e._greedy_record_runner if self.recording else e._greedy_runner
 
+    def extra_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The step's inputs besides the slots and the tree."""
+        return {}
+
     def prepare(self, tree: DraftTree | MaskTree, timer: PhaseTimer) -> DraftTree | MaskTree:
         return tree
 
@@ -745,42 +799,30 @@ class _GreedyVerify:
         with timer("verify"):
             inputs = {"roots": batch.roots, "seq_lens": batch.seq_lens} if tree is None else tree.as_inputs()
             hidden, status, path, length, bonus, argmax, coins, table, *packed_data = self.runner(
-                batch.size, slots=batch.slots, **inputs)
+                batch.size, slots=batch.slots, **self.extra_inputs(batch), **inputs)
         res = VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus, coins=coins,
                            target_argmax=argmax)
-        n = 1 if tree is None else tree.tokens.shape[1]
-        return _Verified(tree, hidden, res, table, lambda: PackedRows(e._record_layouts[n], packed_data[0]))
+        layout = (self.kind, 1 if tree is None else tree.tokens.shape[1])
+        return _Verified(tree, hidden, res, table, lambda: PackedRows(e._record_layouts[layout], packed_data[0]))
 
 
-class _SamplingVerify:
-    """Sampling: a graphed forward over the whole tree, then the eager sampling verify and commit."""
+class _SamplingVerify(_GreedyVerify):
+    """Sampling: forward, lossless sampling verify and KV commit in one graphed step too
+    (``Engine._sampling_step``, one runner per top-k and top-p), the temperature its per-row input."""
 
     greedy = False
+    kind = "sampling"
 
-    def __init__(self, engine: Engine, sampling: dict, generator) -> None:
-        self.engine, self.sampling, self.generator = engine, sampling, generator
+    def __init__(self, engine: Engine, recording: bool, sampling: dict) -> None:
+        super().__init__(engine, recording)
+        self.sampling = sampling
 
     @property
     def runner(self) -> GraphRunner:
-        return self.engine._forward_runner
+        return self.engine._sampling_runner(self.sampling["top_k"], self.sampling["top_p"], self.recording)
 
-    def prepare(self, tree: DraftTree | MaskTree, timer: PhaseTimer) -> DraftTree:
-        if isinstance(tree, MaskTree):  # the sampling verify runs eagerly on a whole tree
-            with timer("index"):
-                tree = tree.build()
-        return tree
-
-    def verify(self, batch: Batch, tree: DraftTree, timer: PhaseTimer) -> _Verified:
-        e = self.engine
-        with timer("verify"):
-            hidden, logits = self.runner(batch.size, tokens=tree.tokens, positions=tree.positions, slots=batch.slots,
-                                         starts=batch.seq_lens, mask=tree.mask)
-        with timer("commit"):
-            res = e._verify(tree, logits, self.sampling, self.generator)
-            if tree.tokens.shape[1] > 1:
-                commit_kv(e.cache.k, e.cache.v, batch.slots, batch.seq_lens, res.accept_path, res.accept_length)
-            table = _host_table(tree, res)
-        return _Verified(tree, hidden, res, table, lambda: e._pack_sampling_record(tree, res))
+    def extra_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return {"temperature": self.engine._temperature_input(batch.size, self.sampling["temperature"])}
 
 
 class _NotLearning:

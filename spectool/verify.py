@@ -122,18 +122,25 @@ def verify_greedy_torch(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
                         bonus=argmax.gather(1, last[:, None])[:, 0], coins=coins, target_argmax=argmax)
 
 
-def target_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
+def target_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0, top_k: int = 0,
                  top_p: float = 1.0) -> torch.Tensor:
     """The target distribution sampling draws from: softmax(logits / temperature) cut to
     the ``top_k`` most likely tokens (0 = all; ties at the k-th value are kept) and then
-    to the smallest most-likely set whose mass reaches ``top_p``, renormalised. float32."""
-    if not (isinstance(temperature, int | float) and math.isfinite(temperature) and temperature > 0):
+    to the smallest most-likely set whose mass reaches ``top_p``, renormalised. float32.
+    ``temperature`` may be a [B] tensor, one per row of logits (the engine's graphed step
+    takes it as an input, so one graph serves every temperature; its values are not checked)."""
+    if isinstance(temperature, torch.Tensor):
+        if temperature.shape != logits.shape[:1]:
+            raise ValueError(f"a temperature tensor must be [B] = [{logits.shape[0]}], got {tuple(temperature.shape)}")
+    elif not (isinstance(temperature, int | float) and math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature must be a finite number > 0 (use verify_greedy for 0), "
                          f"got {temperature!r}")
     if not (isinstance(top_k, int) and top_k >= 0):
         raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}")
     if not (isinstance(top_p, int | float) and 0 < top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if isinstance(temperature, torch.Tensor):
+        temperature = temperature.float().view(-1, *([1] * (logits.dim() - 1)))
     x = logits.float() / temperature
     if 0 < top_k < x.shape[-1]:
         kth = x.topk(top_k, dim=-1).values[..., -1:]
@@ -151,10 +158,11 @@ def target_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
 def verify_sampling(
     tree: DraftTree,
     logits: torch.Tensor,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    coins: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Target-only tree sampling, exactly lossless (DESIGN.md part 5).
 
@@ -172,6 +180,8 @@ def verify_sampling(
         temperature, top_k, top_p: applied to the target distribution first
             (:func:`target_probs`).
         generator: torch.Generator on the logits' device for the coins (None = default).
+        coins: [B, N] float32 uniform coins to use instead of drawing them (the engine's graphed
+            step makes them with ``spectool.kernels.sampling.sampling_coins``).
     """
     _check_logits(tree, logits)
     probs = target_probs(logits, temperature, top_k, top_p)
@@ -180,7 +190,10 @@ def verify_sampling(
     idx = torch.arange(n, device=dev)
     parents = tree.parents
     live = tree.valid & (idx > 0)
-    coins = torch.rand(bs, n, generator=generator, device=dev, dtype=torch.float32)
+    if coins is None:
+        coins = torch.rand(bs, n, generator=generator, device=dev, dtype=torch.float32)
+    elif coins.shape != (bs, n):
+        raise ValueError(f"coins must be [B, N] = [{bs}, {n}], got {tuple(coins.shape)}")
 
     same_parent = (parents[:, :, None] == parents[:, None, :]) & live[:, :, None] & live[:, None, :]
     before = idx[None, :] < idx[:, None]  # [j, k]: k is before j

@@ -164,10 +164,11 @@ def test_the_statistic_rejects_a_biased_sampler(models, monkeypatch):
     real = engine_module.verify_sampling
     gen = torch.Generator().manual_seed(5)
 
-    def biased(tree, logits, temperature, top_k, top_p, generator):
-        res = real(tree, logits, temperature, top_k, top_p, generator)
+    def biased(tree, logits, temperature, top_k, top_p, *args):
+        res = real(tree, logits, temperature, top_k, top_p, *args)
         drafted = (tree.parents == 0).any(-1) & (res.accept_length == 0)
-        probs = torch.softmax(logits[:, 0].float() / temperature, dim=-1)
+        scale = temperature[:, None] if isinstance(temperature, torch.Tensor) else temperature
+        probs = torch.softmax(logits[:, 0].float() / scale, dim=-1)
         redraw = torch.multinomial(probs, 1, generator=gen)[:, 0]
         res.bonus = torch.where(drafted, redraw, res.bonus)
         return res
