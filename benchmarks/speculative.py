@@ -140,7 +140,7 @@ def measure(target, draft, prompts: list[list[int]], new_tokens: int, max_seq_le
     before it."""
     batch = batch or len(prompts)
     engine = st.Engine(target, draft=draft, max_batch_size=batch, max_seq_len=max_seq_len)
-    warm = engine.warmup()
+    warm = engine.warmup(sampling=temperature > 0, record=False)  # the modes the timed call runs
     vocab = target.config.vocab_size
     shaped = [random_prompts(1, len(p), vocab, seed + 1 + i)[0] for i, p in enumerate(prompts[:batch])]
     engine.generate(shaped, max_new_tokens=2, record=False, ignore_eos=True, seed=seed, temperature=temperature)
