@@ -510,6 +510,9 @@ class Engine:
         where later writes overwrite them before anything reads them.
         """
         hiddens: list[torch.Tensor] = []
+        on_admit = getattr(self.drafter, "on_admit", None)  # host work that can overlap the prefill
+        if on_admit is not None:
+            on_admit([r.request_id for r in reqs], [r.prompt for r in reqs])
         for group in _prefill_groups(reqs, self.prefill_budget):
             lens = [len(r.prompt) for r in group]
             t = max(lens)
@@ -827,13 +830,16 @@ class _SamplingVerify(_GreedyVerify):
 
 class _NotLearning:
     """A drafter that learns on the host (``host_accepted``: the N-gram trie), kept from learning
-    ``Engine.warmup``'s dummy tokens: its prefill and verify feeds are dropped, the rest delegated."""
+    ``Engine.warmup``'s dummy tokens: its admit, prefill and verify feeds are dropped, the rest delegated."""
 
     def __init__(self, drafter) -> None:
         self._drafter = drafter
 
     def __getattr__(self, name: str):
         return getattr(self._drafter, name)
+
+    def on_admit(self, request_ids: list[int], prompts: list[list[int]]) -> None:
+        pass
 
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
         pass

@@ -84,3 +84,24 @@ def test_batched_draft_prefill_equals_one_prompt_at_a_time(target, demo_model_di
         first_trees.append([trace.iteration(trace.iterations(r)[0], r).tokens.tolist()
                             for r in range(len(prompts))])
     assert first_trees[1] == first_trees[0]
+
+
+def test_ngram_prefill_puts_what_one_put_of_each_history_would(target, prompts):
+    """The trie takes the prompts before the target's prefill and the first tokens after it; its
+    content must equal that of one put of every history (prompt + first token). Oracle: a
+    corpus fed that way, compared by the drafts both give for every suffix of the histories."""
+    from spectool.native import NgramCorpus
+
+    config = st.NgramConfig(num_draft_tokens=6, max_bfs_breadth=3, max_trie_depth=5, match="prob")
+    engine = st.Engine(target, draft=config, max_batch_size=2, max_seq_len=64)  # two prefills
+    first = [out[0] for out in engine.generate(prompts, max_new_tokens=1, record=False).token_ids]
+    histories = [p + [t] for p, t in zip(prompts, first)]
+    oracle = NgramCorpus(max_trie_depth=5, min_bfs_breadth=1, max_bfs_breadth=3, num_draft_tokens=6, match="prob")
+    oracle.batch_put(histories, req_ids=list(range(len(histories))), total_lens=[len(h) for h in histories])
+    oracle.synchronize()
+    corpus = engine.drafter.corpus
+    assert corpus.stats()["nodes"] == oracle.stats()["nodes"] > 0
+    tails = [h[max(0, i - 4):i] for h in histories for i in range(1, len(h) + 1)]
+    got, want = corpus.batch_get(None, tails, None), oracle.batch_get(None, tails, None)
+    for field in ("tokens", "parents", "scores", "valid"):
+        assert (getattr(got, field) == getattr(want, field)).all(), field

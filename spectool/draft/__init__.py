@@ -1,7 +1,9 @@
 """Draft methods: each turns engine state into a DraftTree for the running batch.
 
-A drafter sees the engine at four fixed points:
+A drafter sees the engine at these fixed points:
 
+- ``on_admit(request_ids, prompts)`` (optional) before the target prefills new requests, for
+  host work that can run meanwhile (the N-gram trie inserts the prompts on its worker thread);
 - ``on_prefill(batch, hiddens)`` after the target prefilled new requests (``hiddens[b]``:
   the prompt's hidden states [L, H], before the final norm);
 - ``draft(batch, timer) -> (DraftTree | MaskTree, why)`` before the verify forward (``why``

@@ -83,11 +83,18 @@ class NgramDrafter:
             self._views[b] = (out, on_device)
         return self._views[b]
 
+    def on_admit(self, request_ids: list[int], prompts: list[list[int]]) -> None:
+        # Inserting whole prompts costs about 1 ms per thousand tokens on one core: queued here,
+        # before the target's prefill, the worker thread does it while the GPU prefills.
+        self.corpus.batch_put(prompts, req_ids=request_ids, total_lens=[len(p) for p in prompts])
+
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
-        self.corpus.batch_put(batch.histories, req_ids=batch.request_ids,
+        # Then only the first sampled token is new for each request (the put state continues
+        # from on_admit's), which counts exactly what one put of the whole history would.
+        depth = self.config.max_trie_depth
+        self.corpus.batch_put([h[-depth:] for h in batch.histories], req_ids=batch.request_ids,
                               total_lens=[len(h) for h in batch.histories])
-        # Inserting whole prompts is prefill work (about 1 ms per thousand tokens on one core):
-        # wait for it here, in the prefill, rather than in the first decode iteration's get.
+        # Wait here, in the prefill, rather than in the first decode iteration's get.
         self.corpus.synchronize()
 
     def draft(self, batch: Batch, timer) -> tuple[MaskTree, dict]:
