@@ -20,10 +20,9 @@ for bit (tests/test_kernels_sampling.py); the CPU path runs it.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from spectool.kernels.tree_indices import triton_on_cpu
+from spectool.kernels.triton_import import tl, triton
 
 _MASK32 = 0xFFFFFFFF
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
