@@ -44,6 +44,7 @@ _LAZY = {
     "Trace": ("spectool.trace.reader", "Trace"),
     "draft_from_sglang_args": ("spectool.deploy", "draft_from_sglang_args"),
     "draft_from_vllm_config": ("spectool.deploy", "draft_from_vllm_config"),
+    "Record": ("spectool.trace.select", "Record"),
 }
 
 
