@@ -332,8 +332,8 @@ class TraceFile:
             want.update(_NEEDS.get(name, ()))
         return [i for i, name in enumerate(self.schema.names) if name in want]
 
-    def read_batch(self, k: int, columns: list[str] | None = None) -> tuple[pa.Table, pa.Table]:
-        """Batch ``k`` as (step rows, request rows) in reader types; only ``columns`` when given."""
+    def _raw(self, k: int, columns: list[str] | None = None) -> pa.RecordBatch:
+        """Batch ``k`` decoded as stored (disk types, every kind of row), cached for a few batches."""
         key = (k, None if columns is None else tuple(columns))
         hit = self._cache.get(key)
         if hit is not None:
@@ -348,15 +348,16 @@ class TraceFile:
                 options = pa.ipc.IpcReadOptions(included_fields=self._field_indices(columns))
                 batch = pa.ipc.open_stream(pa.py_buffer(data), options=options).read_next_batch()
             batch.validate()
-            out = split_disk_table(pa.Table.from_batches([batch]), columns)
-        except (pa.ArrowInvalid, pa.ArrowException, OSError, ValueError) as e:
-            if isinstance(e, TraceFormatError):
-                raise
+        except (pa.ArrowException, OSError, ValueError) as e:
             raise TraceFormatError(f"{self.path}: batch {k} at byte offset {b.offset} is corrupt: {e}") from None
-        self._cache[key] = out
+        self._cache[key] = batch
         if len(self._cache) > 8:
             self._cache.popitem(last=False)
-        return out
+        return batch
+
+    def read_batch(self, k: int, columns: list[str] | None = None) -> tuple[pa.Table, pa.Table]:
+        """Batch ``k`` as (step rows, request rows) in reader types; only ``columns`` when given."""
+        return split_disk_table(pa.Table.from_batches([self._raw(k, columns)]), columns)
 
     def iter_steps(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
         """Every batch's step rows in file order (batches without step rows are skipped)."""
@@ -376,8 +377,10 @@ class TraceFile:
         parts, order = [], []
         for k in np.unique(which):
             mine = np.flatnonzero(which == k)
-            steps = self.read_batch(int(k), columns)[0]
-            parts.append(steps.take(pa.array(rows[mine] - self.batch_start[k])))
+            local = rows[mine] - self.batch_start[k]
+            step_rows = self.batches[k].step_rows
+            raw = self._raw(int(k), columns).take(pa.array(local if step_rows is None else step_rows[local]))
+            parts.append(split_disk_table(pa.Table.from_batches([raw]), columns)[0])
             order.append(mine)
         if not parts:
             return _logical(STEP_SCHEMA.empty_table(), STEP_SCHEMA, columns)
