@@ -360,10 +360,25 @@ class TraceFile:
         return split_disk_table(pa.Table.from_batches([self._raw(k, columns)]), columns)
 
     def iter_steps(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
-        """Every batch's step rows in file order (batches without step rows are skipped)."""
-        for k, b in enumerate(self.batches):
-            if b.num_steps:
-                yield self.read_batch(k, columns)[0]
+        """Every batch's step rows in file order (batches without step rows are skipped).
+        With ``columns``, one sequential pass decodes only those columns' buffers."""
+        if columns is None:
+            for k, b in enumerate(self.batches):
+                if b.num_steps:
+                    yield self.read_batch(k)[0]
+            return
+        with pa.memory_map(str(self.path)) as mm:
+            options = pa.ipc.IpcReadOptions(included_fields=self._field_indices(columns), use_threads=False)
+            reader = pa.ipc.open_stream(mm, options=options)
+            for k, b in enumerate(self.batches):
+                try:
+                    batch = reader.read_next_batch()
+                    batch.validate()
+                except (pa.ArrowException, OSError, StopIteration) as e:
+                    raise TraceFormatError(f"{self.path}: batch {k} at byte offset {b.offset} is corrupt: {e}"
+                                           ) from None
+                if b.num_steps:
+                    yield split_disk_table(pa.Table.from_batches([batch]), columns)[0]
 
     def requests(self) -> pa.Table:
         """Every request row, in file order."""
@@ -388,8 +403,23 @@ class TraceFile:
         return table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
 
 
+def _is_step(kind: pa.Array) -> np.ndarray:
+    """kind == "step" per row, from the string offsets alone ("step" is the only 4-character kind):
+    a compute kernel per batch would cost more than the rest of the open."""
+    offsets = np.frombuffer(kind.buffers()[1], np.int32, len(kind) + 1, kind.offset * 4)
+    step = np.diff(offsets) == 4
+    return step & ~np.asarray(kind.is_null()) if kind.null_count else step
+
+
+def _values(col: pa.Array) -> np.ndarray:
+    """An int column's values buffer as numpy, nulls included as whatever they hold (the callers take only
+    step rows, where these columns are never null): to_numpy with nulls goes through a slow float path."""
+    width = col.type.bit_width // 8
+    return np.frombuffer(col.buffers()[1], np.dtype(f"int{8 * width}"), len(col), col.offset * width)
+
+
 def _cat(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
 def open_trace_file(path: str | Path) -> TraceFile:
@@ -429,24 +459,28 @@ def open_trace_file(path: str | Path) -> TraceFile:
     # The index columns of every batch, in one pass that decompresses nothing else.
     mm.seek(0)
     index_fields = [i for i, name in enumerate(schema.names) if name in _INDEX_COLUMNS]
-    reader = pa.ipc.open_stream(mm, options=pa.ipc.IpcReadOptions(included_fields=index_fields))
+    # One thread: the index buffers are small, and a thread pool per batch costs more than it saves.
+    reader = pa.ipc.open_stream(mm, options=pa.ipc.IpcReadOptions(included_fields=index_fields, use_threads=False))
     iterations, requests, stats = [], [], None
     for k, b in enumerate(batches):
         try:
             batch = reader.read_next_batch()
             batch.validate()
-            kind = batch.column(batch.schema.get_field_index("kind")).to_numpy(zero_copy_only=False)
+            kind = batch.column(batch.schema.get_field_index("kind"))
+            is_step = _is_step(kind)
         except (pa.ArrowInvalid, pa.ArrowException, OSError, StopIteration) as e:
             damage = (b.offset, str(e))
             del batches[k:]
             break
-        is_step = kind == "step"
         b.num_steps = int(is_step.sum())
         b.step_rows = None if b.num_steps == len(kind) else np.flatnonzero(is_step)
-        b.has_requests = bool((kind == "request").any())
         for name, out in (("iteration", iterations), ("request_id", requests)):
-            col = batch.column(batch.schema.get_field_index(name)).to_numpy(zero_copy_only=False)
-            out.append(np.asarray(col if b.step_rows is None else col[b.step_rows], dtype=np.int64))
+            values = _values(batch.column(batch.schema.get_field_index(name)))
+            out.append(values if b.step_rows is None else values[b.step_rows])
+        if b.step_rows is None:
+            continue
+        kind = kind.to_numpy(zero_copy_only=False)  # a batch with request or stats rows: they are few
+        b.has_requests = bool((kind == "request").any())
         if "run_stats" in batch.schema.names and (kind == "stats").any():
             text = batch.column(batch.schema.get_field_index("run_stats")).to_pylist()[int(np.flatnonzero(
                 kind == "stats")[-1])]

@@ -205,9 +205,11 @@ class Trace:
         self.tokenizer_json = tokenizer_json
         self.truncated = truncated  # True when loaded from a file cut short by a crash (or damaged)
         self.damage: str | None = None  # where and why reading stopped early
+        self.parent: Trace | None = None  # the whole trace this one was selected from (aggregates over all)
         self._text = TokenText(tokenizer_json)
         self._keys: tuple[np.ndarray, np.ndarray] | None = None
         self._order: tuple[np.ndarray, np.ndarray, int] | None = None
+        self._iterations_sorted: bool | None = None
 
     @classmethod
     def from_tables(cls, steps: pa.Table, requests: pa.Table | None, run_info: dict,
@@ -244,7 +246,7 @@ class Trace:
 
     @steps.setter
     def steps(self, table: pa.Table) -> None:
-        self._steps, self._file, self._keys, self._order = table, None, None, None
+        self._steps, self._file, self._keys, self._order, self._iterations_sorted = table, None, None, None, None
 
     @property
     def requests(self) -> pa.Table:
@@ -296,8 +298,13 @@ class Trace:
         return self._keys
 
     def _row(self, i: int, request: int) -> int | None:
+        its, reqs = self.keys()
+        if self._order is None and self._sorted_iterations():
+            # A recording is written in iteration order: a binary search finds the iteration's rows.
+            lo, hi = np.searchsorted(its, [int(i), int(i) + 1])
+            hit = np.flatnonzero(reqs[lo:hi] == int(request))
+            return int(lo + hit[-1]) if hit.size else None
         if self._order is None:
-            its, reqs = self.keys()
             width = int(reqs.max()) + 2 if len(reqs) else 1
             key = its * width + (reqs + 1)
             order = np.argsort(key, kind="stable")
@@ -308,6 +315,12 @@ class Trace:
             return None
         at = np.searchsorted(sorted_key, want, side="right") - 1  # the last row of a repeated key
         return int(order[at]) if at >= 0 and sorted_key[at] == want else None
+
+    def _sorted_iterations(self) -> bool:
+        if self._iterations_sorted is None:
+            its = self.keys()[0]
+            self._iterations_sorted = bool(len(its) == 0 or (its[1:] >= its[:-1]).all())
+        return self._iterations_sorted
 
     @property
     def request_ids(self) -> list[int]:
@@ -366,17 +379,17 @@ class Trace:
             if keep is not None:
                 table = table.filter(keep)
             if columns is not None:
-                table = table.select([c for c in table.column_names if c in columns])
+                table = table.select([c for c in dict.fromkeys(columns) if c in table.column_names])
             if table.num_rows:
                 yield table
 
     def columns(self, names: list[str]) -> pa.Table:
         """Only the columns ``names`` of every step row, as one table (decodes nothing else)."""
+        names = [c for c in dict.fromkeys(names) if c in STEP_SCHEMA.names]
         if self._file is None:
-            return self._steps.select([c for c in self._steps.column_names if c in names])
+            return self._steps.select(names)
         parts = list(self.iter_batches(names))
-        return pa.concat_tables(parts) if parts else STEP_SCHEMA.empty_table().select(
-            [c for c in STEP_SCHEMA.names if c in names])
+        return pa.concat_tables(parts) if parts else STEP_SCHEMA.empty_table().select(names)
 
     def request_steps(self, request_id: int, columns: list[str] | None = None) -> pa.Table:
         """Every step row of one request, by iteration (decodes only the batches that hold them)."""
@@ -386,7 +399,8 @@ class Trace:
         return self.take(rows, columns)
 
     def select(self, requests=None, iterations: tuple[int, int] | None = None) -> Trace:
-        """An in-memory Trace of some requests and/or iterations [first, last); run_info says which."""
+        """An in-memory Trace of some requests and/or iterations [first, last); run_info["subset"] says
+        which, and ``parent`` is this trace (for plots over the whole run)."""
         parts = list(self.iter_batches(requests=requests, iterations=iterations))
         steps = pa.concat_tables(parts) if parts else STEP_SCHEMA.empty_table()
         reqs = self.requests
@@ -397,7 +411,7 @@ class Trace:
                           "iterations": None if iterations is None else [int(v) for v in iterations],
                           "records": steps.num_rows, "of_records": len(self)}
         out = Trace(steps, reqs, info, self.tokenizer_json, self.truncated)
-        out.damage = self.damage
+        out.damage, out.parent = self.damage, self
         return out
 
     def token_text(self, ids) -> list[str]:

@@ -340,6 +340,8 @@ class Recorder:
                        prompt_text: str = "") -> None:
         """Record a finished request: its prompt, every output token (the first comes from prefill)."""
         self._check_open()
+        if self._select is not None and not self._select.keeps_request(int(request_id)):
+            return
         self._maybe_send()
         row = {"request_id": int(request_id),
                "prompt_tokens": _int_list(prompt_tokens), "output_tokens": _int_list(output_tokens),

@@ -100,6 +100,10 @@ class Selector:
         self.seen_iterations += 1
         return iteration % self.options.every == 0
 
+    def keeps_request(self, request_id: int) -> bool:
+        """Whether the request's own row (prompt, outputs) is kept."""
+        return self.options.requests is None or request_id in self.options.requests
+
     def filter(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Writer thread: the records of ``batch`` (whole iterations) that the options keep."""
         o = self.options
