@@ -202,14 +202,20 @@ class TraceFileWriter:
     """Appends compressed disk batches to a `.sptrace` file, flushing each to the OS.
 
     Compression runs inside Arrow with the GIL released, on the recorder's writer thread.
+    ``compression`` = (codec, level): zstd level 1 by default; (None, None) writes uncompressed.
     """
 
-    def __init__(self, path: str | Path, run_info: dict, tokenizer_json: str | None):
+    def __init__(self, path: str | Path, run_info: dict, tokenizer_json: str | None,
+                 compression: tuple[str | None, int | None] = (COMPRESSION, COMPRESSION_LEVEL)):
         self.schema = disk_schema(run_info, tokenizer_json)
         self._file = open(path, "wb")
-        options = pa.ipc.IpcWriteOptions(compression=pa.Codec(COMPRESSION, COMPRESSION_LEVEL))
+        codec, level = compression
+        options = pa.ipc.IpcWriteOptions(compression=None if codec is None else pa.Codec(codec, level))
         self._writer = pa.ipc.new_stream(self._file, self.schema, options=options)
-        self._file.flush()  # the header alone is already a valid, empty trace
+        # Arrow writes the schema with the first batch: an empty one puts it on disk now, so a run killed
+        # before its first flush still leaves a valid, empty trace.
+        self._writer.write_batch(pa.RecordBatch.from_pylist([], schema=self.schema))
+        self._file.flush()
 
     def write(self, steps: pa.Table, requests: pa.Table, stats: dict | None = None) -> None:
         if steps.num_rows == 0 and requests.num_rows == 0 and stats is None:
