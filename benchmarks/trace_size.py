@@ -52,7 +52,8 @@ def sizes(trace, tmp: Path) -> dict:
         cpu = time.thread_time() - t0
         writer.close()
         rows = trace.steps.num_rows
-        out[name] = {"bytes_per_record": (path.stat().st_size - header) / rows, "writer_us_per_record": 1e6 * cpu / rows}
+        out[name] = {"bytes_per_record": (path.stat().st_size - header) / rows,
+                     "writer_us_per_record": 1e6 * cpu / rows}
     out["in_memory"] = {"bytes_per_record": trace.steps.nbytes / trace.steps.num_rows}
     return out
 
