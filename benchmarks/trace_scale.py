@@ -14,7 +14,7 @@ process so resident memory is its own:
 - aggregates: `trace.aggregates()` (the views' downsampled plots) wall time;
 - sql: one `trace.sql` query over accept lengths (when duckdb is installed);
 - check: `spectool check` wall time and peak RSS (streaming).
-Prints a table and writes trace_scale.json to $OUT when it is set.
+Prints a table and writes trace_scale.json to --out (default $OUT) when given.
 """
 
 from __future__ import annotations
@@ -204,14 +204,15 @@ def timed_check(path: Path) -> dict:
             "check_output": (out.stdout + out.stderr).strip().splitlines()[0] if (out.stdout + out.stderr) else ""}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--records", type=int, default=1_000_000)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--nodes", type=int, default=16)
     p.add_argument("--keep", help="write the trace here (and keep it) instead of a temporary file")
     p.add_argument("--no-check", action="store_true", help="skip the spectool check run")
-    args = p.parse_args()
+    p.add_argument("--out", default=os.environ.get("OUT"), help="folder for trace_scale.json (default: $OUT)")
+    args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.keep) if args.keep else Path(tmp) / "scale.sptrace"
         if not path.exists():
@@ -227,9 +228,10 @@ def main() -> None:
     width = max(map(len, res))
     for k, v in res.items():
         print(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "trace_scale.json").write_text(json.dumps(res, indent=2))
+    if args.out:
+        Path(args.out, "trace_scale.json").write_text(json.dumps(res, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
