@@ -131,12 +131,24 @@ def _drop_derivable_argmax(steps: pa.Table) -> pa.Table:
     drop[rows[~bad]] = True
     if not drop.any():
         return steps
-    keep = pa.array(~drop)
-    for name, _ in _ARGMAX:
-        col = steps[name]
-        steps = steps.set_column(steps.schema.get_field_index(name), name,
-                                 pc.if_else(keep, col, pa.nulls(len(n), col.type)))
+    for name, (values, offsets, valid) in ((_ARGMAX[0][0], (av, ao, avalid)), (_ARGMAX[1][0], (bv, bo, bvalid))):
+        lengths = np.where(drop, 0, np.diff(offsets))
+        kept = np.zeros(len(n) + 1, np.int64)
+        np.cumsum(lengths, out=kept[1:])
+        values = values[np.repeat(~drop, np.diff(offsets))]
+        typ = steps.schema.field(name).type
+        arr = pa.ListArray.from_arrays(pa.array(kept.astype(np.int32)), pa.array(values, typ.value_type),
+                                       mask=pa.array(drop | ~valid))
+        steps = steps.set_column(steps.schema.get_field_index(name), name, arr)
     return steps
+
+
+def _to_float16_lists(col: pa.ChunkedArray | pa.Array, typ: pa.ListType) -> pa.Array:
+    """A list<float32> column as list<float16> through numpy (Arrow's half-float cast is many times slower)."""
+    values, offsets, valid = _list_parts(col)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
+                                    pa.array(np.asarray(values, np.float32).astype(np.float16), typ.value_type),
+                                    mask=None if valid.all() else pa.array(~valid))
 
 
 def _derive_argmax(steps: pa.Table) -> pa.Table:
@@ -188,13 +200,19 @@ def to_disk_batch(steps: pa.Table, requests: pa.Table, schema: pa.Schema,
             elif fl.name in table.column_names:
                 column = table.column(fl.name)
                 try:
-                    chunks += (column if column.type == fl.type else column.cast(fl.type)).chunks
+                    if column.type == fl.type:
+                        chunks += column.chunks
+                    elif pa.types.is_list(fl.type) and fl.type.value_type == pa.float16() and len(column):
+                        chunks.append(_to_float16_lists(column, fl.type))
+                    else:
+                        chunks += column.cast(fl.type).chunks
                 except (pa.ArrowInvalid, OverflowError) as e:
                     raise ValueError(f"trace column {fl.name!r} holds a value that does not fit its on-disk "
                                      f"type {fl.type}: {e}") from None
             else:
                 chunks.append(pa.nulls(n, fl.type))
-        columns.append(pa.concat_arrays(chunks) if chunks else pa.array([], fl.type))
+        columns.append(chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks) if chunks else
+                       pa.array([], fl.type))
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
