@@ -233,3 +233,24 @@ def test_pandas_is_the_same_through_the_lazy_property(many_batches):
     path, memory = many_batches
     lazy = Trace.load(path).to_pandas()
     assert isinstance(lazy, pd.DataFrame) and len(lazy) == memory.steps.num_rows
+
+
+def test_engine_records_what_record_selects(target):
+    import spectool as st
+
+    def run(record):  # a fresh engine each time: the N-gram corpus learns from every run
+        engine = st.Engine(target, draft=st.NgramConfig(num_draft_tokens=8), max_batch_size=2, max_seq_len=512)
+        return engine.generate(prompts, max_new_tokens=24, ignore_eos=True, record=record)
+
+    prompts = [[5, 6, 7, 8, 5, 6, 7], [9, 10, 11, 9, 10, 11, 9, 10]]
+    full, part = run(True), run(st.Record(every=2, requests=[1]))
+    assert part.token_ids == full.token_ids  # what is recorded never changes what is decoded
+    df = full.trace.steps.to_pandas()
+    want = df[(df.iteration % 2 == 0) & (df.request_id == 1)]
+    got = part.trace.steps.to_pandas()
+    assert list(zip(got.iteration, got.request_id)) == list(zip(want.iteration, want.request_id))
+    assert [list(t) for t in got.tokens] == [list(t) for t in want.tokens]
+    assert part.trace.requests["request_id"].to_pylist() == [1]
+    info = part.trace.run_info["record"]
+    assert info["every"] == 2 and info["requests"] == [1] and info["seen_records"] == len(df)
+    assert part.trace.summary()["kept_fraction"] == pytest.approx(len(want) / len(df))
