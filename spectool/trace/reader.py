@@ -246,6 +246,7 @@ class Trace:
 
     @steps.setter
     def steps(self, table: pa.Table) -> None:
+        self._requests = self.requests  # read before the file is let go
         self._steps, self._file, self._keys, self._order, self._iterations_sorted = table, None, None, None, None
 
     @property
