@@ -402,8 +402,13 @@ class Trace:
     def select(self, requests=None, iterations: tuple[int, int] | None = None) -> Trace:
         """An in-memory Trace of some requests and/or iterations [first, last); run_info["subset"] says
         which, and ``parent`` is this trace (for plots over the whole run)."""
-        parts = list(self.iter_batches(requests=requests, iterations=iterations))
-        steps = pa.concat_tables(parts) if parts else STEP_SCHEMA.empty_table()
+        its, ids = self.keys()
+        keep = np.ones(len(its), bool)
+        if requests is not None:
+            keep &= np.isin(ids, np.asarray(list(requests), np.int64))
+        if iterations is not None:
+            keep &= (its >= iterations[0]) & (its < iterations[1])
+        steps = self.take(np.flatnonzero(keep))  # only the batches holding those records are decoded
         reqs = self.requests
         if requests is not None:
             reqs = reqs.filter(pc.is_in(reqs["request_id"], pa.array(list(requests), pa.int32())))
