@@ -254,3 +254,26 @@ def test_engine_records_what_record_selects(target):
     info = part.trace.run_info["record"]
     assert info["every"] == 2 and info["requests"] == [1] and info["seen_records"] == len(df)
     assert part.trace.summary()["kept_fraction"] == pytest.approx(len(want) / len(df))
+
+
+def test_record_command_keeps_a_selection_that_summary_states(tmp_path, demo_model_dir, capsys):
+    import json
+
+    from spectool.cli import main
+    from spectool.prompts import load_prompts
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"kind": "completion", "prompt": p[:200]}) + "\n"
+                               for p in load_prompts(demo_model_dir / "prompts.jsonl")[:2]))
+    out = tmp_path / "every2.sptrace"
+    base = ["record", "--model", str(demo_model_dir / "target"), "--draft", "ngram", "--prompts", str(prompts),
+            "--max-new-tokens", "16", "--device", "cpu", "--out", str(out)]
+    assert main([*base, "--record-every", "2"]) == 0
+    trace = Trace.load(out)
+    assert trace.run_info["record"]["every"] == 2 and set(np.unique(trace.keys()[0] % 2)) == {0}
+    capsys.readouterr()
+    assert main(["summary", str(out)]) == 0
+    assert "records kept" in capsys.readouterr().out
+    assert main(["check", str(out)]) == 0
+    assert main([*base, "--record-where", "tokens > 3"]) == 2
+    assert "not a per-record trace column" in capsys.readouterr().err
