@@ -1,8 +1,9 @@
 """Whole-trace series for plots and pickers, small whatever the trace's size.
 
-`iteration_aggregates(trace, max_points)` streams the few scalar columns it needs
-(iteration, request_id, accept_length, iteration_us) batch by batch, reduces them to
-one value per iteration, then downsamples: consecutive iterations are grouped into at
+`iteration_aggregates(trace, max_points)` takes the few scalar columns it needs
+(iteration, request_id, accept_length, iteration_us: `Trace.scalars`, which a lazily
+loaded trace reads with its index at open), reduces them to one value per iteration,
+then downsamples: consecutive iterations are grouped into at
 most ``max_points`` equal-width buckets, and each bucket keeps its mean, min and max
 (so a plot of the means with a min-max band shows every outlier a full plot would).
 A view that needs one iteration's tree reads it with `Trace.iteration`; a request's
@@ -12,8 +13,6 @@ rows with `Trace.request_steps`.
 from __future__ import annotations
 
 import numpy as np
-
-_COLUMNS = ["iteration", "request_id", "accept_length", "iteration_us"]
 
 
 def _bucket(values: np.ndarray, edges: np.ndarray) -> dict[str, list]:
@@ -39,14 +38,9 @@ def iteration_aggregates(trace, max_points: int = 2000) -> dict:
     """
     if max_points < 1:
         raise ValueError(f"max_points must be >= 1, got {max_points}")
-    its, reqs, acc, times = [], [], [], []
-    for t in trace.iter_batches(_COLUMNS):
-        its.append(t["iteration"].to_numpy())
-        reqs.append(t["request_id"].to_numpy())
-        acc.append(np.asarray(t["accept_length"].fill_null(0).to_numpy(), np.float64))
-        times.append(np.asarray(t["iteration_us"].to_numpy(zero_copy_only=False), np.float64))
-    its, reqs, acc, times = (np.concatenate(xs) if xs else np.zeros(0) for xs in (its, reqs, acc, times))
-    its, reqs = its.astype(np.int64), reqs.astype(np.int64)
+    cols = trace.scalars()
+    its, reqs, times = cols["iteration"], cols["request_id"], cols["iteration_us"]
+    acc = np.maximum(cols["accept_length"], 0).astype(np.float64)
 
     uniq, first, inverse = np.unique(its, return_index=True, return_inverse=True)
     per_it_n = np.bincount(inverse, minlength=len(uniq)).astype(np.float64)

@@ -59,7 +59,8 @@ _REQUIRED = frozenset(
     "step_topk_probs step_topk_shape target_argmax target_argmax_prob target_topk_tokens target_topk_probs "
     "status accept_path accept_length bonus_token coins temperature draft_us index_us verify_us commit_us "
     "trie_get_us trie_put_us iteration_us prompt_tokens output_tokens finish_reason prompt_text".split())
-_INDEX_COLUMNS = ("kind", "iteration", "request_id", "run_stats")
+# Read for every row at open: the index, plus the two scalars whole-trace plots need (`scalars`).
+_INDEX_COLUMNS = ("kind", "iteration", "request_id", "accept_length", "iteration_us", "run_stats")
 # A derived column needs its source columns decoded with it.
 _NEEDS = {"target_argmax": ("target_topk_tokens", "num_nodes"),
           "target_argmax_prob": ("target_topk_probs", "num_nodes")}
@@ -338,6 +339,8 @@ class TraceFile:
     batches: list[_Batch]
     iteration: np.ndarray             # per step row, in file order
     request_id: np.ndarray
+    accept_length: np.ndarray         # per step row (-1 where null)
+    iteration_us: np.ndarray          # per step row (NaN where null)
     batch_start: np.ndarray           # first global step row of each batch, plus the total
     stats: dict | None                # the last recorded selection counts
     truncated: bool = False
@@ -435,15 +438,20 @@ def _is_step(kind: pa.Array) -> np.ndarray:
     return step & ~np.asarray(kind.is_null()) if kind.null_count else step
 
 
-def _values(col: pa.Array) -> np.ndarray:
-    """An int column's values buffer as numpy, nulls included as whatever they hold (the callers take only
-    step rows, where these columns are never null): to_numpy with nulls goes through a slow float path."""
+def _values(col: pa.Array, null) -> np.ndarray:
+    """A numeric column's values buffer as numpy with ``null`` where it is null (to_numpy with nulls
+    goes through a slow path, too slow for every batch of a large file)."""
     width = col.type.bit_width // 8
-    return np.frombuffer(col.buffers()[1], np.dtype(f"int{8 * width}"), len(col), col.offset * width)
+    kind = "f" if pa.types.is_floating(col.type) else "i"
+    values = np.frombuffer(col.buffers()[1], np.dtype(f"{kind}{width}"), len(col), col.offset * width)
+    if col.null_count:
+        valid = np.unpackbits(np.frombuffer(col.buffers()[0], np.uint8), bitorder="little")[col.offset:][:len(col)]
+        values = np.where(valid.astype(bool), values, null)
+    return values
 
 
-def _cat(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+def _cat(parts: list[np.ndarray], dtype=np.int64) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
 
 
 def open_trace_file(path: str | Path) -> TraceFile:
@@ -485,7 +493,7 @@ def open_trace_file(path: str | Path) -> TraceFile:
     index_fields = [i for i, name in enumerate(schema.names) if name in _INDEX_COLUMNS]
     # One thread: the index buffers are small, and a thread pool per batch costs more than it saves.
     reader = pa.ipc.open_stream(mm, options=pa.ipc.IpcReadOptions(included_fields=index_fields, use_threads=False))
-    iterations, requests, stats = [], [], None
+    iterations, requests, accepts, times, stats = [], [], [], [], None
     for k, b in enumerate(batches):
         try:
             batch = reader.read_next_batch()
@@ -498,8 +506,9 @@ def open_trace_file(path: str | Path) -> TraceFile:
             break
         b.num_steps = int(is_step.sum())
         b.step_rows = None if b.num_steps == len(kind) else np.flatnonzero(is_step)
-        for name, out in (("iteration", iterations), ("request_id", requests)):
-            values = _values(batch.column(batch.schema.get_field_index(name)))
+        for name, out, null in (("iteration", iterations, 0), ("request_id", requests, 0),
+                                ("accept_length", accepts, -1), ("iteration_us", times, np.nan)):
+            values = _values(batch.column(batch.schema.get_field_index(name)), null)
             out.append(values if b.step_rows is None else values[b.step_rows])
         if b.step_rows is None:
             continue
@@ -519,7 +528,8 @@ def open_trace_file(path: str | Path) -> TraceFile:
         note = (f"the batch at byte offset {at} of {size} is incomplete or corrupt ({why}); "
                 f"the {len(batches)} batch(es) before it ({rows} records) are readable")
     return TraceFile(path, version, run_info, tokenizer_json, schema, batches, _cat(iterations), _cat(requests),
-                     batch_start, stats, damage is not None, note, head.serialize().to_pybytes(), mm)
+                     _cat(accepts), _cat(times, np.float64), batch_start, stats, damage is not None, note,
+                     head.serialize().to_pybytes(), mm)
 
 
 def read_trace_file(path: str | Path) -> tuple[pa.Table, pa.Table, dict, str | None, bool]:

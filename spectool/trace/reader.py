@@ -298,6 +298,18 @@ class Trace:
                 self._keys = (_ids(self._steps, "iteration"), _ids(self._steps, "request_id"))
         return self._keys
 
+    def scalars(self) -> dict[str, np.ndarray]:
+        """iteration, request_id, accept_length (-1 = null) and iteration_us (NaN = null) of every step row,
+        in row order, as numpy arrays: read with the index at open, so whole-trace plots decode nothing."""
+        if self._file is not None:
+            f = self._file
+            return {"iteration": f.iteration, "request_id": f.request_id, "accept_length": f.accept_length,
+                    "iteration_us": f.iteration_us}
+        its, reqs = self.keys()
+        return {"iteration": its, "request_id": reqs,
+                "accept_length": np.asarray(self._steps["accept_length"].fill_null(-1).to_numpy(), np.int64),
+                "iteration_us": np.asarray(self._steps["iteration_us"].to_numpy(zero_copy_only=False), np.float64)}
+
     def _row(self, i: int, request: int) -> int | None:
         its, reqs = self.keys()
         if self._order is None and self._sorted_iterations():
