@@ -430,12 +430,15 @@ class TraceFile:
         return table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
 
 
-def _is_step(kind: pa.Array) -> np.ndarray:
-    """kind == "step" per row, from the string offsets alone ("step" is the only 4-character kind):
-    a compute kernel per batch would cost more than the rest of the open."""
+_KIND_LENGTH = {"step": 4, "request": 7, "stats": 5}  # the kinds differ in length
+
+
+def _kind_lengths(kind: pa.Array) -> np.ndarray:
+    """The length of each row's kind, from the string offsets alone (0 where null): comparing strings
+    per batch would cost more than the rest of the open."""
     offsets = np.frombuffer(kind.buffers()[1], np.int32, len(kind) + 1, kind.offset * 4)
-    step = np.diff(offsets) == 4
-    return step & ~np.asarray(kind.is_null()) if kind.null_count else step
+    lengths = np.diff(offsets)
+    return np.where(np.asarray(kind.is_null()), 0, lengths) if kind.null_count else lengths
 
 
 def _values(col: pa.Array, null) -> np.ndarray:
@@ -498,8 +501,8 @@ def open_trace_file(path: str | Path) -> TraceFile:
         try:
             batch = reader.read_next_batch()
             batch.validate()
-            kind = batch.column(batch.schema.get_field_index("kind"))
-            is_step = _is_step(kind)
+            kind = _kind_lengths(batch.column(batch.schema.get_field_index("kind")))
+            is_step = kind == _KIND_LENGTH["step"]
         except (pa.ArrowInvalid, pa.ArrowException, OSError, StopIteration) as e:
             damage = (b.offset, str(e))
             del batches[k:]
@@ -512,11 +515,10 @@ def open_trace_file(path: str | Path) -> TraceFile:
             out.append(values if b.step_rows is None else values[b.step_rows])
         if b.step_rows is None:
             continue
-        kind = kind.to_numpy(zero_copy_only=False)  # a batch with request or stats rows: they are few
-        b.has_requests = bool((kind == "request").any())
-        if "run_stats" in batch.schema.names and (kind == "stats").any():
-            text = batch.column(batch.schema.get_field_index("run_stats")).to_pylist()[int(np.flatnonzero(
-                kind == "stats")[-1])]
+        b.has_requests = bool((kind == _KIND_LENGTH["request"]).any())
+        stats_rows = np.flatnonzero(kind == _KIND_LENGTH["stats"])
+        if "run_stats" in batch.schema.names and stats_rows.size:
+            text = batch.column(batch.schema.get_field_index("run_stats"))[int(stats_rows[-1])].as_py()
             stats = json.loads(text) if text else stats
     counts = np.array([b.num_steps for b in batches], dtype=np.int64)
     batch_start = np.zeros(len(batches) + 1, np.int64)
