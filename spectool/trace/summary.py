@@ -50,6 +50,7 @@ def summary_table(trace: Trace):
         notes.append(f"the file ends inside a batch or holds a damaged one ({trace.damage}): its complete records"
                      if trace.damage else "the file ends inside a batch (the run was cut short): its complete records")
     if s["selection"]:
-        notes.append(f"computed over the {100 * s['kept_fraction']:.1f} % of records the trace keeps, not the whole run")
+        notes.append(f"computed over the {100 * s['kept_fraction']:.1f} % of records the trace keeps, "
+                     "not the whole run")
     table.caption = "; ".join(notes) or None
     return table
