@@ -2,6 +2,7 @@
 
     python benchmarks/recording.py [--device cuda] [--quick] [--part recorder|host|engine|both]
     python benchmarks/recording.py --device cuda --quick --part engine --shape 8B   # or 1B
+    python benchmarks/recording.py --device cuda --part engine --shape 8B --batches 1,64
 
 (a) Recorder microbenchmark. For bs 1 and 16 and tree size N 16 and 64 it records
 synthetic iterations shaped like the engine's (every trace field, mask [B,N,N]
@@ -267,7 +268,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer iterations and runs (<= 90 s on the GPU)")
     parser.add_argument("--shape", choices=("demo", *SHAPES), default="demo",
                         help="engine part's target: the demo model, or random weights of a decode.py shape")
+    parser.add_argument("--batches", default="1,16", help="batch sizes, comma-separated (e.g. 1,64)")
     args = parser.parse_args()
+    batches = tuple(int(b) for b in args.batches.split(","))
     cpu = args.device == "cpu"
     iterations = args.iterations or (128 if args.quick else 512)
     repeats = args.repeats or (3 if args.quick else 5)
@@ -275,7 +278,7 @@ def main() -> None:
     out: dict = {"device": args.device, "iterations": iterations, "repeats": repeats, "max_new_tokens": max_new,
                  "shape": args.shape}
     if args.part in ("recorder", "both"):
-        out["recorder"] = [measure_recorder(b, n, iterations, args.device) for b in (1, 16) for n in (16, 64)]
+        out["recorder"] = [measure_recorder(b, n, iterations, args.device) for b in batches for n in (16, 64)]
         print(f"{'batch':>5} {'N':>3} {'record_us':>10} {'writer_us':>10} {'bytes/iter':>11} {'bytes/record':>12}")
         for r in out["recorder"]:
             print(f"{r['batch']:>5} {r['N']:>3} {r['record_us']:>10.1f} {r['writer_us']:>10.1f} "
@@ -285,7 +288,7 @@ def main() -> None:
         out["host"] = measure_host(args.device, 128 if args.quick else 512, iterations)
     if args.part in ("engine", "both"):
         print(f"{'method':>18} {'batch':>5} {'tok/s off':>10} {'tok/s on':>10} {'on/off':>6}")
-        out["engine"] = measure_engine(args.device, (1, 16), repeats, max_new, args.shape)
+        out["engine"] = measure_engine(args.device, batches, repeats, max_new, args.shape)
     if os.environ.get("OUT"):
         name = "recording.json" if args.shape == "demo" else f"recording_{args.shape}.json"
         Path(os.environ["OUT"], name).write_text(json.dumps(out, indent=2))

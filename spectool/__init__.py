@@ -45,6 +45,7 @@ _LAZY = {
     "draft_from_sglang_args": ("spectool.deploy", "draft_from_sglang_args"),
     "draft_from_vllm_config": ("spectool.deploy", "draft_from_vllm_config"),
     "tune": ("spectool.tune.recommend", "tune"),
+    "Record": ("spectool.trace.select", "Record"),
 }
 
 

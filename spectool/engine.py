@@ -32,6 +32,7 @@ from spectool.kernels.sampling import sampling_coins
 from spectool.stats import RunStats
 from spectool.timing import PhaseTimer
 from spectool.trace.recorder import PackedRows, Recorder, pack_rows
+from spectool.trace.select import Record
 from spectool.verify import VerifyResult, commit_kv, verify_greedy, verify_sampling
 
 
@@ -162,7 +163,7 @@ class Engine:
 
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 256,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                 record: bool = True, stop_token_ids: Sequence[int] | None = None,
+                 record: bool | Record = True, stop_token_ids: Sequence[int] | None = None,
                  ignore_eos: bool = False, progress: bool = False) -> GenerateResult:
         """Decode every prompt to completion; see ``stream`` for the arguments."""
         state: dict = {}
@@ -181,7 +182,7 @@ class Engine:
     @torch.no_grad()
     def stream(self, prompts: Sequence[str] | Sequence[Sequence[int]], max_new_tokens: int = 256,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-               record: bool = True, stop_token_ids: Sequence[int] | None = None,
+               record: bool | Record = True, stop_token_ids: Sequence[int] | None = None,
                ignore_eos: bool = False, progress: bool = False, _state: dict | None = None,
                ) -> Iterator[StepEvent]:
         """Decode and yield one ``StepEvent`` per iteration.
@@ -192,7 +193,8 @@ class Engine:
             temperature: 0 for greedy; otherwise sampling, exactly lossless.
             top_k, top_p: applied to the target distribution before sampling (0 / 1.0 = off).
             seed: seeds the sampling generator; equal seeds give equal outputs.
-            record: keep a Trace of every iteration (``result.trace``).
+            record: keep a Trace of every iteration (``result.trace``), or of the part that a
+                ``st.Record(every=..., requests=..., where=..., slowest=...)`` selects.
             stop_token_ids: tokens that finish a request (default: the model's eos ids).
             ignore_eos: never stop at a stop token (benchmarks).
             progress: show a progress bar of generated tokens.
@@ -209,7 +211,8 @@ class Engine:
         self._sample_seed.fill_(int(seed) % 2**32)
         stats = RunStats(method=self.method)
         # Every rank of a split target takes the same decisions; rank 0 alone records them.
-        recorder = self._make_recorder(sampling, seed) if record and (self.tp is None or self.tp.rank == 0) else None
+        recorder = (self._make_recorder(sampling, seed, record) if record and (self.tp is None or self.tp.rank == 0)
+                    else None)
         state = _state if _state is not None else {}
         state.update(requests=requests, stats=stats)
         self._stop.clear()
@@ -383,7 +386,7 @@ class Engine:
     def _decode(self, ids: list[int]) -> str:
         return self.target.decode(ids) if self.target.tokenizer is not None else ""
 
-    def _make_recorder(self, sampling: dict, seed: int):
+    def _make_recorder(self, sampling: dict, seed: int, record=True):
         tok = self.target.tokenizer
         run_info = {
             "engine": {"max_batch_size": self.max_batch_size, "max_seq_len": self.max_seq_len,
@@ -399,7 +402,7 @@ class Engine:
         }
         # A conversion costs a few ms whatever its size: 1024 rows keep it far below an iteration each.
         return Recorder(None, run_info, tokenizer_json=tok.to_str() if tok is not None else None,
-                        flush_every=1024)
+                        flush_every=1024, select=record if isinstance(record, Record) else None)
 
     def graph_stats(self) -> dict[str, int]:
         """CUDA-graph replays, eager runs and captures of the target steps (and the drafter's)."""

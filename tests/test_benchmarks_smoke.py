@@ -161,3 +161,16 @@ def test_draft_model_benchmark_with_the_target_as_its_own_draft(tmp_path):
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / plain["tokens_per_s"])
         if r["setting"] == "chain4":  # its own weights draft what greedy decoding produces
             assert r["mean_accept_length"] > 2
+
+
+def test_trace_scale_writes_a_consistent_trace_and_times_it(tmp_path):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        module = importlib.import_module("trace_scale")
+        assert module.main(["--records", "3000", "--batch", "16", "--out", str(tmp_path),
+                            "--keep", str(tmp_path / "t.sptrace")]) == 0
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    data = json.loads((tmp_path / "trace_scale.json").read_text())
+    assert data["records"] == 3008 and data["check_rc"] == 0  # whole iterations of 16; the checker agrees
+    assert 0 < data["bytes_per_record"] < 1500 and 0 < data["mean_accept_length"] < 15

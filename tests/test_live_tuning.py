@@ -12,9 +12,9 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from spectool.widgets import LiveDecode, TuningPanel
 
 import spectool as st
+from spectool.widgets import LiveDecode, TuningPanel
 
 MAX_NEW = 24
 # The demo's editing prompts run to ~700 tokens.

@@ -18,7 +18,7 @@ from spectool.cli import check as check_cli
 from spectool.trace import check
 from spectool.trace.format import DISK_FIELDS, TraceFormatError, disk_schema
 from spectool.trace.reader import Trace
-from spectool.trace.schema import FORMAT_VERSION
+from spectool.trace.schema import FORMAT_VERSION, REQUEST_SCHEMA, STEP_SCHEMA
 
 TESTS = Path(__file__).parent
 
@@ -51,7 +51,8 @@ def test_sigkill_mid_run_leaves_a_loadable_consistent_file(tmp_path):
 
 def test_truncated_file_reads_back_a_prefix_of_complete_batches(tmp_path):
     path = tmp_path / "run.sptrace"
-    full = make_trace("ngram", path=path, flush_every=4, num_requests=3)
+    make_trace("ngram", path=path, flush_every=4, num_requests=3)
+    full = Trace.load(path)
     data = path.read_bytes()
     seen = 0
     for cut in range(len(data) // 2, len(data), max(1, len(data) // 40)):
@@ -74,7 +75,24 @@ def _good_metadata() -> dict[bytes, bytes]:
     return dict(disk_schema({"method": "ngram"}, None).metadata)
 
 
-@pytest.mark.parametrize("version", [FORMAT_VERSION - 1, FORMAT_VERSION + 1])
+def test_a_version_1_file_loads_as_recorded(tmp_path):
+    """Version 1 stored every column in its reader type, uncompressed, without run_stats."""
+    trace = make_trace("eagle", num_requests=3, batch_size=2)
+    request_only = [f for f in REQUEST_SCHEMA if f.name not in STEP_SCHEMA.names]
+    fields = [pa.field("kind", pa.string()), *STEP_SCHEMA, *request_only]
+    meta = _good_metadata() | {b"spectool.format_version": b"1"}
+    schema = pa.schema(fields, metadata=meta)
+    steps = trace.steps.to_pylist()
+    rows = [{"kind": "step", **r} for r in steps] + [{"kind": "request", **r} for r in trace.requests.to_pylist()]
+    with pa.ipc.new_stream(str(tmp_path / "v1.sptrace"), schema) as w:
+        w.write_batch(pa.RecordBatch.from_pylist(rows[:5], schema=schema))
+        w.write_batch(pa.RecordBatch.from_pylist(rows[5:], schema=schema))
+    loaded = Trace.load(tmp_path / "v1.sptrace")
+    assert loaded.steps.equals(trace.steps) and loaded.requests.equals(trace.requests)
+    assert check.check_trace(loaded) is None
+
+
+@pytest.mark.parametrize("version", [0, FORMAT_VERSION + 1])
 def test_other_format_versions_are_refused_naming_both(tmp_path, version):
     meta = _good_metadata() | {b"spectool.format_version": str(version).encode()}
     _write_with_metadata(tmp_path / "v.sptrace", DISK_FIELDS, meta)

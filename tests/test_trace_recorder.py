@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from trace_factory import METHODS, VOCAB, ancestors_mask, make_trace, tiny_tokenizer_json
+from trace_factory import METHODS, VOCAB, ancestors_mask, as_stored, make_trace, tiny_tokenizer_json
 
 from spectool.trace.reader import Trace
 from spectool.trace.recorder import Recorder, pack_rows
@@ -131,11 +131,11 @@ def test_file_and_memory_round_trip(tmp_path, method):
     path = tmp_path / "run.sptrace"
     trace = make_trace(method, path=path, flush_every=3, num_requests=4, batch_size=3)
     loaded = Trace.load(path)
-    assert loaded.steps.equals(trace.steps) and loaded.requests.equals(trace.requests)
+    assert loaded.steps.equals(as_stored(trace.steps)) and loaded.requests.equals(trace.requests)
     assert loaded.run_info == trace.run_info and not loaded.truncated
     loaded.save(tmp_path / "copy.sptrace")
     again = Trace.load(tmp_path / "copy.sptrace")
-    assert again.steps.equals(trace.steps) and again.requests.equals(trace.requests)
+    assert again.steps.equals(as_stored(trace.steps)) and again.requests.equals(trace.requests)
     assert again.token_text([2, 3]) == ["def", "return"]
     assert set(trace.request_ids) == {0, 1, 2, 3}
     df = trace.to_pandas()

@@ -3,12 +3,12 @@
 import numpy as np
 import pyarrow as pa
 import pytest
-from spectool.widgets import AcceptanceView, CompareView, MaskView, TraceViewer, TreeView
 from trace_factory import make_trace
 
 import spectool.trace.format as trace_format
 from spectool.trace.reader import Trace
 from spectool.trace.schema import REQUEST_SCHEMA, STEP_SCHEMA
+from spectool.widgets import AcceptanceView, CompareView, MaskView, TraceViewer, TreeView
 
 
 @pytest.fixture(scope="module")

@@ -296,3 +296,17 @@ def make_trace(method: str = "ngram", path: str | Path | None = None, flush_ever
     with rec:
         record_synthetic(rec, method, **kwargs)
     return rec.close()
+
+
+def as_stored(table):
+    """``table`` with the columns a trace file keeps in float16 rounded to float16, as a reader sees them."""
+    import pyarrow as pa
+
+    from spectool.trace.schema import DISK_TYPES
+
+    for name, typ in DISK_TYPES.items():
+        if name in table.column_names and pa.types.is_list(typ) and typ.value_type == pa.float16():
+            i = table.schema.get_field_index(name)
+            wide = table.schema.field(i)
+            table = table.set_column(i, wide, table.column(i).cast(typ).cast(wide.type))
+    return table

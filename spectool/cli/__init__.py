@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "summary": ("spectool.cli.summary", "main", "summarise a trace: accept length, per-depth rates, timings"),
     "check": ("spectool.cli.check", "main", "verify a trace's internal consistency (and optionally replay it)"),
     "report": ("spectool.cli.report", "main", "write one standalone HTML report of a trace"),
+    "query": ("spectool.cli.query", "main", "run SQL (DuckDB) over a trace's records, requests and tree nodes"),
     "export-perfetto": ("spectool.cli.export_perfetto", "main", "export phase timings as Chrome/Perfetto trace JSON"),
     "train-target": ("spectool.cli.train_target", "main", "train a BPE tokenizer and a small target"),
     "train-draft": ("spectool.cli.train_draft", "main", "train EAGLE or multi-layer EAGLE draft layers"),

@@ -291,9 +291,10 @@ def open_trace(command: str, path: str):
         trace = Trace.load(path)
     except (TraceFormatError, OSError) as e:
         raise BadInput(f"cannot read {path}: {e}") from e
-    if trace.truncated:
-        if trace.steps.num_rows == 0:
-            raise NoCompleteRecord(f"{path} ends inside its first batch: 0 complete records recovered")
+    if trace.truncated:  # len(trace) counts the records from the index, without reading them
+        where = f": {trace.damage}" if trace.damage else ""
+        if len(trace) == 0:
+            raise NoCompleteRecord(f"{path} ends inside its first batch: 0 complete records recovered{where}")
         print(f"spectool {command}: {path} ends inside a batch (the run was cut short); "
-              f"{trace.steps.num_rows} complete records recovered", file=sys.stderr)
+              f"{len(trace)} complete records recovered{where}", file=sys.stderr)
     return trace

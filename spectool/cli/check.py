@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     if fault is not None:
         print(f"FAULT {args.trace}: {fault}")
         return 1
-    cut = " (the complete records of a file cut short)" if trace.truncated else ""
-    print(f"ok {args.trace}: {trace.steps.num_rows} records, {trace.requests.num_rows} requests "
+    cut = f" (the complete records of a file cut short: {trace.damage})" if trace.truncated else ""
+    print(f"ok {args.trace}: {len(trace)} records, {trace.requests.num_rows} requests "
           f"consistent{' and replayed' if args.replay else ''}{cut}")
     return 0

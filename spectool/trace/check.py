@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from spectool.trace.parts import check_in_parts
 from spectool.trace.reader import Trace
 from spectool.trace.schema import ACCEPTED, NOT_VISITED, REJECTED
 
@@ -261,8 +262,9 @@ class _Checker:
 
 
 def check_trace(trace: Trace) -> Fault | None:
-    """The first inconsistency of ``trace`` in trace order, or None when it is consistent."""
-    return _Checker(trace).run()
+    """The first inconsistency of ``trace`` in trace order, or None when it is consistent.
+    A large trace is checked in parts of whole requests (spectool/trace/parts.py), in bounded memory."""
+    return check_in_parts(trace, lambda part: _Checker(part).run())
 
 
 def replay(trace: Trace, model_dir: str, device: str | None = None) -> Fault | None:

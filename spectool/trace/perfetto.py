@@ -20,23 +20,25 @@ _SEQUENTIAL = ("draft_us", "index_us", "verify_us", "commit_us")
 
 def perfetto_events(trace: Trace) -> dict:
     """The Chrome trace-event JSON object for ``trace``."""
-    steps = trace.steps.sort_by([("iteration", "ascending"), ("request_id", "ascending")])
     names = ["iteration", "request_id", "accept_length", "iteration_us", *PHASE_FIELDS]
-    cols = steps.select(names).to_pylist()
-    by_iteration: dict[int, list[dict]] = {}
-    for row in cols:
-        by_iteration.setdefault(row["iteration"], []).append(row)
+    # Only these scalar columns are read (a lazily loaded trace decodes nothing else).
+    steps = trace.columns(names).sort_by([("iteration", "ascending"), ("request_id", "ascending")])
+    cols = {n: steps[n].to_pylist() for n in names}
+    its = cols["iteration"]
+    by_iteration: dict[int, list[int]] = {}
+    for k, it in enumerate(its):
+        by_iteration.setdefault(it, []).append(k)
     events = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "spectool decode"}}]
     events += [{"ph": "M", "pid": 1, "tid": tid, "name": "thread_name", "args": {"name": name}}
                for name, tid in _TRACKS.items()]
     t = 0.0
     for it, rows in by_iteration.items():
         first = rows[0]  # phase timings are per batch: every row of an iteration holds the same
-        phases = {p: first[p] for p in PHASE_FIELDS if first[p] is not None}
+        phases = {p: cols[p][first] for p in PHASE_FIELDS if cols[p][first] is not None}
         busy = sum(phases.get(p, 0.0) for p in _SEQUENTIAL)
-        length = first["iteration_us"] if first["iteration_us"] is not None else busy
+        length = cols["iteration_us"][first] if cols["iteration_us"][first] is not None else busy
         args = {"iteration": it, "batch": len(rows),
-                "accept_lengths": {str(r["request_id"]): r["accept_length"] for r in rows}}
+                "accept_lengths": {str(cols["request_id"][r]): cols["accept_length"][r] for r in rows}}
         events.append({"ph": "X", "pid": 1, "tid": _TRACKS["iteration"], "name": f"iteration {it}",
                        "ts": t, "dur": max(length, busy), "args": args})
         start = t

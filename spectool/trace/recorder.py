@@ -53,6 +53,7 @@ import torch
 from spectool.trace.format import TraceFileWriter
 from spectool.trace.reader import IterationView, TokenText, Trace
 from spectool.trace.schema import REQUEST_SCHEMA, STEP_FIELDS, STEP_SCHEMA
+from spectool.trace.select import Record, Selector, with_selection_counts
 
 NODE_FIELDS = ("tokens", "parents", "depth", "scores", "valid", "positions", "retrieve_index",
                "retrieve_next_token", "retrieve_next_sibling", "target_argmax", "target_argmax_prob",
@@ -185,14 +186,19 @@ class Recorder:
             written as one record batch (the unit a crash can lose). Each conversion has a
             fixed cost of a few ms, so a long run records cheaper with a larger unit (the
             engine uses 1024).
+        select: what to keep (`spectool.trace.select.Record`); None keeps every record.
     """
 
     def __init__(self, path: str | Path | None, run_info: dict, tokenizer_json: str | None = None,
-                 flush_every: int = 64):
+                 flush_every: int = 64, select: Record | None = None):
         if flush_every < 1:
             raise ValueError(f"flush_every must be >= 1, got {flush_every}")
         self.path = None if path is None else Path(path)
         self.run_info = default_run_info(run_info)
+        self._select = None if select is None or select.keeps_everything else Selector(select)
+        if self._select is not None:
+            self.run_info["record"] = select.describe()
+        self._skipped = False  # the newest iteration was not kept (its timings go nowhere)
         self.tokenizer_json = tokenizer_json
         self.flush_every = flush_every
         self._file = None if path is None else TraceFileWriter(path, self.run_info, tokenizer_json)
@@ -242,6 +248,14 @@ class Recorder:
             np.ndim(fields["request_id"]) and len(fields["request_id"]))
         if not rows:
             raise ValueError("request_id must be a non-empty [B] array of request ids")
+        self._skipped = False
+        if self._select is not None:
+            iteration = fields.get("iteration")
+            if not isinstance(iteration, int | np.integer):
+                raise ValueError("recording with a selection needs a scalar iteration per record_batch")
+            if not self._select.keeps_iteration(int(iteration), rows):
+                self._skipped, self._last = True, None
+                return
         plain: dict[str, Any] = {}
         on_cpu: list[tuple[str, torch.Tensor]] = []
         on_cuda: list[tuple[str, torch.Tensor]] = []
@@ -278,6 +292,8 @@ class Recorder:
         """Add per-row scalars known only when the iteration ends (its phase timings) to the
         iteration recorded last. The engine records an iteration before its host sync, so that
         work overlaps the GPU's, and its timings after."""
+        if self._skipped:
+            return
         if self._last is None:
             raise ValueError("record_timings must follow record_batch")
         unknown = timings.keys() - ACCEPTED_NAMES
@@ -324,6 +340,8 @@ class Recorder:
                        prompt_text: str = "") -> None:
         """Record a finished request: its prompt, every output token (the first comes from prefill)."""
         self._check_open()
+        if self._select is not None and not self._select.keeps_request(int(request_id)):
+            return
         self._maybe_send()
         row = {"request_id": int(request_id),
                "prompt_tokens": _int_list(prompt_tokens), "output_tokens": _int_list(output_tokens),
@@ -377,7 +395,8 @@ class Recorder:
             self._raise_writer_error()
             steps = pa.Table.from_batches(self._steps, schema=STEP_SCHEMA)
             requests = pa.Table.from_pylist(self._requests, schema=REQUEST_SCHEMA)
-            self._trace = Trace(steps, requests, self.run_info, self.tokenizer_json)
+            counts = self._select.counts() if self._select is not None else None
+            self._trace = Trace(steps, requests, with_selection_counts(self.run_info, counts), self.tokenizer_json)
         return self._trace
 
     def __enter__(self) -> Recorder:
@@ -455,6 +474,12 @@ class Recorder:
         normalises each iteration and stacks runs of like-shaped ones.
         """
         pending, self._pending = self._pending, []
+        first_new = len(self._steps)
+        self._convert_runs(pending)
+        if self._select is not None:
+            self._steps[first_new:] = [self._select.filter(b) for b in self._steps[first_new:]]
+
+    def _convert_runs(self, pending: list[tuple[dict, int]]) -> None:
         runs: list[tuple[tuple | None, list[tuple[dict, int]]]] = []
         for item in pending:
             key = _table_key(item[0])
@@ -487,7 +512,7 @@ class Recorder:
         if self._file is not None:
             steps = pa.Table.from_batches(self._steps[self._flushed_steps:], schema=STEP_SCHEMA)
             requests = pa.Table.from_pylist(self._requests[self._flushed_requests:], schema=REQUEST_SCHEMA)
-            self._file.write(steps, requests)
+            self._file.write(steps, requests, self._select.counts() if self._select is not None else None)
         self._flushed_steps, self._flushed_requests = len(self._steps), len(self._requests)
         self._pending_rows = 0
 

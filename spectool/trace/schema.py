@@ -4,13 +4,20 @@ The engine hands the recorder batch tensors named after STEP_FIELDS (leading
 dimension = batch); the recorder turns each batch row into one Arrow row. Per-node
 arrays have length N (the request's num_draft_tokens); the mask is bit-packed row
 by row (numpy.packbits over the flattened N*N bools, big-endian bit order).
+
+STEP_SCHEMA is the schema a reader hands out (``trace.steps``, ``iter_batches``,
+SQL). On disk a column may be stored narrower (DISK_TYPES): the integer fields
+bounded by the tree size in int16 / int8, and the target's and the drafter's
+probabilities, which are shown and binned but never re-verified, in float16
+(relative error <= 2**-11). The reader widens them back.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: uncompressed, STEP_SCHEMA types on disk
 MAGIC = "spectool-trace"
 
 # Node status codes (DraftTree / verify).
@@ -66,6 +73,27 @@ STEP_FIELDS: dict[str, tuple[pa.DataType, str]] = {
 PHASE_FIELDS = ("draft_us", "index_us", "verify_us", "commit_us", "trie_get_us", "trie_put_us")
 
 STEP_SCHEMA = pa.schema([pa.field(name, typ) for name, (typ, _) in STEP_FIELDS.items()])
+
+_i16 = pa.list_(pa.int16())
+# Narrower on-disk types (format version 2); a field not named here is stored as in STEP_SCHEMA.
+# Node indices and depths fit int16 for any tree below 32768 nodes; writing a value that does not
+# fit raises instead of wrapping.
+DISK_TYPES: dict[str, pa.DataType] = {
+    "num_nodes": pa.int16(),
+    "parents": _i16,
+    "depth": _i16,
+    "positions": pa.list_(pa.int32()),
+    "retrieve_next_token": _i16,
+    "retrieve_next_sibling": _i16,
+    "ngram_match_len": pa.int16(),
+    "ngram_breadth": pa.int16(),
+    "step_topk_probs": pa.list_(pa.float16()),
+    "step_topk_shape": _i16,
+    "target_argmax_prob": pa.list_(pa.float16()),
+    "target_topk_probs": pa.list_(pa.float16()),
+    "accept_path": _i16,
+    "accept_length": pa.int16(),
+}
 
 REQUEST_FIELDS: dict[str, tuple[pa.DataType, str]] = {
     "request_id": (pa.int32(), "request index"),

@@ -35,7 +35,9 @@ def _column(steps: pa.Table, name: str) -> np.ndarray | None:
 
 
 def _max_depth(steps: pa.Table) -> np.ndarray | None:
-    """Deepest node of each record's tree (0 for a root-only tree)."""
+    """Deepest node of each record's tree (0 for a root-only tree), or the ``max_depth`` column."""
+    if "max_depth" in steps.column_names:
+        return np.asarray(steps.column("max_depth").to_numpy(), dtype=np.int64)
     if "depth" not in steps.column_names:
         return None
     out = []
@@ -52,10 +54,21 @@ def _max_depth(steps: pa.Table) -> np.ndarray | None:
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
+def summary_columns(steps: pa.Table) -> pa.Table:
+    """The columns `summarize` reads, with ``depth`` reduced to ``max_depth``: a stream of batches
+    reduced this way and concatenated summarises the same as the whole table, in far less memory."""
+    names = [n for n in steps.column_names if n not in ("depth", "max_depth")]
+    out = steps.select(names)
+    depth = _max_depth(steps)
+    if depth is not None:
+        out = out.append_column("max_depth", pa.array(depth, pa.int32()))
+    return out
+
+
 def summarize(steps: pa.Table | dict) -> dict:
     """Summary of a steps table (or a dict of columns).
 
-    Needs the columns ``iteration`` and ``accept_length``; uses ``depth``,
+    Needs the columns ``iteration`` and ``accept_length``; uses ``depth`` (or ``max_depth``),
     ``iteration_us`` and the phase timing columns when present.
     """
     if isinstance(steps, dict):

@@ -23,6 +23,8 @@ def summary_table(trace: Trace):
     table = Table(title=f"spectool trace: {label}, {s['records']} records, {s['iterations']} iterations")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    if s["selection"]:
+        table.add_row("records kept (of the run)", f"{100 * s['kept_fraction']:.1f} % ({s['selection']})")
     emitted = emitted_tokens(trace)
     table.add_row("tokens verified (accepted + bonus)", str(s["tokens"]))
     if emitted is not None:
@@ -45,6 +47,10 @@ def summary_table(trace: Trace):
     if emitted is not None and emitted < s["tokens"]:
         notes.append(f"{s['tokens'] - emitted} verified tokens past max_new_tokens or a stop token were dropped")
     if trace.truncated:
-        notes.append("the file ends inside a batch (the run was cut short): its complete records")
+        notes.append(f"the file ends inside a batch or holds a damaged one ({trace.damage}): its complete records"
+                     if trace.damage else "the file ends inside a batch (the run was cut short): its complete records")
+    if s["selection"]:
+        notes.append(f"computed over the {100 * s['kept_fraction']:.1f} % of records the trace keeps, "
+                     "not the whole run")
     table.caption = "; ".join(notes) or None
     return table
