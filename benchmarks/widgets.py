@@ -64,6 +64,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     import plotly.graph_objects as go
+
     from spectool.widgets import TraceViewer
     go.FigureWidget()
     import_s = time.perf_counter() - t0
