@@ -65,18 +65,21 @@ def _accept(tree: DraftTree, good: torch.Tensor):
     """
     bs, n = tree.tokens.shape
     idx = torch.arange(n, device=tree.device)
+    # A CUDA graph's padding rows hold an all-zero mask, whose nodes have depth -1: read them as 0,
+    # so the gathers below stay in range (those rows' results are never used).
+    depth = tree.depth.clamp(min=0)
     ok = good | (idx == 0)
     agree = ~(tree.mask & ~ok[:, None, :]).any(-1)
-    key = torch.where(agree, tree.depth * n + (n - 1 - idx), -1)
+    key = torch.where(agree, depth * n + (n - 1 - idx), -1)
     last = key.argmax(-1)
     accepted = tree.mask[torch.arange(bs, device=tree.device), last]
-    accept_length = tree.depth.gather(1, last[:, None])[:, 0]
+    accept_length = depth.gather(1, last[:, None])[:, 0]
 
     width = tree.max_depth + 1
     path = torch.full((bs, width + 1), -1, dtype=torch.long, device=tree.device)
-    path.scatter_(1, torch.where(accepted, tree.depth.clamp(max=width - 1), width), idx.expand(bs, n))
+    path.scatter_(1, torch.where(accepted, depth.clamp(max=width - 1), width), idx.expand(bs, n))
     # Child taken at each node's parent: the path entry one level below the parent (-1: none -> n).
-    taken = path.gather(1, tree.depth.clamp(max=width))
+    taken = path.gather(1, depth.clamp(max=width))
     taken = torch.where(taken < 0, n, taken)
     parent_accepted = accepted.gather(1, tree.parents.clamp(min=0)) & (idx > 0)
     rejected = tree.valid & parent_accepted & ~accepted & (idx < taken)

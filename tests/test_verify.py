@@ -308,3 +308,27 @@ def test_commit_kv_equals_cache_rebuilt_from_scratch():
     assert int(res.accept_length.max()) >= 2  # some rows really moved entries
     with pytest.raises(ValueError, match="max_seq_len"):
         commit_kv(k[0], v[0], slots, seq_lens, res.accept_path, res.accept_length)
+
+
+def test_a_graph_padding_row_leaves_the_real_rows_decision_unchanged():
+    """A CUDA graph pads a batch to its bucket with all-zero rows (mask, tokens, valid); sampling
+    and greedy verify must run over such a row and decide the real row as they do alone."""
+    from spectool.draft.tree import MaskTree
+
+    n, vocab = 4, 16
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    real = (torch.tensor([[3, 5, 6, 7]]), mask[None], torch.ones(1, n, dtype=torch.bool), torch.tensor([5]))
+    padded = (torch.cat([real[0], torch.zeros(1, n, dtype=torch.long)]),
+              torch.cat([real[1], torch.zeros(1, n, n, dtype=torch.bool)]),
+              torch.cat([real[2], torch.zeros(1, n, dtype=torch.bool)]), torch.tensor([5, 0]))
+    gen = torch.Generator().manual_seed(0)
+    logits, coins = torch.randn(2, n, vocab, generator=gen), torch.rand(2, n, generator=gen)
+    for tokens, m, valid, lens in (real, padded):
+        tree = MaskTree(tokens, torch.zeros(tokens.shape), m, valid, lens, max_depth=n - 1).build()
+        b = tokens.shape[0]
+        sampled = verify_sampling(tree, logits[:b], 0.8, coins=coins[:b])
+        greedy = verify_greedy(tree, logits[:b])
+        if b == 1:
+            want = (sampled.accept_path[0], sampled.bonus[0], greedy.accept_path[0], greedy.bonus[0])
+    got = (sampled.accept_path[0], sampled.bonus[0], greedy.accept_path[0], greedy.bonus[0])
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
