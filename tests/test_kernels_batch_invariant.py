@@ -3,7 +3,7 @@ test_kernels_fused.py): each against its torch reference (float32, to a toleranc
 row or query bit for bit the same whether it is computed alone or inside a larger call.
 
 The interpreter runs every program with numpy, so bit equality here proves the kernels' own
-logic (which rows a program reads, how a tree query's keys are laid out in blocks and chunks)
+logic (which rows a program reads, how a tree query's keys are laid out in blocks and splits)
 but not the GPU's reduction order; tests/gpu/test_deterministic_gpu.py proves that in bf16 on
 CUDA, kernel by kernel and through the whole model and engine.
 """
@@ -28,7 +28,7 @@ from spectool.kernels.gemv import gemv_reference, gemv_triton  # noqa: E402
 
 @in_interpreter
 def test_kernels_really_run_in_the_interpreter():
-    assert type(bi._attn_chunk_kernel).__name__ == "InterpretedFunction"
+    assert type(bi._attn_invariant_kernel).__name__ == "InterpretedFunction"
 
 
 # ---------------------------------------------------------------------------------
@@ -126,10 +126,10 @@ def tree_mask_of(parents: list[int]) -> torch.Tensor:
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    """Chunks of 16 keys in blocks of 8, so short sequences cross several chunk boundaries (the
-    interpreter's time goes by programs, not by their size)."""
-    monkeypatch.setattr(bi, "KEY_CHUNK", 16)
+    """Blocks of 8 keys over 3 split-KV programs, so a short sequence gives each program several
+    blocks (the interpreter's time goes by programs, not by their size)."""
     monkeypatch.setattr(bi, "BLOCK_N", 8)
+    monkeypatch.setattr(bi, "KEY_SPLITS", 3)
 
 
 @in_interpreter
@@ -144,7 +144,7 @@ def test_attention_matches_reference(case, small_blocks, monkeypatch):
     mask = torch.stack([tree_mask_of([-1, 0, 0, 1, 3, 2]), tree_mask_of([-1, 0, 1, 2, 0, 0])]) \
         if case == "tree" else None
     if case == "causal_sliced":  # room for the partials of 4 queries: three slices of the 9
-        monkeypatch.setattr(bi, "PARTIALS_BYTES", B * Hq * bi.num_key_splits(max_seq) * (D + 1) * 4 * 4)
+        monkeypatch.setattr(bi, "PARTIALS_BYTES", B * Hq * bi.KEY_SPLITS * (D + 1) * 4 * 4)
     out = bi.attention_invariant(q, kc, vc, slots, starts, mask)
     assert out.shape == q.shape and out.dtype == q.dtype
     torch.testing.assert_close(out, cached_attention_reference(q, kc, vc, slots, starts, mask),
@@ -156,7 +156,7 @@ def test_a_query_is_the_same_bits_in_prefill_decode_and_tree_verify(small_blocks
     """The oracle of deterministic mode at the attention: a token's output from a prefill (alone,
     or in a batch, or in slices), from a one-token decode (at any batch position) and from a tree
     verify (its ancestors scattered among siblings at other cache indices) is the same bits.
-    The sequence (40 tokens) crosses two 16-key chunk boundaries."""
+    The sequence (40 tokens) is 5 blocks over the 3 splits."""
     gen = torch.Generator().manual_seed(11)
     Hq, Hkv, D, max_seq, L = 2, 1, 16, 48, 40
     k_seq, v_seq = torch.randn(Hkv, L, D, generator=gen), torch.randn(Hkv, L, D, generator=gen)
@@ -172,12 +172,12 @@ def test_a_query_is_the_same_bits_in_prefill_decode_and_tree_verify(small_blocks
     other = torch.randn(1, L, Hq, D, generator=gen)  # a second row in the batch, another slot
     batched = run(torch.cat([other, q_seq[None]]), [3, 1], [0, 0])[1]
     assert torch.equal(batched, prefill)
-    monkeypatch.setattr(bi, "PARTIALS_BYTES", Hq * bi.num_key_splits(max_seq) * (D + 1) * 4 * 16)
+    monkeypatch.setattr(bi, "PARTIALS_BYTES", Hq * bi.KEY_SPLITS * (D + 1) * 4 * 16)
     assert torch.equal(run(q_seq[None], [1], [0])[0], prefill)  # 16 queries a slice
     continued = run(q_seq[None, 29:], [1], [29])[0]  # a prefill of the rest after a cached prefix
     assert torch.equal(continued, prefill[29:])
 
-    for p in (0, 15, 16, 24, 32, 39):  # single decode steps, first and last rows of chunks
+    for p in (0, 7, 8, 23, 24, 39):  # single decode steps, first and last keys of blocks
         assert torch.equal(run(q_seq[None, p:p + 1], [1], [p])[0, 0], prefill[p]), p
     p = 27  # the same step at batch position 2 of 4
     q4 = torch.randn(4, 1, Hq, D, generator=gen)
@@ -185,7 +185,7 @@ def test_a_query_is_the_same_bits_in_prefill_decode_and_tree_verify(small_blocks
     assert torch.equal(run(q4, [3, 0, 1, 2], [39, 5, p, 0])[2, 0], prefill[p])
 
     # Tree verify after a 30-token prefix: path 0 -> 2 -> 3 -> 6 carries the true tokens 30..33
-    # (across a chunk boundary); the other nodes are siblings with their own K/V in between.
+    # (across a block boundary); the other nodes are siblings with their own K/V in between.
     parents = [-1, 0, 0, 2, 1, 3, 3, 4]
     mask = tree_mask_of(parents)
     on_path = {0: 30, 2: 31, 3: 32, 6: 33}
@@ -207,6 +207,16 @@ def test_a_query_is_the_same_bits_in_prefill_decode_and_tree_verify(small_blocks
 
 
 @in_interpreter
-def test_split_count_depends_on_the_cache_length_only():
-    assert bi.num_key_splits(4096 + 16) == 33
-    assert bi.num_key_splits(128) == 1 and bi.num_key_splits(129) == 2
+def test_a_query_is_the_same_bits_whatever_the_cache_length(small_blocks):
+    """A plain engine and a speculative one have caches of different lengths (room for their
+    trees): the cut of a query's keys must not depend on it."""
+    gen = torch.Generator().manual_seed(12)
+    Hq, Hkv, D, L = 2, 1, 16, 37
+    k, v, q = torch.randn(Hkv, L, D, generator=gen), torch.randn(Hkv, L, D, generator=gen), \
+        torch.randn(1, 1, Hq, D, generator=gen)
+    outs = []
+    for max_seq in (40, 90):
+        kc, vc = torch.zeros(1, Hkv, max_seq, D), torch.zeros(1, Hkv, max_seq, D)
+        kc[0, :, :L], vc[0, :, :L] = k, v
+        outs.append(bi.attention_invariant(q, kc, vc, torch.tensor([0]), torch.tensor([L - 1])))
+    assert torch.equal(outs[0], outs[1])

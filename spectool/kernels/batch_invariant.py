@@ -19,11 +19,13 @@ data, never by how many rows share the call:
   the cached prefix, then the new tokens it sees in index order (in a tree: its ancestors, root
   first, then itself). That is the sequence plain decoding sees at the same position (the same
   K/V, which the commit moved to contiguous cache indices), and it is always cut the same way:
-  chunks of ``KEY_CHUNK`` keys from logical index 0, one program each (split-KV), blocks of
-  ``BLOCK_N`` keys in order inside a chunk, then the chunks merged by the log-sum-exp merge of
-  kernels/attention_triton.py over a split count fixed by the cache's length. The tree mask only
-  chooses the cache index each logical key is read from. One program serves the query heads of
-  one kv head for one query, so its tile holds the same rows in every forward.
+  blocks of ``BLOCK_N`` keys from logical index 0, block b to split-KV program b mod
+  ``KEY_SPLITS`` (each program runs its blocks in order through one online softmax), then the
+  ``KEY_SPLITS`` partial results merged by the log-sum-exp merge of kernels/attention_triton.py.
+  Both constants are fixed, so the cut depends on the query's key count alone: not on T, the
+  batch, the tree, nor the cache's length (engines with other ``max_seq_len`` agree too). The
+  tree mask only chooses the cache index each logical key is read from. One program serves the
+  query heads of one kv head for one query, so its tile holds the same rows in every forward.
   Reference: ``attention_triton.cached_attention_reference``.
 
 The other per-layer ops are batch invariant as they are (one program per row: embedding, RMSNorm,
@@ -46,10 +48,11 @@ import triton.language as tl
 from spectool.kernels.attention_triton import _attn_merge_kernel, check_attention_args
 from spectool.kernels.gemv import check_gemv_args, launch_row_gemv
 
-# Keys per split-KV program and per inner block; both fixed, so a query's split depends only on its
-# key count. 128-key chunks give the 8B shape's decode (512-768 keys, 8 kv heads) ~50 programs.
-KEY_CHUNK = 128
+# Keys per block and split-KV programs per (row, kv head, query); both fixed, so a query's split
+# depends on its key count alone. At the 8B shape's batch-1 decode (8 kv heads) 16 splits are one
+# wave of programs on the H200's 132 SMs, each with one 64-key block per 1024 keys.
 BLOCK_N = 64
+KEY_SPLITS = 16
 # A long causal call (prefill) runs its queries in slices whose float32 partials fit this.
 PARTIALS_BYTES = 256 << 20
 
@@ -89,14 +92,14 @@ def linear_invariant(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 @triton.jit(do_not_specialize=["T", "t_offset"])
-def _attn_chunk_kernel(
+def _attn_invariant_kernel(
     Q, K, V, Slots, Starts, Mask, OutPart, LsePart,
     sq_b, sq_t, sq_h, sq_d,
     sk_b, sk_h, sk_n, sk_d,
     sv_b, sv_h, sv_n, sv_d,
     sm_b, sm_q, sm_k,
     T, t_offset, NUM_KV_HEADS, sm_scale_log2,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     HAS_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
@@ -120,8 +123,6 @@ def _attn_chunk_kernel(
     else:
         n_new = t_offset + t + 1
     n_keys = start + n_new
-    lo = split * CHUNK  # this program's chunk of the logical key sequence
-    hi = tl.minimum(lo + CHUNK, n_keys)
 
     g = tl.arange(0, BLOCK_M)
     row_ok = g < GROUP
@@ -135,9 +136,9 @@ def _attn_chunk_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):  # every block holds at least one live key
-        j = n0 + tl.arange(0, BLOCK_N)  # logical key indices
-        ok = j < hi
+    for block in range(split, tl.cdiv(n_keys, BLOCK_N), NUM_SPLITS):  # this program's blocks, in order
+        j = block * BLOCK_N + tl.arange(0, BLOCK_N)  # logical key indices; at least one is live
+        ok = j < n_keys
         if HAS_MASK:  # logical start + r is the new token of rank r
             r = j - start
             pick = (rank[None, :] == r[:, None]) & seen[None, :]
@@ -157,18 +158,13 @@ def _attn_chunk_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    # The chunk's result normalised within it, and its log2-sum-exp (-inf: a chunk past the keys).
+    # The split's result normalised within it, and its log2-sum-exp (-inf: a split with no block).
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     part = ((b * NUM_KV_HEADS * GROUP + head) * T + t) * NUM_SPLITS + split
     tl.store(OutPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LsePart + part, lse, mask=row_ok)
-
-
-def num_key_splits(max_seq_len: int) -> int:
-    """Split-KV programs per (row, kv head, query): fixed by the cache's length alone."""
-    return triton.cdiv(max_seq_len, KEY_CHUNK)
 
 
 def attention_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
@@ -183,12 +179,12 @@ def attention_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     """
     check_attention_args(q, k_cache, v_cache, slots, starts, tree_mask)
     B, T, Hq, D = q.shape
-    _, Hkv, max_seq_len, _ = k_cache.shape
+    Hkv = k_cache.shape[1]
     group = Hq // Hkv
     out = torch.empty(B, T, Hq, D, device=q.device, dtype=q.dtype)
     if B == 0 or T == 0:
         return out
-    num_splits = num_key_splits(max_seq_len)
+    num_splits = KEY_SPLITS
     block_d = triton.next_power_of_2(D)
     if tree_mask is not None:
         mask = tree_mask if tree_mask.dtype != torch.bool else tree_mask.view(torch.uint8)
@@ -202,11 +198,11 @@ def attention_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     for t0 in range(0, T, step):
         n = min(step, T - t0)
         q_slice, out_slice = q[:, t0:t0 + n], out[:, t0:t0 + n]
-        _attn_chunk_kernel[(B * Hkv, n, num_splits)](
+        _attn_invariant_kernel[(B * Hkv, n, num_splits)](
             q_slice, k_cache, v_cache, slots, starts, mask, out_part, lse_part,
             *q_slice.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides,
             n, t0, Hkv, sm_scale_log2,
-            GROUP=group, HEAD_DIM=D, NUM_SPLITS=num_splits, CHUNK=KEY_CHUNK, HAS_MASK=tree_mask is not None,
+            GROUP=group, HEAD_DIM=D, NUM_SPLITS=num_splits, HAS_MASK=tree_mask is not None,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N, BLOCK_D=block_d,
             BLOCK_T=triton.next_power_of_2(T) if tree_mask is not None else 1, num_warps=4, num_stages=2,

@@ -90,7 +90,7 @@ def test_linear_row_is_the_same_bits_at_any_batch_size_and_position(n, k, prolog
 @pytest.mark.parametrize("Hq,Hkv,D", [(4, 2, 64), (32, 8, 128), (12, 4, 80)])
 def test_attention_query_is_the_same_bits_in_prefill_decode_and_tree_verify(Hq, Hkv, D):
     gen = torch.Generator(device="cuda").manual_seed(Hq * D)
-    L, max_seq = 300, 512  # 4 key chunks; the sequence crosses two chunk boundaries
+    L, max_seq = 1100, 1280  # 18 key blocks over the 16 split-KV programs: the first two get two each
     rnd = lambda *shape: torch.randn(*shape, device="cuda", generator=gen).to(DT)  # noqa: E731
     k_seq, v_seq, q_seq = rnd(Hkv, L, D), rnd(Hkv, L, D), rnd(L, Hq, D)
     kc, vc = rnd(4, Hkv, max_seq, D), rnd(4, Hkv, max_seq, D)
@@ -104,17 +104,17 @@ def test_attention_query_is_the_same_bits_in_prefill_decode_and_tree_verify(Hq, 
     ref = cached_attention_reference(q_seq[None], kc, vc, torch.tensor([1]), torch.tensor([0]))[0]
     torch.testing.assert_close(prefill.float(), ref.float(), atol=2e-2, rtol=2e-2)
     assert torch.equal(run(torch.cat([rnd(1, L, Hq, D), q_seq[None]]), [3, 1], [0, 0])[1], prefill)
-    assert torch.equal(run(q_seq[None, 200:], [1], [200])[0], prefill[200:])
-    for p in (0, 1, 127, 128, 129, 255, 256, 299):
+    assert torch.equal(run(q_seq[None, 900:], [1], [900])[0], prefill[900:])
+    for p in (0, 1, 63, 64, 65, 1023, 1024, 1025, 1099):
         assert torch.equal(run(q_seq[None, p:p + 1], [1], [p])[0, 0], prefill[p]), p
     q5 = rnd(5, 1, Hq, D)
-    q5[3, 0] = q_seq[140]
-    assert torch.equal(run(q5, [0, 2, 3, 1, 0], [10, 300, 7, 140, 499])[3, 0], prefill[140])
+    q5[3, 0] = q_seq[1040]
+    assert torch.equal(run(q5, [0, 2, 3, 1, 0], [10, 300, 7, 1040, 1200])[3, 0], prefill[1040])
 
     parents = [-1, 0, 0, 2, 1, 3, 3, 4, 6, 8, 0, 9, 5, 5, 11, 2]
     mask = tree_mask_of(parents).cuda()
-    on_path = {0: 250, 2: 251, 3: 252, 6: 253, 8: 254, 9: 255, 11: 256, 14: 257}  # across a chunk boundary
-    S, N = 250, len(parents)
+    on_path = {0: 1020, 2: 1021, 3: 1022, 6: 1023, 8: 1024, 9: 1025, 11: 1026, 14: 1027}  # across block 16
+    S, N = 1020, len(parents)
     kc[2, :, :S], vc[2, :, :S] = k_seq[:, :S], v_seq[:, :S]
     q_tree = rnd(1, N, Hq, D)
     for node, src in on_path.items():
