@@ -28,6 +28,10 @@ data, never by how many rows share the call:
   query heads of one kv head for one query, so its tile holds the same rows in every forward.
   Reference: ``attention_triton.cached_attention_reference``.
 
+The attention kernel compiles in variants (with and without a tree mask, per tree size) that must
+agree: they run the same arithmetic on the same tiles, and with FMA contraction off (``enable_fp_fusion
+=False``) no compiler choice can fuse a multiply and an add in one variant only.
+
 The other per-layer ops are batch invariant as they are (one program per row: embedding, RMSNorm,
 RoPE + cache write; elementwise: the residual adds) and the greedy argmax is exact.
 
@@ -206,10 +210,11 @@ def attention_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N, BLOCK_D=block_d,
             BLOCK_T=triton.next_power_of_2(T) if tree_mask is not None else 1, num_warps=4, num_stages=2,
+            enable_fp_fusion=False,  # each multiply and add rounded as written, whatever variant compiles
         )
         _attn_merge_kernel[(B * Hq * n,)](
             out_part, lse_part, out_slice, *out_slice.stride(), n, Hq,
             HEAD_DIM=D, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            BLOCK_D=block_d, num_warps=4 if block_d >= 128 else 2,
+            BLOCK_D=block_d, num_warps=4 if block_d >= 128 else 2, enable_fp_fusion=False,
         )
     return out
