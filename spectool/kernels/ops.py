@@ -224,7 +224,9 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     """``rope`` then ``write_kv`` of the rotated k and v; returns the rotated q (one launch on CUDA)."""
     if _triton(q) and k.stride(-1) == 1 and v.stride(-1) == 1:
         from spectool.kernels.fused import rope_write_kv_triton
-        return rope_write_kv_triton(q, k, v, cos, sin, k_cache, v_cache, slots, starts)
+        # Deterministic mode: its T = 1, N and prompt-length variants must round alike (no FMA contraction).
+        return rope_write_kv_triton(q, k, v, cos, sin, k_cache, v_cache, slots, starts,
+                                    fp_fusion=not _DETERMINISTIC.get())
     q, k = rope(q, k, cos, sin)
     write_kv(k_cache, v_cache, k, v, slots, starts)
     return q
