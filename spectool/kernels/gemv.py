@@ -288,7 +288,7 @@ def launch_row_gemv(x: torch.Tensor, residual: torch.Tensor | None, weight: torc
                     bias: torch.Tensor | None, prologue: str, norm_weight: torch.Tensor | None, eps: float,
                     y: torch.Tensor, s: torch.Tensor | None, rows: int,
                     config: tuple[int, int, int, int] | None = None, exact_norm: bool = True) -> None:
-    """Launch the one-row kernel over ``rows`` rows (one program set per row), arguments checked.
+    """Launch the one-row kernel over ``rows`` rows (one program set per row; arguments already checked).
 
     ``x``, ``residual``, ``y`` and ``s`` hold their rows back to back (contiguous); the kernel
     config depends on the weight's K alone, so every row runs the same program whatever
