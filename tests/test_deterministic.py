@@ -1,5 +1,6 @@
-"""Deterministic mode off the GPU: which kernels a deterministic forward runs, and that on the CPU
-the flag is accepted (engine and command line), recorded in the trace, and changes nothing.
+"""Deterministic mode off the GPU: which kernels a deterministic forward runs; that on the CPU the
+flag is accepted (engine and command line), recorded in the trace, and changes nothing; and the
+step-time benchmark's deterministic rows.
 
 What the mode guarantees on CUDA (a token's logits the same bits in prefill, decode and tree
 verify, any batch) is proved in tests/gpu/test_deterministic_gpu.py; its kernels against their
@@ -121,3 +122,28 @@ def test_record_takes_deterministic(tmp_path, demo_model_dir):
     assert main(["record", "--model", str(demo_model_dir / "target"), "--draft", "ngram", "--prompts", str(prompts),
                  "--max-new-tokens", "6", "--device", "cpu", "--deterministic", "--out", str(trace)]) == 0
     assert Trace.load(trace).run_info["engine"]["deterministic"] is True
+
+
+def test_step_times_deterministic_rows_follow_from_their_times(tmp_path):
+    """benchmarks/step_times_8b.py --deterministic (CPU smoke mode): deterministic decode and verify
+    times beside the default ones, and implied speedups that follow from them and the shared
+    draft-layer times."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, benchmarks)
+    try:
+        module = importlib.import_module("step_times_8b")
+        assert module.main(["--device", "cpu", "--quick", "--deterministic", "--out", str(tmp_path)]) == 0
+    finally:
+        sys.path.remove(benchmarks)
+    data = json.loads((tmp_path / "step_times_8b.json").read_text())
+    times, det = data["times"], data["times"]["deterministic"]
+    assert set(det["verify_us"]) == set(times["verify_us"])
+    assert [r["method"] for r in data["deterministic_rows"]] == [r["method"] for r in data["rows"]]
+    for r in data["deterministic_rows"]:
+        draft = sum(times["draft_us"][str(t)] * c for t, c in r["draft_steps"])
+        expected = (r["accept_length"] + 1) * det["decode_us"] / (det["verify_us"][str(r["N"])] + draft)
+        assert r["implied_speedup"] == pytest.approx(expected)
