@@ -46,11 +46,10 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
-import triton.language as tl
 
 from spectool.kernels.attention_triton import _attn_merge_kernel, check_attention_args
 from spectool.kernels.gemv import check_gemv_args, launch_row_gemv
+from spectool.kernels.triton_import import tl, triton
 
 # Keys per block and split-KV programs per (row, kv head, query); both fixed, so a query's split
 # depends on its key count alone. At the 8B shape's batch-1 decode (8 kv heads) 16 splits are one
