@@ -3,13 +3,16 @@
     python benchmarks/decode.py            # 1B and 8B shapes, batch 1 and 8, 512 + 256 tokens
     python benchmarks/decode.py --quick    # ~1 minute: fewer tokens, transformers 16 tokens
     python benchmarks/decode.py --shapes tiny --device cpu --quick   # smoke test without a GPU
+    python benchmarks/decode.py --shapes 8B --batches 1 --no-hf --deterministic   # deterministic mode's cost
 
 Random bf16 weights built from a config (no download). For each shape and batch:
 tokens/s of spectool eager, spectool with CUDA graphs (GraphRunner over one decode
 step: forward + final norm + lm_head + argmax), transformers ``generate`` (default and
 static cache; "n/a" if transformers is missing), the floor = copy bandwidth / bytes of
-weights read per step (batch x that for tokens/s), and peak GPU memory. Prints a table;
-writes JSON to $OUT/decode.json when $OUT is set.
+weights read per step (batch x that for tokens/s), and peak GPU memory. With
+``--deterministic`` also the same graphs in deterministic mode (batch-invariant kernels,
+docs/INTERNALS.md) and its rate as a share of the default mode's in the same run. Prints a
+table; writes JSON to $OUT/decode.json when $OUT is set.
 """
 
 from __future__ import annotations
@@ -101,24 +104,26 @@ def weight_bytes_per_step(model: Transformer) -> int:
 
 
 def spectool_decode(model: Transformer, cache: KVCache, prompt: torch.Tensor, new_tokens: int,
-                    graphs: bool) -> tuple[float, torch.Tensor, dict]:
+                    graphs: bool, deterministic: bool = False) -> tuple[float, torch.Tensor, dict]:
     """Prefill, then ``new_tokens`` greedy steps; returns (decode seconds, generated tokens, the
-    graph captures and, with ``graphs``, eager steps inside the timed loop: both must be 0)."""
+    graph captures and, with ``graphs``, eager steps inside the timed loop: both must be 0).
+    ``deterministic``: every forward (the prefill too) with deterministic mode's kernels."""
     B, L = prompt.shape
     device = prompt.device
     slots = torch.arange(B, device=device)
     argmax = argmax_triton if device.type == "cuda" else argmax_reference
 
     def step(tokens, positions, slots, starts):
-        hidden = model(tokens, positions, cache=cache, slots=slots, starts=starts)
-        return argmax(model.logits(hidden)[:, -1])
+        hidden = model(tokens, positions, cache=cache, slots=slots, starts=starts, deterministic=deterministic)
+        return argmax(model.logits(hidden, deterministic=deterministic)[:, -1])
 
     runner = GraphRunner(step, buckets=(1, 2, 4, 8), enabled=graphs)
     with torch.inference_mode():
         positions = torch.arange(L, device=device).expand(B, L)
         zeros = torch.zeros(B, dtype=torch.long, device=device)
-        hidden = model(prompt, positions, cache=cache, slots=slots, starts=zeros, kv_len=L)
-        token = argmax(model.logits(hidden[:, -1:])[:, -1])
+        hidden = model(prompt, positions, cache=cache, slots=slots, starts=zeros, kv_len=L,
+                       deterministic=deterministic)
+        token = argmax(model.logits(hidden[:, -1:], deterministic=deterministic)[:, -1])
         starts = torch.full((B,), L, dtype=torch.long, device=device)
         # Capture (or warm up) outside the timed loop, on a copy of the first step's inputs.
         runner.capture(B, tokens=token[:, None], positions=starts[:, None], slots=slots, starts=starts)
@@ -177,7 +182,8 @@ def transformers_decode(shape: str, batch: int, prompt_len: int, new_tokens: int
 
 
 def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, hf_tokens: int,
-              device: torch.device, bandwidth: float, with_hf: bool, unfused: bool = False) -> list[dict]:
+              device: torch.device, bandwidth: float, with_hf: bool, unfused: bool = False,
+              deterministic: bool = False) -> list[dict]:
     torch.manual_seed(0)
     cfg = model_config(shape, prompt_len + new_tokens + 64)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -200,6 +206,11 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
                                                            graphs=device.type == "cuda")
             ops.FUSED_GEMV = True
             faults = {k: v + unfused_faults[k] for k, v in faults.items()}
+        det_s = None
+        if deterministic:  # the same graphs with deterministic mode's batch-invariant kernels
+            det_s, _, det_faults = spectool_decode(model, cache, prompt, new_tokens, graphs=device.type == "cuda",
+                                                   deterministic=True)
+            faults = {k: v + det_faults[k] for k, v in faults.items()}
         peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
         del cache
         row = {
@@ -209,6 +220,8 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
             "spectool_eager_tok_s": batch * new_tokens / eager_s,
             "spectool_graphs_tok_s": batch * new_tokens / graph_s,
             "spectool_graphs_unfused_tok_s": None if unfused_s is None else batch * new_tokens / unfused_s,
+            "spectool_graphs_deterministic_tok_s": None if det_s is None else batch * new_tokens / det_s,
+            "deterministic_vs_default": None if det_s is None else graph_s / det_s,
             "eager_graph_same_tokens": bool(torch.equal(eager_tokens, graph_tokens)),
             "peak_gpu_gb": peak, **faults,
         }
@@ -216,6 +229,7 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
         row["refused"] = bool(faults["timed_graph_captures"] or faults["timed_eager_steps"])
         if row["refused"]:
             row["spectool_graphs_tok_s"] = row["spectool_graphs_unfused_tok_s"] = None
+            row["spectool_graphs_deterministic_tok_s"] = row["deterministic_vs_default"] = None
         row["graphs_pct_floor"] = (None if row["refused"]
                                    else 100 * row["spectool_graphs_tok_s"] / row["floor_tok_s"])
         rows.append(row)
@@ -247,6 +261,8 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true", help="skip transformers generate")
     ap.add_argument("--unfused", action="store_true",
                     help="also time the graphs without the fused one-row GEMVs (kernels/gemv.py)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="also time the graphs in deterministic mode (batch-invariant kernels)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -257,7 +273,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         batches = [int(b) for b in args.batches.split(",")]
         rows += run_shape(shape, batches, args.prompt, new_tokens, hf_tokens, device, bandwidth,
-                          with_hf=not args.no_hf, unfused=args.unfused)
+                          with_hf=not args.no_hf, unfused=args.unfused, deterministic=args.deterministic)
 
     head = (f"{'shape':>5} {'B':>2} {'floor':>7} {'eager':>7} {'graphs':>7} {'%floor':>6} {'hf':>6} "
             f"{'hf-stat':>7} {'same':>5} {'peakGB':>6}")
@@ -274,7 +290,9 @@ def main() -> None:
               f"{r['spectool_graphs_tok_s']:7.0f} {r['graphs_pct_floor']:6.1f} "
               f"{fmt(r['hf_default_tok_s']):>6} {fmt(r['hf_static_tok_s']):>7} "
               f"{str(r['eager_graph_same_tokens']):>5} {fmt(r['peak_gpu_gb'], '.1f'):>6}"
-              + (f"  unfused graphs {r['spectool_graphs_unfused_tok_s']:.0f}" if args.unfused else ""))
+              + (f"  unfused graphs {r['spectool_graphs_unfused_tok_s']:.0f}" if args.unfused else "")
+              + (f"  deterministic graphs {r['spectool_graphs_deterministic_tok_s']:.0f} "
+                 f"({100 * r['deterministic_vs_default']:.1f} % of default)" if args.deterministic else ""))
     if os.environ.get("OUT"):
         meta = {"torch": torch.__version__, "device": str(device), "quick": args.quick,
                 "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}

@@ -131,15 +131,17 @@ def _synchronize(device) -> None:
 
 
 def measure(target, draft, prompts: list[list[int]], new_tokens: int, max_seq_len: int, seed: int,
-            batch: int | None = None, temperature: float = 0.0) -> dict:
+            batch: int | None = None, temperature: float = 0.0, deterministic: bool = False) -> dict:
     """Fresh engine decoding ``prompts`` at most ``batch`` at a time (default: all in one batch;
     the rest wait for a free slot): ``Engine.warmup()`` (timed), one untimed call on random
     prompts of the same lengths (kernels that specialise on a prefill's shape), then the timed
     call, end to end (prefill included), and a prefill-only call of the same prompts (one new
     token each), timed to the GPU's end, after the timed call so no trie has seen the prompts
-    before it."""
+    before it. ``deterministic``: the engine's deterministic mode (greedy output then equals
+    plain output exactly)."""
     batch = batch or len(prompts)
-    engine = st.Engine(target, draft=draft, max_batch_size=batch, max_seq_len=max_seq_len)
+    engine = st.Engine(target, draft=draft, max_batch_size=batch, max_seq_len=max_seq_len,
+                       deterministic=deterministic)
     warm = engine.warmup(sampling=temperature > 0, record=False)  # the modes the timed call runs
     vocab = target.config.vocab_size
     shaped = [random_prompts(1, len(p), vocab, seed + 1 + i)[0] for i, p in enumerate(prompts[:batch])]
@@ -235,7 +237,7 @@ def print_table(rows: list[dict], args: argparse.Namespace, new_tokens: int) -> 
     print(f"\nspeculative.py — {run_meta(args)['gpu'] or args.device}; target {args.model}; "
           f"{new_tokens} new tokens per request; e2e = end to end (prefill included), decode = iterations only; "
           f"prefill = a one-token call of the same prompts; a cell with a graph capture or an eager step "
-          f"inside its timed region is refused")
+          f"inside its timed region is refused" + ("; deterministic mode" if args.deterministic else ""))
     phases = ("draft_us", "index_us", "verify_us", "commit_us", "trie_get_us", "trie_put_us")
     print(f"{'workload':<10} {'bs':>3} {'temp':>4} {'method':<18} {'e2e tok/s':>9} {'decode':>9} {'e2e x':>6} "
           f"{'dec x':>6} {'impl x':>6} {'accept':>6} {'ttft ms':>7} {'prefill':>7} {'pf x':>5} "
@@ -274,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="start no cell after this many seconds")
     p.add_argument("--set", action="append", default=[], metavar="METHOD.FIELD=VALUE",
                    help="override one field of a method's config, e.g. eagle.num_draft_tokens=8 (repeatable)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="every engine (plain too) in deterministic mode: batch-invariant target kernels")
     args = p.parse_args(argv)
     try:
         overrides = parse_overrides(args.set)
@@ -313,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                     seed_all(args.seed)
                     r = measure(target, configs[method], prompts, new_tokens,
                                 min(max_seq_len, max(map(len, prompts)) + new_tokens + 8), args.seed, batch,
-                                temperature)
+                                temperature, args.deterministic)
                     tokens = r.pop("token_ids")
                     row = {**cell, **r, "new_tokens": new_tokens, "refused": refused(r, args.device)}
                     if method == "plain":
@@ -324,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
                         end_to_end_speedup=(r["end_to_end_tokens_per_s"] / base["end_to_end_tokens_per_s"]
                                             if ok else None),
                         prefill_vs_plain=r["prefill_ms"] / base["prefill_ms"] if ok else None,
-                        # greedy speculative output must equal plain greedy output (bf16 may differ on ties)
+                        # greedy speculative output must equal plain greedy output (in bf16 outside
+                        # deterministic mode it may differ on near-ties)
                         same_tokens_as_plain=tokens == base_tokens if base and temperature == 0 else None)
                     rows.append(row)
     add_implied_speedups(rows)
@@ -337,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped (budget {args.budget_s:.0f} s): "
               + ", ".join(f"{c['method']}/{c['workload']}/bs{c['batch']}/t{c['temperature']:g}" for c in skipped))
     settings = {m: (c.to_dict() if c is not None else None) for m, c in configs.items()}
-    write_json("speculative.json", {"meta": {**run_meta(args), "model": args.model, "settings": settings},
+    write_json("speculative.json", {"meta": {**run_meta(args), "model": args.model, "settings": settings,
+                                             "deterministic": args.deterministic},
                                     "rows": rows, "skipped": skipped,
                                     f"end_to_end_speedup_ge_1_at_batch_{big}": keep}, args.out)
     return 0

@@ -2,6 +2,7 @@
 
     python benchmarks/step_times_8b.py --accept-json $OUT/speculative.json   # H200, bf16, CUDA graphs
     python benchmarks/step_times_8b.py --device cpu --quick                   # smoke test (tiny shape)
+    python benchmarks/step_times_8b.py --deterministic   # also decode and verify in deterministic mode
 
 Random bf16 weights built from a ModelConfig (no download), batch 1, a 512-token prefix.
 Every step is one spectool forward replayed from a CUDA graph (``GraphRunner``):
@@ -18,13 +19,17 @@ Implied speedup = tau x T_decode / (T_verify(N) + T_draft), tau = mean accept le
   eagle:  5 steps at T = top-k 4, plus the extend over accept+1 tokens, N = 16;
   multi_layer_eagle: 4 layers, each extended over accept+1 tokens, N = 5.
 Accept lengths come from speculative.py's JSON (batch 1; ngram on editing, EAGLE methods on
-completion) via --accept-json, or else the labelled defaults below. Prints a table; writes
-$OUT/step_times_8b.json and $OUT/step_times_8b.png (matplotlib; "n/a" without it).
+completion) via --accept-json, or else the labelled defaults below. With --deterministic the
+target's decode and verify steps are also timed in deterministic mode (batch-invariant kernels,
+docs/INTERNALS.md; the draft layer's steps are the same in both modes) with the speedups they
+imply. Prints a table; writes $OUT/step_times_8b.json and $OUT/step_times_8b.png (matplotlib;
+"n/a" without it).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -88,8 +93,9 @@ def load_accept(path: str | None) -> dict[str, dict]:
 
 
 def measure_steps(shape: str, prefix: int, verify_ns: list[int], draft_ts: list[int], iters: int,
-                  device: torch.device) -> dict:
-    """µs of decode, verify per N and a draft layer step per T."""
+                  device: torch.device, deterministic: bool = False) -> dict:
+    """µs of decode, verify per N and a draft layer step per T; with ``deterministic`` also decode
+    and verify in deterministic mode, under the key "deterministic"."""
     max_t = max(verify_ns + draft_ts)
     cfg = model_config(shape, prefix + max_t + 64)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -103,10 +109,10 @@ def measure_steps(shape: str, prefix: int, verify_ns: list[int], draft_ts: list[
     slots = torch.zeros(1, dtype=torch.long, device=device)
     starts = torch.full((1,), prefix, dtype=torch.long, device=device)
 
-    def target_step(tokens, positions, slots, starts, tree_mask):
+    def target_step(tokens, positions, slots, starts, tree_mask, deterministic=False):
         hidden = model(tokens, positions, cache=cache, slots=slots, starts=starts, tree_mask=tree_mask,
-                       kv_len=kv_len)
-        return model.logits(hidden)
+                       kv_len=kv_len, deterministic=deterministic)
+        return model.logits(hidden, deterministic=deterministic)
 
     def draft_step(tokens, hidden, positions, slots, starts, tree_mask):
         _, normed = layer(model.embed_tokens(tokens), hidden, positions, draft_cache, slots, starts,
@@ -122,10 +128,14 @@ def measure_steps(shape: str, prefix: int, verify_ns: list[int], draft_ts: list[
     out = {"decode_us": None, "verify_us": {}, "draft_us": {}}
     with torch.inference_mode():
         one = torch.ones(1, 1, 1, dtype=torch.bool, device=device)
-        out["decode_us"] = time_step(target_step, inputs(1, one), iters, device)
-        for n in verify_ns:
-            x = inputs(n, random_tree_mask(n, device))
-            out["verify_us"][n] = time_step(target_step, x, iters, device)
+        trees = {n: inputs(n, random_tree_mask(n, device)) for n in verify_ns}
+        for mode, where in ((False, out), (True, {"verify_us": {}}))[:1 + deterministic]:
+            step = functools.partial(target_step, deterministic=mode)
+            where["decode_us"] = time_step(step, inputs(1, one), iters, device)
+            for n in verify_ns:
+                where["verify_us"][n] = time_step(step, trees[n], iters, device)
+            if mode:
+                out["deterministic"] = where
         for t in draft_ts:
             # EAGLE frontier nodes see only themselves among the new tokens; a draft-extend is causal.
             x = inputs(t, torch.eye(t, dtype=torch.bool, device=device)[None])
@@ -193,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix", type=int, default=512)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--accept-json", help="speculative.py's JSON (accept lengths measured on the demo model)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="also time decode and verify in deterministic mode and the speedups they imply")
     args = p.parse_args(argv)
     shape, prefix, iters = args.shape, args.prefix, args.iters
     verify_ns, draft_ts = [4, 5, 8, 12, 16, 64], [1, 2, 3, 4, 5, 6]
@@ -201,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     seed_all(args.seed)
     accept = load_accept(args.accept_json)
-    times = measure_steps(shape, prefix, verify_ns, draft_ts, iters, device)
+    times = measure_steps(shape, prefix, verify_ns, draft_ts, iters, device, args.deterministic)
     rows = implied(times, accept)
+    det_rows = implied({**times, **times["deterministic"]}, accept) if args.deterministic else None
 
     folder = args.out or os.environ.get("OUT")
     png = plot(times, rows, Path(folder) / "step_times_8b.png") if folder else "n/a (no --out or $OUT)"
@@ -215,10 +228,20 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['method']:<18} {r['N']:>3} {r['accept_length']:>6.2f} {fmt(r['verify_us']):>8} "
               f"{fmt(r['draft_us']):>8} {fmt(r['implied_speedup'], '.2f'):>7}x  {r['accept_source']}")
+    if det_rows is not None:
+        det = times["deterministic"]
+        print(f"deterministic mode: decode {det['decode_us']:.1f} | verify "
+              + ", ".join(f"N={n}: {v:.1f}" for n, v in det["verify_us"].items()))
+        for r in det_rows:
+            print(f"{r['method']:<18} {r['N']:>3} {r['accept_length']:>6.2f} {fmt(r['verify_us']):>8} "
+                  f"{fmt(r['draft_us']):>8} {fmt(r['implied_speedup'], '.2f'):>7}x  deterministic")
     print(f"plot: {png}")
     meta = {**run_meta(args), "shape": shape, "prefix": prefix, "iters": iters,
             "accept_json": args.accept_json}
-    write_json("step_times_8b.json", {"meta": meta, "times": times, "rows": rows, "plot": png}, args.out)
+    payload = {"meta": meta, "times": times, "rows": rows, "plot": png}
+    if det_rows is not None:
+        payload["deterministic_rows"] = det_rows
+    write_json("step_times_8b.json", payload, args.out)
     return 0
 
 

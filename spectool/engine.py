@@ -93,10 +93,16 @@ class Engine:
             once for max_batch_size × max_seq_len (plus room for one draft tree).
         cuda_graphs: capture and replay the per-iteration forwards on CUDA.
         record_topk: how many of the target's top tokens to record per node.
+        deterministic: the target's forwards use batch-invariant kernels on CUDA, so a token's
+            logits are the same bits in a prefill, a decode or a tree verify at any batch size,
+            and greedy speculative output equals plain greedy output in any dtype (a difference
+            is a bug). On the CPU it changes nothing (float32 there is exact already). See
+            docs/INTERNALS.md, "Deterministic mode".
     """
 
     def __init__(self, target, draft: DraftConfig | None = None, max_batch_size: int = 8,
-                 max_seq_len: int = 4096, cuda_graphs: bool = True, record_topk: int = 5) -> None:
+                 max_seq_len: int = 4096, cuda_graphs: bool = True, record_topk: int = 5,
+                 deterministic: bool = False) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_seq_len < 2:
@@ -109,6 +115,7 @@ class Engine:
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.record_topk = record_topk
+        self.deterministic = bool(deterministic)
         self.prefill_budget = 8192  # padded tokens per prefill forward
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.drafter = make_drafter(draft, self)
@@ -391,6 +398,7 @@ class Engine:
         run_info = {
             "engine": {"max_batch_size": self.max_batch_size, "max_seq_len": self.max_seq_len,
                        "cuda_graphs": self.cuda_graphs, "record_topk": self.record_topk,
+                       "deterministic": self.deterministic,
                        "seed": seed, **sampling},
             "draft": self.draft_config.to_dict() if self.draft_config is not None else {"method": "none"},
             "model": {"name": self.target.name, "hash": self.target.model_hash,
@@ -419,11 +427,11 @@ class Engine:
         layer's, or the concatenated ``aux_layers``' outputs) and float32 logits."""
         if self.aux_layers is None:
             hidden = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
-                                kv_len=self._kv_len)
-            return hidden, self.model.logits(hidden)
+                                kv_len=self._kv_len, deterministic=self.deterministic)
+            return hidden, self.model.logits(hidden, deterministic=self.deterministic)
         hidden, aux = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
-                                 kv_len=self._kv_len, aux_layers=self.aux_layers)
-        return aux, self.model.logits(hidden)
+                                 kv_len=self._kv_len, aux_layers=self.aux_layers, deterministic=self.deterministic)
+        return aux, self.model.logits(hidden, deterministic=self.deterministic)
 
     def _greedy_step(self, slots, record: bool = False, **inputs):
         """Forward, greedy verify and KV commit in one (graph-captured) step.

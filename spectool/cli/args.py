@@ -196,6 +196,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=POSITIVE, default=1,
                    help="split the target over this many processes (tensor parallelism; one GPU each on CUDA, "
                         "gloo on CPUs)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant target kernels on CUDA: greedy speculative output equals plain "
+                        "output bit for bit in any dtype (slower prefill; no effect on CPU)")
 
 
 def build_engine(args: argparse.Namespace, prompts: list[str]):
@@ -217,7 +220,8 @@ def build_engine(args: argparse.Namespace, prompts: list[str]):
         raise BadInput(f"--max-seq-len {args.max_seq_len} is above the model's limit of {limit} positions "
                        "(max_position_embeddings in its config.json)")
     check_prompt_lengths(target, prompts, args.max_new_tokens, args.max_seq_len)
-    return st.Engine(target, draft=draft, max_batch_size=args.batch_size, max_seq_len=args.max_seq_len)
+    return st.Engine(target, draft=draft, max_batch_size=args.batch_size, max_seq_len=args.max_seq_len,
+                     deterministic=args.deterministic)
 
 
 def check_prompt_lengths(target, prompts: list[str], max_new_tokens: int, max_seq_len: int) -> None:

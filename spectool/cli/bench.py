@@ -28,7 +28,8 @@ def main(argv: list[str]) -> int:
     try:
         prompts = load_prompts(args.prompts, args.kind)[: args.num_prompts]
         spec = build_engine(args, prompts)
-        plain = st.Engine(spec.target, draft=None, max_batch_size=args.batch_size, max_seq_len=args.max_seq_len)
+        plain = st.Engine(spec.target, draft=None, max_batch_size=args.batch_size, max_seq_len=args.max_seq_len,
+                          deterministic=spec.deterministic)
     except (ValueError, OSError) as e:  # bad options or files (BadInput is a ValueError); an unreachable hub id
         return fail("bench", e)
     rows = []

@@ -155,6 +155,22 @@ def choose_num_splits(batch: int, num_kv_heads: int, m_blocks: int, max_seq_len:
     return max(1, min(want, triton.cdiv(max_seq_len, block_n), 64))
 
 
+def check_attention_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                         starts: torch.Tensor, tree_mask: torch.Tensor | None) -> None:
+    """Shape checks of a cached attention call (a clear ValueError naming the misfit)."""
+    B, T, Hq, D = q.shape
+    _, Hkv, _, Dk = k_cache.shape
+    if Dk != D or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"cache shapes {tuple(k_cache.shape)}, {tuple(v_cache.shape)} do not fit q {tuple(q.shape)}")
+    if Hq % Hkv:
+        raise ValueError(f"{Hq} query heads is not a multiple of {Hkv} kv heads")
+    if slots.shape != (B,) or starts.shape != (B,):
+        raise ValueError(f"slots {tuple(slots.shape)} and starts {tuple(starts.shape)} must both be ({B},)")
+    if tree_mask is not None and tree_mask.shape != (B, T, T):
+        raise ValueError(f"tree_mask must be ({B}, {T}, {T}), got {tuple(tree_mask.shape)}")
+
+
 def cached_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -179,17 +195,9 @@ def cached_attention_triton(
     Returns:
         [B, T, Hq, D] attention output in q's dtype.
     """
+    check_attention_args(q, k_cache, v_cache, slots, starts, tree_mask)
     B, T, Hq, D = q.shape
-    _, Hkv, max_seq_len, Dk = k_cache.shape
-    if Dk != D or v_cache.shape != k_cache.shape:
-        raise ValueError(
-            f"cache shapes {tuple(k_cache.shape)}, {tuple(v_cache.shape)} do not fit q {tuple(q.shape)}")
-    if Hq % Hkv:
-        raise ValueError(f"{Hq} query heads is not a multiple of {Hkv} kv heads")
-    if slots.shape != (B,) or starts.shape != (B,):
-        raise ValueError(f"slots {tuple(slots.shape)} and starts {tuple(starts.shape)} must both be ({B},)")
-    if tree_mask is not None and tree_mask.shape != (B, T, T):
-        raise ValueError(f"tree_mask must be ({B}, {T}, {T}), got {tuple(tree_mask.shape)}")
+    _, Hkv, max_seq_len, _ = k_cache.shape
     group = Hq // Hkv
     block_d = triton.next_power_of_2(D)
     block_m = max(16, min(64, triton.next_power_of_2(group * T)))

@@ -147,7 +147,8 @@ def _check_rope_args(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
         raise ValueError(f"cos/sin must be [{B}, {T}, {D // 2}], got {tuple(cos.shape)}, {tuple(sin.shape)}")
 
 
-def _launch_rope(q, k, v, cos, sin, slots, starts, q_out, k_out, v_out, write_kv: bool) -> None:
+def _launch_rope(q, k, v, cos, sin, slots, starts, q_out, k_out, v_out, write_kv: bool,
+                 fp_fusion: bool = True) -> None:
     B, T, Hq, D = q.shape
     Hkv = k.shape[2]
     _rope_kernel[(B * T,)](
@@ -156,7 +157,8 @@ def _launch_rope(q, k, v, cos, sin, slots, starts, q_out, k_out, v_out, write_kv
         *q_out.stride()[:3], *k_out.stride()[:3], *v_out.stride()[:3],
         T, k_out.shape[2],
         HQ=Hq, HKV=Hkv, HALF=D // 2, WRITE_KV=write_kv, BLOCK_HQ=triton.next_power_of_2(Hq),
-        BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_HALF=triton.next_power_of_2(D // 2), num_warps=4)
+        BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_HALF=triton.next_power_of_2(D // 2), num_warps=4,
+        enable_fp_fusion=fp_fusion)
 
 
 def rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -175,7 +177,7 @@ def rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
 def rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                          sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+                         slots: torch.Tensor, starts: torch.Tensor, fp_fusion: bool = True) -> torch.Tensor:
     """Rotate q and k and write k, v to the cache in one launch (``ops.rope`` + ``ops.write_kv``).
 
     Args:
@@ -184,6 +186,8 @@ def rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos:
         k_cache, v_cache: [max_batch, Hkv, max_seq_len, D]; token t of row b goes to
             ``[slots[b], :, starts[b] + t]`` (indices past max_seq_len are dropped).
         slots, starts: [B].
+        fp_fusion: let the compiler fuse multiplies and adds (False: each rounded as written, so
+            the kernel's variants for other T give the same bits; deterministic mode).
 
     Returns:
         rotated q, [B, T, Hq, D] contiguous.
@@ -197,7 +201,7 @@ def rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos:
     if slots.shape != (B,) or starts.shape != (B,):
         raise ValueError(f"slots and starts must be ({B},)")
     q_out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    _launch_rope(q, k, v, cos, sin, slots, starts, q_out, k_cache, v_cache, write_kv=True)
+    _launch_rope(q, k, v, cos, sin, slots, starts, q_out, k_cache, v_cache, write_kv=True, fp_fusion=fp_fusion)
     return q_out
 
 

@@ -22,7 +22,9 @@ launches disappear:
 
 One row (M = 1, the bandwidth-bound decode step) has its own tuned kernel: one program
 owns ``BLOCK_N`` output features and walks K in ``BLOCK_K`` chunks, keeping a
-[BLOCK_N, BLOCK_K] float32 partial sum that is reduced once at the end. For 2 to
+[BLOCK_N, BLOCK_K] float32 partial sum that is reduced once at the end. Its grid has a row
+axis, so the same kernel also runs any number of rows each exactly as it runs one: the
+batch-invariant linear of deterministic mode (kernels/batch_invariant.py). For 2 to
 ``MAX_ROWS`` rows a program also owns ``BLOCK_N`` features but multiplies each
 [BLOCK_N, BLOCK_K] weight tile, loaded once, with all rows at once (``tl.dot`` of a
 [16, BLOCK_K] input tile, rows past M zero, float32 accumulation), so the weight is
@@ -72,11 +74,20 @@ def default_config(k: int, rows: int = 1, n: int = 0) -> tuple[int, int, int, in
 
 
 @triton.jit
-def _gemv_kernel(X, R, NW, W, B, Y, S, N, K, stride_wn, eps,
+def _gemv_kernel(X, R, NW, W, B, Y, S, N, K, stride_xm, stride_rm, stride_wn, eps,
                  PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                  EXACT_NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  NUM_STAGES: tl.constexpr):
-    pid = tl.program_id(0)
+    # Axis 0 is the input row, so one row's programs never differ from another's: the
+    # batch-invariant linear (kernels/batch_invariant.py) runs M rows in one launch, each exactly
+    # as the one-row decode step runs it. Rows are the fastest axis so that the rows sharing a
+    # weight slab run together and read it from L2.
+    row = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(1)
+    X += row * stride_xm
+    R += row * stride_rm
+    Y += row * N
+    S += row * K
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
@@ -226,34 +237,21 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         ``(y, s)``: y [..., N]; s = x + residual (shape of x, contiguous) for ``rms_norm``
         with a residual, else None.
     """
-    if prologue not in _PROLOGUE_ID:
-        raise ValueError(f"prologue must be one of {PROLOGUES}, got {prologue!r}")
+    check_gemv_args(x, weight, bias, prologue, residual, norm_weight)
     N, K = weight.shape
     width = 2 * K if prologue == "silu_mul" else K
     rows = x.numel() // width if x.shape[-1] == width else 0
     if not 1 <= rows <= MAX_ROWS:
         raise ValueError(f"x must be 1 to {MAX_ROWS} rows of {width} values for weight {tuple(weight.shape)} "
                          f"and prologue {prologue!r}, got shape {tuple(x.shape)}")
-    if weight.stride(-1) != 1 or x.stride(-1) != 1 or (residual is not None and residual.stride(-1) != 1):
-        raise ValueError("weight, x and residual must be contiguous along K")
-    if prologue == "rms_norm" and (norm_weight is None or norm_weight.shape != (K,)):
-        raise ValueError(f"rms_norm needs norm_weight of shape ({K},)")
-    if residual is not None and (prologue != "rms_norm" or residual.shape != x.shape):
-        raise ValueError("residual is only for rms_norm and must have x's shape")
-    if bias is not None and bias.shape != (N,):
-        raise ValueError(f"bias must have shape ({N},), got {tuple(bias.shape)}")
     if rows > 1 and not exact_norm:
         raise ValueError("exact_norm=False is implemented for one row only")
     y = torch.empty(*x.shape[:-1], N, device=x.device, dtype=out_dtype or x.dtype)
     s = torch.empty(x.shape, device=x.device, dtype=x.dtype) if residual is not None else None
     if rows == 1:
-        block_n, block_k, warps, stages = config or default_config(K, 1)
         x1 = x.reshape(-1)
-        _gemv_kernel[(triton.cdiv(N, block_n),)](
-            x1, x1 if residual is None else residual.reshape(-1), x1 if norm_weight is None else norm_weight,
-            weight, y if bias is None else bias, y, y if s is None else s, N, K, weight.stride(0), eps,
-            PROLOGUE=_PROLOGUE_ID[prologue], HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
-            EXACT_NORM=exact_norm, BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=stages, num_warps=warps)
+        launch_row_gemv(x1, None if residual is None else residual.reshape(-1), weight, bias, prologue,
+                        norm_weight, eps, y, s, 1, config, exact_norm)
         return y, s
     block_n, block_k, warps, stages = config or default_config(K, rows, N)
     # A view whenever the leading dims collapse to one row stride (e.g. hidden[:, -1:]), else a copy.
@@ -268,6 +266,42 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         DOT_F32=not x.is_cuda or x.dtype != weight.dtype,
         BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=stages, num_warps=warps)
     return y, s
+
+
+def check_gemv_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: str,
+                    residual: torch.Tensor | None, norm_weight: torch.Tensor | None) -> None:
+    """The checks every GEMV entry point makes beyond its row count (a clear ValueError)."""
+    if prologue not in _PROLOGUE_ID:
+        raise ValueError(f"prologue must be one of {PROLOGUES}, got {prologue!r}")
+    N, K = weight.shape
+    if weight.stride(-1) != 1 or x.stride(-1) != 1 or (residual is not None and residual.stride(-1) != 1):
+        raise ValueError("weight, x and residual must be contiguous along K")
+    if prologue == "rms_norm" and (norm_weight is None or norm_weight.shape != (K,)):
+        raise ValueError(f"rms_norm needs norm_weight of shape ({K},)")
+    if residual is not None and (prologue != "rms_norm" or residual.shape != x.shape):
+        raise ValueError("residual is only for rms_norm and must have x's shape")
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias must have shape ({N},), got {tuple(bias.shape)}")
+
+
+def launch_row_gemv(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                    bias: torch.Tensor | None, prologue: str, norm_weight: torch.Tensor | None, eps: float,
+                    y: torch.Tensor, s: torch.Tensor | None, rows: int,
+                    config: tuple[int, int, int, int] | None = None, exact_norm: bool = True) -> None:
+    """Launch the one-row kernel over ``rows`` rows (one program set per row; arguments already checked).
+
+    ``x``, ``residual``, ``y`` and ``s`` hold their rows back to back (contiguous); the kernel
+    config depends on the weight's K alone, so every row runs the same program whatever
+    ``rows`` is.
+    """
+    N, K = weight.shape
+    block_n, block_k, warps, stages = config or default_config(K, 1)
+    _gemv_kernel[(rows, triton.cdiv(N, block_n))](
+        x, x if residual is None else residual, x if norm_weight is None else norm_weight,
+        weight, y if bias is None else bias, y, y if s is None else s, N, K, x.numel() // rows, K,
+        weight.stride(0), eps,
+        PROLOGUE=_PROLOGUE_ID[prologue], HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
+        EXACT_NORM=exact_norm, BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=stages, num_warps=warps)
 
 
 def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -14,9 +14,17 @@ GEMVs of kernels/gemv.py for one row, with the norm or SiLU·mul before them in 
 launch, and for the 2 to 16 tokens of one sequence where that measured faster (small
 weights, no SiLU·mul: ``FEW_ROWS_MAX_WEIGHT``); the rest goes to cuBLAS after the separate
 glue kernels.
+
+Inside ``with deterministic():`` (the model's ``deterministic=True`` forwards) the projections
+and the attention take the batch-invariant kernels of kernels/batch_invariant.py instead, for
+any number of rows (docs/INTERNALS.md, "Deterministic mode"); on the CPU nothing changes.
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -24,10 +32,30 @@ import torch.nn.functional as F
 # Tree verify holds at most this many new tokens per row; longer (prefill) uses the torch path.
 TRITON_ATTENTION_MAX_T = 64
 
+_DETERMINISTIC = contextvars.ContextVar("spectool_deterministic", default=False)
+
+
+@contextlib.contextmanager
+def deterministic(enabled: bool = True) -> Iterator[None]:
+    """Run the ops inside with batch-invariant kernels on CUDA (``enabled=False``: the default ones).
+
+    Read while a forward runs, so a CUDA graph captured inside replays the kernels chosen here.
+    """
+    token = _DETERMINISTIC.set(enabled)
+    try:
+        yield
+    finally:
+        _DETERMINISTIC.reset(token)
+
 
 def _triton(x: torch.Tensor) -> bool:
     # The Triton kernels have no backward: training (grad enabled) takes the torch path.
     return x.is_cuda and x.stride(-1) == 1 and not torch.is_grad_enabled()
+
+
+def _invariant(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
+    """Deterministic mode is on and x (and the weight) can take its Triton kernels."""
+    return _DETERMINISTIC.get() and _triton(x) and (weight is None or weight.stride(-1) == 1)
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -107,6 +135,9 @@ def _fused(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> boo
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``; on CUDA one row (and 2 to 16 tokens of one sequence, small weights) go to the Triton GEMV
     (kernels/gemv.py), which reads small weights faster than cuBLAS's split-K kernels."""
+    if _invariant(x, weight):
+        from spectool.kernels.batch_invariant import linear_invariant
+        return linear_invariant(x, weight, bias)[0]
     if _fused(x, weight):
         from spectool.kernels.gemv import gemv_triton
         return gemv_triton(x, weight, bias)[0]
@@ -123,6 +154,12 @@ def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     with the unfused path's roundings of the normalised input; only the order of the float32
     sums differs.
     """
+    if _invariant(x, weight):
+        from spectool.kernels.batch_invariant import linear_invariant
+        if residual is not None and (residual.stride(-1) != 1 or residual.shape != x.shape):
+            x, residual = x + residual, None  # the kernel's own sum: one add, one rounding
+        y, s = linear_invariant(x, weight, bias, "rms_norm", residual, norm_weight, eps, out_dtype)
+        return y, x if s is None else s
     if _fused(x, weight) and (residual is None or (residual.stride(-1) == 1 and residual.shape == x.shape)):
         from spectool.kernels.gemv import gemv_triton
         y, s = gemv_triton(x, weight, bias, "rms_norm", residual, norm_weight, eps, out_dtype)
@@ -162,6 +199,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``linear(silu_mul(gate_up), weight)`` (the MLP's down projection); one launch on CUDA for
     one row, with the same roundings as the unfused path (more rows: slower fused, see ``_fused``)."""
+    if _invariant(gate_up, weight):
+        from spectool.kernels.batch_invariant import linear_invariant
+        return linear_invariant(gate_up, weight, prologue="silu_mul")[0]
     if _fused(gate_up, weight, silu_mul=True):
         from spectool.kernels.gemv import gemv_triton
         return gemv_triton(gate_up, weight, prologue="silu_mul")[0]
@@ -184,7 +224,9 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     """``rope`` then ``write_kv`` of the rotated k and v; returns the rotated q (one launch on CUDA)."""
     if _triton(q) and k.stride(-1) == 1 and v.stride(-1) == 1:
         from spectool.kernels.fused import rope_write_kv_triton
-        return rope_write_kv_triton(q, k, v, cos, sin, k_cache, v_cache, slots, starts)
+        # Deterministic mode: its T = 1, N and prompt-length variants must round alike (no FMA contraction).
+        return rope_write_kv_triton(q, k, v, cos, sin, k_cache, v_cache, slots, starts,
+                                    fp_fusion=not _DETERMINISTIC.get())
     q, k = rope(q, k, cos, sin)
     write_kv(k_cache, v_cache, k, v, slots, starts)
     return q
@@ -210,6 +252,9 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         [B, T, Hq, D] in q's dtype.
     """
     B, T, Hq, D = q.shape
+    if _invariant(q):  # any T, prefill included: the same kernel in every forward
+        from spectool.kernels.batch_invariant import attention_invariant
+        return attention_invariant(q, k_cache, v_cache, slots, starts, tree_mask)
     if _triton(q) and T <= TRITON_ATTENTION_MAX_T:  # reads starts on device, only the live blocks
         from spectool.kernels.attention_triton import cached_attention_triton
         return cached_attention_triton(q, k_cache, v_cache, slots, starts, tree_mask)

@@ -15,6 +15,8 @@ into one matmul each (the loader concatenates the checkpoint's tensors).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -203,7 +205,8 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
                 slots: torch.Tensor | None = None, starts: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, kv_len: int | None = None,
-                aux_layers: tuple[int, ...] | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                aux_layers: tuple[int, ...] | None = None,
+                deterministic: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Hidden states [B, T, H] before the final norm (see the module docstring and INTERNALS.md).
 
         Args:
@@ -215,25 +218,31 @@ class Transformer(nn.Module):
                 None = no host value (attention masks the rest).
             aux_layers: also return the outputs of these layers (0-based), concatenated in the
                 order given to [B, T, len * H] (what an EAGLE-3 draft reads): ``(hidden, aux)``.
+            deterministic: on CUDA, batch-invariant kernels: a cached token's hidden state is the
+                same bits in a prefill, a decode or a tree verify, whatever the batch
+                (INTERNALS.md, "Deterministic mode"). No effect on the CPU.
         """
         check_forward_args(tokens, positions, cache, slots, starts, tree_mask,
                            self.config.vocab_size, self.rope.max_position)
-        x, residual = self.embed_tokens(tokens), None
-        cos, sin = self.rope(positions, x.dtype)
-        aux = {}
-        for i, layer in enumerate(self.layers):
-            kv = None if cache is None else cache.layer(i)
-            x, residual = layer.forward_residual(x, residual, cos, sin, kv, slots, starts, tree_mask, kv_len)
-            if aux_layers is not None and i in aux_layers:
-                aux[i] = x + residual
-        if aux_layers is None:
-            return x + residual
-        return x + residual, torch.cat([aux[i] for i in aux_layers], dim=-1)
+        with ops.deterministic() if deterministic else contextlib.nullcontext():
+            x, residual = self.embed_tokens(tokens), None
+            cos, sin = self.rope(positions, x.dtype)
+            aux = {}
+            for i, layer in enumerate(self.layers):
+                kv = None if cache is None else cache.layer(i)
+                x, residual = layer.forward_residual(x, residual, cos, sin, kv, slots, starts, tree_mask, kv_len)
+                if aux_layers is not None and i in aux_layers:
+                    aux[i] = x + residual
+            if aux_layers is None:
+                return x + residual
+            return x + residual, torch.cat([aux[i] for i in aux_layers], dim=-1)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm + lm_head, as float32 [B, T, V] (one launch at batch 1 on CUDA)."""
-        out = ops.rms_norm_linear(hidden, None, self.norm.weight, self.norm.eps, self.lm_head.weight, None,
-                                  torch.float32)[0]
+    def logits(self, hidden: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        """Final norm + lm_head, as float32 [B, T, V] (one launch at batch 1 on CUDA);
+        ``deterministic``: each row computed as it is alone, as in ``forward``."""
+        with ops.deterministic() if deterministic else contextlib.nullcontext():
+            out = ops.rms_norm_linear(hidden, None, self.norm.weight, self.norm.eps, self.lm_head.weight, None,
+                                      torch.float32)[0]
         return out if self.tp is None else self.tp.gather_vocab(out)
 
     def head(self, normed: torch.Tensor) -> torch.Tensor:
