@@ -1,0 +1,389 @@
+"""`spectool check --replay MODEL_DIR`: re-run the target and the drafters from scratch.
+
+The target is run as plain causal forwards (no cache, no tree mask, no commit) over each
+request's recorded prompt plus its committed tokens, and over the committed prefix plus
+each other node's root path, so its view at every node of every iteration is recomputed
+independently of the engine's verify path:
+- greedy: the target's argmax at every valid node must equal the recorded one. Where it
+  differs the report gives the top-2 logit margin there and the gap between the two tokens;
+  a gap below the dtype's rounding at that magnitude is a near-tie (kernels that sum in
+  another order may flip it), anything else is a fault;
+- sampled: the target's probabilities of the drafted children are recomputed (temperature,
+  top-k and top-p applied by the checker's own code) and every decision is re-derived from
+  the recorded coins.
+The drafters are replayed too: the N-gram corpus is the pure-Python reference fed with the
+recorded streams (and the puts of earlier runs of the same engine), each tree compared with
+the recorded one; multi-layer EAGLE layers are re-run on the recorded tokens and the target's
+replayed hidden states, each draft compared; for EAGLE the root's top-k (the first step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from spectool.trace import reference as ref
+from spectool.trace.check import Fault
+from spectool.trace.ngram_reference import ReferenceCorpus
+from spectool.trace.reader import Trace
+
+REPLAY_STAGE = 9
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """A node where the replayed target's argmax differs from the recorded one."""
+
+    iteration: int
+    request_id: int
+    node: int
+    recorded: int
+    replayed: int
+    gap: float        # replayed logit of its argmax minus that of the recorded token (>= 0)
+    margin: float     # the replay's top-2 logit margin there
+    near_tie: bool
+
+    def __str__(self) -> str:
+        kind = "near-tie" if self.near_tie else "bug"
+        return (f"iteration {self.iteration}, request {self.request_id}, node {self.node}: recorded argmax "
+                f"{self.recorded}, the replayed target gives {self.replayed} (logit gap {self.gap:.4g}, "
+                f"top-2 margin {self.margin:.4g}): {kind}")
+
+
+@dataclass
+class ReplayReport:
+    """What the replay found: the first fault (None when consistent), every divergence, notes."""
+
+    fault: Fault | None = None
+    divergences: list[Divergence] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def sampling_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """softmax(logits / temperature) cut to the top_k most likely (ties at the k-th kept), then to
+    the smallest most-likely set whose mass reaches top_p, renormalised (float64, one row)."""
+    x = logits.astype(np.float64) / temperature
+    if 0 < top_k < x.shape[-1]:
+        kth = np.sort(x)[-top_k]
+        x = np.where(x < kth, -np.inf, x)
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    if top_p < 1:
+        order = np.argsort(-p, kind="stable")
+        before = np.cumsum(p[order]) - p[order]
+        keep = np.zeros_like(p, dtype=bool)
+        keep[order[before < top_p]] = True
+        p = np.where(keep, p, 0.0)
+        p /= p.sum()
+    return p
+
+
+class _Target:
+    """Plain causal forwards of the target (and draft layers) on one device."""
+
+    def __init__(self, model_dir: str, device: str, dtype):
+        import spectool as st
+
+        self.torch = __import__("torch")
+        self.target = st.load(model_dir, device=device, dtype=dtype)
+        self.device = device
+
+    def forward(self, seqs: list[list[int]]) -> tuple:
+        """(hidden [B, T, H] before the final norm, float32 logits [B, T, V]) of right-padded seqs."""
+        torch = self.torch
+        t = max(map(len, seqs))
+        tokens = torch.tensor([s + [0] * (t - len(s)) for s in seqs], dtype=torch.long, device=self.device)
+        positions = torch.arange(t, device=self.device).expand(len(seqs), -1)
+        with torch.no_grad():
+            hidden = self.target.model(tokens, positions)
+            return hidden, self.target.model.logits(hidden).float()
+
+
+def _streams(trace: Trace, rows: list[dict]) -> dict[int, list[int]]:
+    """Per request: prompt, prefill token, then every iteration's gained tokens (the cache's content)."""
+    out = {}
+    for req in trace.requests.to_pylist():
+        out[req["request_id"]] = list(req["prompt_tokens"]) + list(req["output_tokens"][:1])
+    for row in rows:
+        out.setdefault(row["request_id"], [])
+        out[row["request_id"]] += [row["tokens"][i] for i in row["accept_path"][1:]] + [row["bonus_token"]]
+    return out
+
+
+def replay(trace: Trace, model_dir: str, device: str | None = None, progress: bool = False) -> ReplayReport:
+    """Re-run the target and the drafters on ``trace``; the earliest fault and every divergence."""
+    import torch
+
+    from spectool.trace.check import _sorted_steps
+
+    info = trace.run_info
+    if device is None:
+        recorded = str(info.get("device", "cpu"))
+        device = recorded if recorded.startswith("cpu") or torch.cuda.is_available() else "cpu"
+    dtype_name = str(info.get("model", {}).get("dtype", "float32"))
+    target = _Target(model_dir, device, getattr(torch, dtype_name, torch.float32))
+    rows = _sorted_steps(trace.steps).to_pylist()
+    streams = _streams(trace, rows)
+    report = ReplayReport()
+    faults: list[Fault] = []
+    engine = info.get("engine", {})
+    sampling = (float(engine.get("temperature", 0.0)), int(engine.get("top_k", 0)), float(engine.get("top_p", 1.0)))
+
+    def fault(k: int, node: int | None, message: str) -> None:
+        faults.append(Fault(k, REPLAY_STAGE, rows[k]["iteration"], rows[k]["request_id"], node, message))
+
+    by_request: dict[int, list[int]] = {}
+    for k, row in enumerate(rows):
+        by_request.setdefault(row["request_id"], []).append(k)
+    hiddens: dict[int, object] = {}
+    bar = _bar(progress, len(rows))
+    for rid, ks in by_request.items():
+        stream = streams[rid]
+        hidden, logits = target.forward([stream])
+        hiddens[rid] = hidden[0]
+        logits = logits[0].cpu().numpy()
+        for k in ks:
+            row = rows[k]
+            view = _node_logits(target, stream, row, logits)
+            if row["temperature"] in (None, 0.0):
+                _compare_argmax(row, view, dtype_name, report, lambda node, msg, k=k: fault(k, node, msg))
+            else:
+                _replay_sampled(row, view, sampling, dtype_name, lambda node, msg, k=k: fault(k, node, msg))
+            bar.update(1)
+    bar.close()
+    method = info.get("draft", {}).get("method", "none")
+    if method == "ngram":
+        _replay_ngram(trace, info, rows, streams, report, fault)
+    elif method in ("multi_layer_eagle", "eagle"):
+        _replay_eagle(target, info, rows, streams, hiddens, report, fault, method)
+    report.fault = min(faults) if faults else None
+    return report
+
+
+def _node_logits(target: _Target, stream: list[int], row: dict, logits: np.ndarray) -> dict[int, np.ndarray]:
+    """Replayed logits at every valid node: path nodes from the request's stream forward, the rest
+    from forwards over the committed prefix plus their root paths (one per leaf, batched)."""
+    n, base = row["num_nodes"], row["seq_len"]
+    parents, tokens = row["parents"], row["tokens"]
+    valid = row["valid"] or [True] * n
+    view = {node: logits[base + j] for j, node in enumerate(row["accept_path"])}
+    rest = [i for i in range(n) if valid[i] and i not in view]
+    if not rest:
+        return view
+    is_parent = {parents[i] for i in rest}
+    leaves = [i for i in rest if i not in is_parent]
+    paths = [ref.ancestors(parents, leaf)[::-1] for leaf in leaves]
+    prefix = stream[:base]
+    _, out = target.forward([prefix + [tokens[i] for i in path] for path in paths])
+    out = out.cpu().numpy()
+    for b, path in enumerate(paths):
+        for j, node in enumerate(path):
+            view.setdefault(node, out[b, base + j])
+    return view
+
+
+def _compare_argmax(row: dict, view: dict, dtype: str, report: ReplayReport, fault) -> None:
+    recorded = row["target_argmax"]
+    for node in sorted(view):
+        logits = view[node]
+        got = int(np.argmax(logits))
+        want = int(recorded[node])
+        if got == want:
+            continue
+        top2 = np.sort(logits)[-2:]
+        gap = float(logits[got] - logits[want])
+        d = Divergence(row["iteration"], row["request_id"], node, want, got, gap, float(top2[1] - top2[0]),
+                       ref.is_near_tie(gap, float(logits[got]), dtype))
+        report.divergences.append(d)
+        if not d.near_tie:
+            fault(node, f"recorded target argmax {want}, the replayed target gives {got} (logit gap {gap:.4g} "
+                        f"is more than {dtype} rounding at {abs(float(logits[got])):.3g}: not a near-tie)")
+        return
+
+
+def _replay_sampled(row: dict, view: dict, sampling: tuple, dtype: str, fault) -> None:
+    temperature, top_k, top_p = row["temperature"], sampling[1], sampling[2]
+    n, tokens, parents = row["num_nodes"], row["tokens"], row["parents"]
+    valid = row["valid"] or [True] * n
+    tol = 1e-4 if dtype == "float32" else 3e-2
+    probs = {node: sampling_probs(view[node], temperature, top_k, top_p) for node in row["accept_path"]}
+    child = [math.nan] * n
+    for c in range(1, n):
+        if valid[c] and parents[c] in probs:
+            child[c] = float(probs[parents[c]][tokens[c]])
+            recorded = (row["child_probs"] or [None] * n)[c]
+            if recorded is not None and abs(recorded - child[c]) > tol:
+                return fault(c, f"recorded p(token | parent) {recorded:.6g}, the replayed target gives "
+                                f"{child[c]:.6g}")
+    coins = row["coins"]
+    if not coins or len(coins) != n:
+        return
+    want = ref.sampled_decision(tokens, parents, valid, coins, [0.0 if math.isnan(p) else p for p in child])
+    if want.path != row["accept_path"]:
+        node = next((b for a, b in zip(want.path + [None], row["accept_path"] + [None]) if a != b), None)
+        return fault(node, f"accepted path {row['accept_path']}; the coins and the replayed target give {want.path}")
+    last = row["accept_path"][-1]
+    residual = probs[last].copy()
+    for c, _ in ref.sampled_children(tokens, parents, valid, last, child):
+        residual[tokens[c]] = 0.0
+    cdf = np.cumsum(residual)
+    if cdf[-1] <= 0:
+        return
+    bonus = min(int(np.searchsorted(cdf, want.residual_u, side="right")), len(cdf) - 1)
+    if bonus != row["bonus_token"]:
+        lo = cdf[bonus] - residual[bonus]
+        edge = min(abs(want.residual_u - lo), abs(cdf[bonus] - want.residual_u))
+        if edge > tol:
+            fault(last, f"bonus token {row['bonus_token']}; the residual of the replayed target at "
+                        f"{want.residual_u:.6f} gives {bonus}")
+
+
+# -- drafters ------------------------------------------------------------------------
+
+def _replay_ngram(trace: Trace, info: dict, rows: list[dict], streams: dict, report: ReplayReport, fault) -> None:
+    cfg = info.get("draft", {})
+    if cfg.get("external_corpus"):
+        report.notes.append("N-gram replay skipped: the corpus held an external corpus the trace does not carry")
+        return
+    prior = info.get("ngram_prior_puts", [])
+    if prior is None:
+        report.notes.append("N-gram replay skipped: earlier runs put more into the corpus than a trace keeps")
+        return
+    corpus = ReferenceCorpus(**{k: cfg[k] for k in ("max_trie_depth", "min_bfs_breadth", "max_bfs_breadth",
+                                                    "num_draft_tokens", "match", "capacity") if k in cfg})
+    depth = corpus.depth
+
+    def put(kind: str, ids: list[int], windows: list[list[int]], lens: list[int]) -> None:
+        if kind == "prefill":  # a new request under this id: whatever its id held before is gone
+            corpus.erase_match_state(ids)
+        corpus.batch_put(windows, req_ids=ids, total_lens=lens)
+
+    for kind, ids, windows, lens in prior:
+        put(kind, ids, windows, lens)
+    # Trace order is recording order (batch order within an iteration), which the puts followed.
+    order = trace.steps.select(["iteration", "request_id"]).to_pylist()
+    position = {(r["iteration"], r["request_id"]): k for k, r in enumerate(rows)}
+    requests = {r["request_id"]: r for r in trace.requests.to_pylist()}
+    history = {rid: list(r["prompt_tokens"]) + list(r["output_tokens"][:1]) for rid, r in requests.items()}
+    first_iteration: dict[int, int] = {}
+    for r in order:
+        first_iteration.setdefault(r["request_id"], r["iteration"])
+    never = sorted(set(requests) - set(first_iteration))  # finished at prefill: put, never drafted
+    by_iteration: dict[int, list[int]] = {}
+    for r in order:
+        by_iteration.setdefault(r["iteration"], []).append(position[(r["iteration"], r["request_id"])])
+    for it in sorted(by_iteration):
+        admitted = sorted(rid for rid, first in first_iteration.items() if first == it)
+        admitted += [rid for rid in never if admitted and rid < admitted[-1]]
+        never = [rid for rid in never if rid not in admitted]
+        if admitted:
+            put("prefill", admitted, [history[r] for r in admitted], [len(history[r]) for r in admitted])
+        ks = by_iteration[it]
+        ids = [rows[k]["request_id"] for k in ks]
+        got = corpus.batch_get(ids, [history[r][-depth:] for r in ids], [len(history[r]) for r in ids])
+        for b, k in enumerate(ks):
+            message = _compare_ngram_tree(rows[k], [g[b] for g in got])
+            if message:
+                return fault(k, *message)
+        windows, lens = [], []
+        for k in ks:
+            row = rows[k]
+            gained = [row["tokens"][i] for i in row["accept_path"][1:]] + [row["bonus_token"]]
+            h = history[row["request_id"]]
+            windows.append(h[-depth:] + gained)
+            lens.append(len(h) + len(gained))
+            h += gained
+        put("verify", ids, windows, lens)
+
+
+def _compare_ngram_tree(row: dict, got: list) -> tuple[int | None, str] | None:
+    tokens, parents, _, valid, scores, match_len, breadth = got
+    n = int(valid.sum())
+    rec_valid = row["valid"] or [True] * row["num_nodes"]
+    rec_n = sum(rec_valid)
+    for i in range(1, max(n, rec_n)):
+        want = (int(tokens[i]), int(parents[i])) if i < n else None
+        have = (row["tokens"][i], row["parents"][i]) if i < rec_n else None
+        if want != have:
+            return i, (f"the trie drafted (token, parent) {have}; the reference corpus fed with the recorded "
+                       f"streams drafts {want}")
+    if rec_n > 1 and (row["ngram_match_len"], row["ngram_breadth"]) != (int(match_len), int(breadth)):
+        return None, (f"matched suffix length and breadth ({row['ngram_match_len']}, {row['ngram_breadth']}); "
+                      f"the reference gives ({int(match_len)}, {int(breadth)})")
+    return None
+
+
+def _replay_eagle(target: _Target, info: dict, rows: list[dict], streams: dict, hiddens: dict,
+                  report: ReplayReport, fault, method: str) -> None:
+    import torch
+
+    from spectool.model.draft_layer import load_draft
+
+    path = info.get("draft", {}).get("path")
+    if not path:
+        report.notes.append("draft replay skipped: the trace does not name the draft checkpoint")
+        return
+    try:
+        draft = load_draft(path, target.target)
+    except (OSError, ValueError) as e:
+        report.notes.append(f"draft replay skipped: cannot load {path} ({e})")
+        return
+    model = target.target.model
+    dtype = str(info.get("model", {}).get("dtype", "float32"))
+    tol = 1e-3 if dtype == "float32" else 5e-2
+    dev = target.device
+    for k, row in enumerate(rows):
+        stream, h = streams[row["request_id"]], hiddens[row["request_id"]]
+        base = row["seq_len"]  # the root is stream[base]; the layers read h[0 .. base-1]
+        steps = len(draft.layers) if method == "eagle" else row["num_nodes"] - 1
+        seq = stream[:base + 1] + list(row["tokens"][1:])
+        feature = None
+        for layer in range(1 if method == "eagle" else steps):
+            ids = torch.tensor([seq[layer + 1:layer + 1 + base]], device=dev)
+            positions = torch.arange(layer + 1, layer + 1 + base, device=dev)[None]
+            inputs = h[None, :base] if feature is None or not draft.chained else feature
+            with torch.no_grad():
+                feature, normed = draft.layers[layer](model.embed_tokens(ids), inputs, positions)
+                p = torch.softmax(model.lm_head(normed[0, -1]).float(), -1).cpu().numpy()
+            if method == "eagle":
+                shape = row["step_topk_shape"] or []
+                if len(shape) != 2:
+                    return
+                kk = shape[1]
+                top = np.argsort(-p, kind="stable")[:kk]
+                rec_tokens, rec_probs = row["step_topk_tokens"][:kk], row["step_topk_probs"][:kk]
+                for j in range(kk):
+                    if int(top[j]) != rec_tokens[j] and abs(p[top[j]] - p[rec_tokens[j]]) > tol:
+                        return fault(k, None, f"the draft layer's top-{kk} at the root is {rec_tokens}; the "
+                                              f"replayed layer gives {top.tolist()}")
+                    if abs(p[rec_tokens[j]] - rec_probs[j]) > tol:
+                        return fault(k, None, f"the draft layer gave token {rec_tokens[j]} probability "
+                                              f"{rec_probs[j]:.4g} at the root; the replay gives "
+                                              f"{p[rec_tokens[j]]:.4g}")
+                continue
+            node = layer + 1
+            want, have = int(np.argmax(p)), row["tokens"][node]
+            if want != have and abs(p[want] - p[have]) > tol:
+                return fault(k, node, f"draft layer {layer} drafted {have}; re-run on the recorded tokens it "
+                                      f"drafts {want} (p {p[want]:.4g} against {p[have]:.4g})")
+            if row["scores"] is not None and abs(row["scores"][node] - p[have]) > tol:
+                return fault(k, node, f"draft layer {layer} scored its draft {row['scores'][node]:.4g}; the "
+                                      f"replay gives {p[have]:.4g}")
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(enabled: bool, total: int):
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="record", desc="replaying")
