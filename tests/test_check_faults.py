@@ -169,8 +169,8 @@ def test_draft_position_fault(target, prompts, monkeypatch):
     source = textwrap.dedent(inspect.getsource(multi_layer_eagle.MultiLayerEagleDrafter._layer_step))
     assert "hidden[rows, index], positions," in source
     namespace = dict(vars(multi_layer_eagle))
-    exec(source.replace("hidden[rows, index], positions,", "hidden[rows, index], positions + (k == 1 and window is None),"),
-         namespace)
+    planted = "hidden[rows, index], positions + (k == 1 and window is None),"
+    exec(source.replace("hidden[rows, index], positions,", planted), namespace)
     clean = run(target, prompts, "multi_layer_eagle")
     monkeypatch.setattr(multi_layer_eagle.MultiLayerEagleDrafter, "_layer_step", namespace["_layer_step"])
     broken = run(target, prompts, "multi_layer_eagle")

@@ -120,5 +120,6 @@ REQUEST_SCHEMA = pa.schema([pa.field(name, typ) for name, (typ, _) in REQUEST_FI
 def with_optional_columns(table: pa.Table) -> pa.Table:
     """``table`` with a null column for each optional step field it lacks (an older trace)."""
     for name in sorted(OPTIONAL_STEP_FIELDS - set(table.column_names)):
-        table = table.append_column(pa.field(name, STEP_FIELDS[name][0]), pa.nulls(table.num_rows, STEP_FIELDS[name][0]))
+        typ = STEP_FIELDS[name][0]
+        table = table.append_column(pa.field(name, typ), pa.nulls(table.num_rows, typ))
     return table
