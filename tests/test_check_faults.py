@@ -14,6 +14,7 @@ import json
 import textwrap
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import spectool as st
@@ -229,3 +230,33 @@ def test_recorder_alignment_fault(target, prompts, monkeypatch):
     fault = check_trace(trace)
     assert fault is not None and (fault.iteration, fault.request_id) == (first_batch, 0)
     assert "history" in fault.message or "root token" in fault.message
+
+
+def test_cli_replays_a_sampled_trace_and_names_a_fault(target, prompts, tmp_path, capsys, monkeypatch):
+    from spectool.cli import check as check_cli
+
+    path = tmp_path / "sampled.sptrace"
+    run(target, prompts, "multi_layer_eagle", temperature=0.8).save(path)
+    assert check_cli.main([str(path), "--replay", str(DEMO / "target")]) == 0  # sampled is not unreadable
+    assert "consistent and replayed" in capsys.readouterr().out
+    real = engine_module.commit_kv
+    monkeypatch.setattr(engine_module, "commit_kv", lambda k, v, slots, seq_lens, path, length, rows=False: real(
+        k, v, slots, seq_lens, path, length.clamp(max=1), rows=rows))
+    run(target, prompts, "multi_layer_eagle", temperature=0.8).save(path)
+    assert check_cli.main([str(path), "--replay", str(DEMO / "target")]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("FAULT") and "KV commit" in out[-1]
+
+
+def test_a_trace_without_the_newer_columns_still_checks(target, prompts):
+    from spectool.trace.format import DISK_FIELDS, split_disk_table, to_disk_batch
+    from spectool.trace.reader import Trace
+    from spectool.trace.schema import OPTIONAL_STEP_FIELDS
+
+    trace = run(target, prompts, "ngram", temperature=0.8)
+    old = trace.steps.drop_columns(sorted(OPTIONAL_STEP_FIELDS))
+    assert check_trace(Trace.from_tables(old, trace.requests, trace.run_info)) is None
+    disk = pa.Table.from_batches([to_disk_batch(trace.steps, trace.requests, pa.schema(DISK_FIELDS))])
+    steps, requests = split_disk_table(disk.drop_columns(sorted(OPTIONAL_STEP_FIELDS)))
+    assert steps.column("child_probs").null_count == steps.num_rows
+    assert check_trace(Trace(steps, requests, trace.run_info)) is None

@@ -79,5 +79,7 @@ def test_sampled_repeated_token_counts_once():
 def test_near_tie_follows_the_dtype_rounding():
     assert ref.ulp(10.0, "bfloat16") == 2.0 ** -4
     assert ref.is_near_tie(0.05, 10.0, "bfloat16")
+    assert ref.is_near_tie(ref.NEAR_TIE_ULPS * 2.0 ** -4, 10.0, "bfloat16")
+    assert not ref.is_near_tie(ref.NEAR_TIE_ULPS * 2.0 ** -4 + 1e-3, 10.0, "bfloat16")
     assert not ref.is_near_tie(0.5, 10.0, "bfloat16")
     assert not ref.is_near_tie(0.05, 10.0, "float32")

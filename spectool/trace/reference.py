@@ -18,6 +18,9 @@ NOT_VISITED, ACCEPTED, REJECTED = 0, 1, 2
 
 # Mantissa bits per dtype name: a value x is stored to within half of 2**(floor(log2|x|) - bits).
 MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23, "float64": 52}
+# A logit is the end of a chain of roundings (every layer's activations are stored in the dtype), so
+# two kernels that sum in different orders can move it by a few units in the last place, not one.
+NEAR_TIE_ULPS = 4
 
 
 def depths(parents: list[int]) -> list[int]:
@@ -180,5 +183,6 @@ def ulp(value: float, dtype: str) -> float:
 
 
 def is_near_tie(gap: float, magnitude: float, dtype: str) -> bool:
-    """A logit gap that the dtype's rounding at that magnitude can close (or open)."""
-    return gap <= ulp(magnitude, dtype)
+    """A logit gap that the dtype's rounding at that magnitude can close (or open): at most
+    ``NEAR_TIE_ULPS`` units in the last place of ``dtype`` at ``magnitude``."""
+    return gap <= NEAR_TIE_ULPS * ulp(magnitude, dtype)
