@@ -260,3 +260,20 @@ def test_a_trace_without_the_newer_columns_still_checks(target, prompts):
     steps, requests = split_disk_table(disk.drop_columns(sorted(OPTIONAL_STEP_FIELDS)))
     assert steps.column("child_probs").null_count == steps.num_rows
     assert check_trace(Trace(steps, requests, trace.run_info)) is None
+
+
+def test_replay_recomputes_the_target_view_off_the_accepted_path(target, prompts):
+    from spectool.trace.reader import Trace
+    from spectool.trace.schema import STEP_SCHEMA
+
+    trace = run(target, prompts, "eagle")
+    rows = trace.steps.to_pylist()
+    order = sorted(range(len(rows)), key=lambda k: (rows[k]["iteration"], rows[k]["request_id"]))
+    k, node = next((k, i) for k in order[3:] for i in range(rows[k]["num_nodes"])
+                   if rows[k]["status"][i] == ref.REJECTED)
+    rows[k]["target_argmax"][node] = (rows[k]["target_argmax"][node] + 1) % 100
+    broken = Trace(pa.Table.from_pylist(rows, schema=STEP_SCHEMA), trace.requests, trace.run_info)
+    assert check_trace(broken) is None  # the decision never read the target at a rejected node
+    report = replay(broken, str(DEMO / "target"))
+    assert named(report.fault) == (rows[k]["iteration"], rows[k]["request_id"], node)
+    assert [(d.iteration, d.node, d.near_tie) for d in report.divergences] == [(rows[k]["iteration"], node, False)]

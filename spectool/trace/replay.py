@@ -1,9 +1,10 @@
 """`spectool check --replay MODEL_DIR`: re-run the target and the drafters from scratch.
 
-The target is run as plain causal forwards (no cache, no tree mask, no commit) over each
-request's recorded prompt plus its committed tokens, and over the committed prefix plus
-each other node's root path, so its view at every node of every iteration is recomputed
-independently of the engine's verify path:
+The target is run as plain forwards (no cache, no commit, no verify kernel): causal over
+each request's recorded prompt plus its committed tokens, and over the committed prefix
+followed by each tree's nodes, every node attending to the prefix and its own ancestors
+(a mask the checker builds from the recorded parents), so its view at every node of every
+iteration is recomputed independently of the engine's verify path:
 - greedy: the target's argmax at every valid node must equal the recorded one. Where it
   differs the report gives the top-2 logit margin there and the gap between the two tokens;
   a gap below the dtype's rounding at that magnitude is a near-tie (kernels that sum in
@@ -91,14 +92,20 @@ class _Target:
         self.target = st.load(model_dir, device=device, dtype=dtype)
         self.device = device
 
-    def forward(self, seqs: list[list[int]]) -> tuple:
-        """(hidden [B, T, H] before the final norm, float32 logits [B, T, V]) of right-padded seqs."""
+    def forward(self, seqs: list[list[int]], positions: list[list[int]] | None = None, mask=None) -> tuple:
+        """(hidden [B, T, H] before the final norm, float32 logits [B, T, V]) of right-padded seqs:
+        causal, or with ``mask`` [B, T, T] (row q sees column k) and explicit ``positions``."""
         torch = self.torch
         t = max(map(len, seqs))
         tokens = torch.tensor([s + [0] * (t - len(s)) for s in seqs], dtype=torch.long, device=self.device)
-        positions = torch.arange(t, device=self.device).expand(len(seqs), -1)
+        if positions is None:
+            pos = torch.arange(t, device=self.device).expand(len(seqs), -1)
+        else:
+            pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        if mask is not None:
+            mask = mask.to(self.device)
         with torch.no_grad():
-            hidden = self.target.model(tokens, positions)
+            hidden = self.target.model(tokens, pos, tree_mask=mask)
             return hidden, self.target.model.logits(hidden).float()
 
 
@@ -167,8 +174,7 @@ def replay(trace: Trace, model_dir: str, device: str | None = None, progress: bo
 def _node_logits(target: _Target, stream: list[int], row: dict, logits: np.ndarray,
                  every_node: bool = True) -> dict[int, np.ndarray]:
     """Replayed logits at every valid node (or the accepted path's alone): path nodes from the
-    request's stream forward, the rest from forwards over the committed prefix plus their root
-    paths (one per leaf, batched)."""
+    request's stream forward, the rest from one forward over the committed prefix and the tree."""
     n, base = row["num_nodes"], row["seq_len"]
     parents, tokens = row["parents"], row["tokens"]
     valid = row["valid"] or [True] * n
@@ -176,15 +182,23 @@ def _node_logits(target: _Target, stream: list[int], row: dict, logits: np.ndarr
     rest = [i for i in range(n) if valid[i] and i not in view]
     if not rest or not every_node:
         return view
-    is_parent = {parents[i] for i in rest}
-    leaves = [i for i in rest if i not in is_parent]
-    paths = [ref.ancestors(parents, leaf)[::-1] for leaf in leaves]
-    prefix = stream[:base]
-    _, out = target.forward([prefix + [tokens[i] for i in path] for path in paths])
-    out = out.cpu().numpy()
-    for b, path in enumerate(paths):
-        for j, node in enumerate(path):
-            view.setdefault(node, out[b, base + j])
+    # One forward over the committed prefix then the tree's valid nodes, each node attending to
+    # the prefix and its own ancestors (the mask built here from the parents, SDPA's plain path).
+    nodes = [i for i in range(n) if valid[i]]
+    col = {node: base + j for j, node in enumerate(nodes)}
+    depth = ref.depths(parents)
+    t = base + len(nodes)
+    torch = target.torch
+    mask = torch.ones(t, t, dtype=torch.bool).tril_()
+    mask[base:, base:] = False
+    for node in nodes:
+        for a in ref.ancestors(parents, node):
+            mask[col[node], col[a]] = True
+    tokens_in = stream[:base] + [tokens[i] for i in nodes]
+    positions = list(range(base)) + [base + depth[i] for i in nodes]
+    out = target.forward([tokens_in], positions=[positions], mask=mask[None])[1][0].cpu().numpy()
+    for node in rest:
+        view[node] = out[col[node]]
     return view
 
 
