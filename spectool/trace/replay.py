@@ -115,8 +115,8 @@ def _streams(trace: Trace, rows: list[dict]) -> dict[int, list[int]]:
     for req in trace.requests.to_pylist():
         out[req["request_id"]] = list(req["prompt_tokens"]) + list(req["output_tokens"][:1])
     for row in rows:
-        out.setdefault(row["request_id"], [])
-        out[row["request_id"]] += [row["tokens"][i] for i in row["accept_path"][1:]] + [row["bonus_token"]]
+        if row["request_id"] in out:
+            out[row["request_id"]] += [row["tokens"][i] for i in row["accept_path"][1:]] + [row["bonus_token"]]
     return out
 
 
@@ -144,7 +144,11 @@ def replay(trace: Trace, model_dir: str, device: str | None = None, progress: bo
 
     by_request: dict[int, list[int]] = {}
     for k, row in enumerate(rows):
-        by_request.setdefault(row["request_id"], []).append(k)
+        if row["request_id"] in streams:
+            by_request.setdefault(row["request_id"], []).append(k)
+    missing = sorted({row["request_id"] for row in rows} - set(streams))
+    if missing:  # a file cut short before these requests finished: no prompt to replay from
+        report.notes.append(f"requests {missing} have no request row (the run was cut short): not replayed")
     hiddens: dict[int, object] = {}
     bar = _bar(progress, len(rows))
     for rid, ks in by_request.items():
@@ -163,7 +167,9 @@ def replay(trace: Trace, model_dir: str, device: str | None = None, progress: bo
             bar.update(1)
     bar.close()
     method = info.get("draft", {}).get("method", "none")
-    if method == "ngram":
+    if method == "ngram" and missing:
+        report.notes.append("N-gram replay skipped: the corpus saw requests the trace lost")
+    elif method == "ngram":
         _replay_ngram(trace, info, rows, streams, report, fault)
     elif method in ("multi_layer_eagle", "eagle"):
         _replay_eagle(target, info, rows, streams, hiddens, report, fault, method)
@@ -367,6 +373,8 @@ def _replay_eagle(target: _Target, info: dict, rows: list[dict], streams: dict, 
     tol = 1e-3 if dtype == "float32" else 0.1  # bf16: the layers read hidden states of another kernel
     dev = target.device
     for k, row in enumerate(rows):
+        if row["request_id"] not in hiddens:
+            continue
         stream, h = streams[row["request_id"]], hiddens[row["request_id"]]
         base = row["seq_len"]  # the root is stream[base]; the layers read h[0 .. base-1]
         steps = len(draft.layers) if method == "eagle" else row["num_nodes"] - 1
