@@ -277,3 +277,22 @@ def test_replay_recomputes_the_target_view_off_the_accepted_path(target, prompts
     report = replay(broken, str(DEMO / "target"))
     assert named(report.fault) == (rows[k]["iteration"], rows[k]["request_id"], node)
     assert [(d.iteration, d.node, d.near_tie) for d in report.divergences] == [(rows[k]["iteration"], node, False)]
+
+
+def test_eagle_tree_growth_fault(target, prompts, monkeypatch):
+    # Path scores multiplied onto the first step's scores instead of the parent step's: the tree
+    # is still made of drafted tokens (lossless), but not the one EAGLE-2 grows.
+    from spectool.draft import eagle
+
+    source = textwrap.dedent(inspect.getsource(eagle.EagleDrafter._draft_step))
+    assert "torch.mul(chosen_p[:, s - 1, :, None], p," in source
+    namespace = dict(vars(eagle))
+    exec(source.replace("torch.mul(chosen_p[:, s - 1, :, None], p,", "torch.mul(chosen_p[:, 0, :, None], p,"),
+         namespace)
+    clean = run(target, prompts, "eagle")
+    monkeypatch.setattr(eagle.EagleDrafter, "_draft_step", namespace["_draft_step"])
+    broken = run(target, prompts, "eagle")
+    assert check_trace(broken) is None
+    want = first_difference(clean, broken, ["step_topk_tokens", "step_topk_probs", "tokens"])
+    fault = replay(broken, str(DEMO / "target")).fault
+    assert fault is not None and (fault.iteration, fault.request_id) == want[:2] and "EAGLE" in fault.message

@@ -15,7 +15,8 @@ iteration is recomputed independently of the engine's verify path:
 The drafters are replayed too: the N-gram corpus is the pure-Python reference fed with the
 recorded streams (and the puts of earlier runs of the same engine), each tree compared with
 the recorded one; multi-layer EAGLE layers are re-run on the recorded tokens and the target's
-replayed hidden states, each draft compared; for EAGLE the root's top-k (the first step).
+replayed hidden states, each draft compared; EAGLE's tree is grown again step by step (each
+step's kept frontier and scores, then the best N-1 candidates against the recorded tree).
 """
 
 from __future__ import annotations
@@ -388,20 +389,9 @@ def _replay_eagle(target: _Target, info: dict, rows: list[dict], streams: dict, 
                 feature, normed = draft.layers[layer](model.embed_tokens(ids), inputs, positions)
                 p = torch.softmax(model.lm_head(normed[0, -1]).float(), -1).cpu().numpy()
             if method == "eagle":
-                shape = row["step_topk_shape"] or []
-                if len(shape) != 2:
-                    return
-                kk = shape[1]
-                top = np.argsort(-p, kind="stable")[:kk]
-                rec_tokens, rec_probs = row["step_topk_tokens"][:kk], row["step_topk_probs"][:kk]
-                for j in range(kk):
-                    if int(top[j]) != rec_tokens[j] and abs(p[top[j]] - p[rec_tokens[j]]) > tol:
-                        return fault(k, None, f"the draft layer's top-{kk} at the root is {rec_tokens}; the "
-                                              f"replayed layer gives {top.tolist()}")
-                    if abs(p[rec_tokens[j]] - rec_probs[j]) > tol:
-                        return fault(k, None, f"the draft layer gave token {rec_tokens[j]} probability "
-                                              f"{rec_probs[j]:.4g} at the root; the replay gives "
-                                              f"{p[rec_tokens[j]]:.4g}")
+                message = _eagle_tree(draft.layers[0], model, row, seq, h, feature[0, -1], p, tol, dev)
+                if message:
+                    return fault(k, *message)
                 continue
             node = layer + 1
             want, have = int(np.argmax(p)), row["tokens"][node]
@@ -411,6 +401,80 @@ def _replay_eagle(target: _Target, info: dict, rows: list[dict], streams: dict, 
             if row["scores"] is not None and abs(row["scores"][node] - p[have]) > tol:
                 return fault(k, node, f"draft layer {layer} scored its draft {row['scores'][node]:.4g}; the "
                                       f"replay gives {p[have]:.4g}")
+
+
+def _eagle_tree(layer, model, row: dict, seq: list[int], h, root_feature, root_p: np.ndarray, tol: float,
+                dev) -> tuple[int | None, str] | None:
+    """Grow the EAGLE-2 tree again (DESIGN.md's worked example, at the draft layer): each step
+    feeds the frontier so far after the committed prefix, every node seeing the prefix and its
+    own ancestors, expands the newest frontier into top-k children each with path-score
+    products and keeps the best k; the tree is the best N-1 candidates. Each step's frontier
+    is compared with the recorded per-step top-k, then the tree's root paths with the recorded
+    tree's. A difference within ``tol`` of a score is a near-tie: the record is not judged."""
+    import torch
+
+    shape = row["step_topk_shape"] or []
+    if len(shape) != 2:
+        return None
+    steps, kk = shape
+    rec_tok = [row["step_topk_tokens"][s * kk:(s + 1) * kk] for s in range(steps)]
+    rec_p = [row["step_topk_probs"][s * kk:(s + 1) * kk] for s in range(steps)]
+    base = row["seq_len"]
+    top = np.argsort(-root_p, kind="stable")[:kk]
+    # fed node: (token, path of tokens, score, fed index of its parent or -1, depth)
+    frontier = [(int(t), (int(t),), float(root_p[t]), -1, 1) for t in top]
+    candidates = [(c[1], c[2]) for c in frontier]
+    fed: list[tuple] = []
+    features: list = []
+    for s in range(steps):
+        got_tok, got_p = [c[0] for c in frontier], [c[2] for c in frontier]
+        if got_tok != rec_tok[s]:
+            if max(abs(a - b) for a, b in zip(sorted(got_p), sorted(rec_p[s]))) <= tol:
+                return None
+            return None, (f"EAGLE step {s} kept tokens {rec_tok[s]}; the replayed draft layer keeps {got_tok}")
+        if any(abs(a - b) > tol for a, b in zip(got_p, rec_p[s])):
+            return None, (f"EAGLE step {s} scored its frontier {[round(x, 4) for x in rec_p[s]]}; the replay gives "
+                          f"{[round(x, 4) for x in got_p]}")
+        if s == steps - 1:
+            break
+        first = len(fed)
+        fed += frontier
+        t = base + len(fed)
+        mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril_()
+        mask[base:, base:] = False
+        for i in range(len(fed)):
+            j = i
+            while j >= 0:
+                mask[base + i, base + j] = True
+                j = fed[j][3]
+        hidden_in = [root_feature if node[3] < 0 else features[node[3]] for node in fed]
+        ids = torch.tensor([seq[1:base + 1] + [node[0] for node in fed]], device=dev)
+        pos = torch.tensor([list(range(1, base + 1)) + [base + node[4] for node in fed]], device=dev)
+        hid = torch.cat([h[:base], torch.stack(hidden_in)])[None]
+        with torch.no_grad():
+            out_feature, normed = layer(model.embed_tokens(ids), hid, pos, tree_mask=mask[None])
+            probs = torch.softmax(model.lm_head(normed[0, base + first:]).float(), -1).cpu().numpy()
+        features = [out_feature[0, base + i] for i in range(len(fed))]
+        expanded = []
+        for i, node in enumerate(frontier):
+            for tok in np.argsort(-probs[i], kind="stable")[:kk]:
+                expanded.append((int(tok), node[1] + (int(tok),), node[2] * float(probs[i][tok]), first + i,
+                                 node[4] + 1))
+        candidates += [(c[1], c[2]) for c in expanded]
+        order = sorted(range(len(expanded)), key=lambda i: -expanded[i][2])
+        frontier = [expanded[i] for i in order[:kk]]
+    keep = row["num_nodes"] - 1
+    ranked = sorted(candidates, key=lambda c: -c[1])
+    want = {c[0] for c in ranked[:keep]}
+    cutoff = ranked[keep - 1][1] if keep <= len(ranked) else 0.0
+    near = {c[0] for c in ranked if abs(c[1] - cutoff) <= tol}
+    parents, tokens = row["parents"], row["tokens"]
+    for i in range(1, row["num_nodes"]):
+        path = tuple(tokens[a] for a in ref.ancestors(parents, i)[::-1][1:])
+        if path not in want and path not in near:
+            return i, (f"node {i}'s path {list(path)} is not among the best {keep} candidates of the replayed "
+                       "EAGLE-2 tree")
+    return None
 
 
 class _NoBar:
