@@ -189,6 +189,8 @@ def test_drafter_state_across_requests_fault(target, prompts, monkeypatch):
     run(target, prompts, "ngram", engine=clean_engine)
     second = prompts[3:]
     clean = run(target, second, "ngram", engine=clean_engine)
+    assert clean.run_info["ngram_prior_puts"]  # the first run's puts travel with the second trace
+    assert replay(clean, str(DEMO / "target")).fault is None
     monkeypatch.setattr(ngram.NgramDrafter, "release", lambda self, batch: None)
     engine = st.Engine(target, draft=draft_config("ngram"), max_batch_size=2, max_seq_len=1024)
     run(target, prompts, "ngram", engine=engine)
