@@ -44,7 +44,7 @@ SAMPLING_TOLERANCE = 1e-5
 
 _NODE_FIELDS = ("tokens", "parents", "positions", "retrieve_index", "retrieve_next_token",
                 "retrieve_next_sibling", "status", "target_argmax")
-_OPTIONAL_NODE_FIELDS = ("depth", "scores", "valid", "target_argmax_prob")
+_OPTIONAL_NODE_FIELDS = ("depth", "scores", "valid", "target_argmax_prob", "child_probs")
 
 
 @dataclass(frozen=True, order=True)
