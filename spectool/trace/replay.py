@@ -29,6 +29,7 @@ import numpy as np
 from spectool.trace import reference as ref
 from spectool.trace.check import Fault
 from spectool.trace.ngram_reference import ReferenceCorpus
+from spectool.trace.parts import holds_whole_requests
 from spectool.trace.reader import Trace
 
 REPLAY_STAGE = 9
@@ -133,6 +134,8 @@ def replay(trace: Trace, model_dir: str, device: str | None = None, progress: bo
         device = recorded if recorded.startswith("cpu") or torch.cuda.is_available() else "cpu"
     dtype_name = str(info.get("model", {}).get("dtype", "float32"))
     target = _Target(model_dir, device, getattr(torch, dtype_name, torch.float32))
+    if not holds_whole_requests(info):
+        return ReplayReport(notes=["not replayed: the trace keeps only some iterations of its requests"])
     rows = _sorted_steps(trace.steps).to_pylist()
     streams = _streams(trace, rows)
     report = ReplayReport()
@@ -295,7 +298,7 @@ def _replay_ngram(trace: Trace, info: dict, rows: list[dict], streams: dict, rep
     depth = corpus.depth
 
     def put(kind: str, ids: list[int], windows: list[list[int]], lens: list[int]) -> None:
-        if kind == "prefill":  # a new request under this id: whatever its id held before is gone
+        if kind == "admit":  # a new request under this id: whatever its id held before is gone
             corpus.erase_match_state(ids)
         corpus.batch_put(windows, req_ids=ids, total_lens=lens)
 
@@ -317,8 +320,10 @@ def _replay_ngram(trace: Trace, info: dict, rows: list[dict], streams: dict, rep
         admitted = sorted(rid for rid, first in first_iteration.items() if first == it)
         admitted += [rid for rid in never if admitted and rid < admitted[-1]]
         never = [rid for rid in never if rid not in admitted]
-        if admitted:
-            put("prefill", admitted, [history[r] for r in admitted], [len(history[r]) for r in admitted])
+        if admitted:  # the prompts when admitted, then each history's window with the prefill token
+            prompts = [list(requests[r]["prompt_tokens"]) for r in admitted]
+            put("admit", admitted, prompts, [len(p) for p in prompts])
+            put("prefill", admitted, [history[r][-depth:] for r in admitted], [len(history[r]) for r in admitted])
         ks = by_iteration[it]
         ids = [rows[k]["request_id"] for k in ks]
         got = corpus.batch_get(ids, [history[r][-depth:] for r in ids], [len(history[r]) for r in ids])
