@@ -407,6 +407,7 @@ class Engine:
             "device": str(self.device),
             "versions": {"spectool": _version(), "torch": torch.__version__},
             "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **(self.drafter.trace_info() if hasattr(self.drafter, "trace_info") else {}),
         }
         # A conversion costs a few ms whatever its size: 1024 rows keep it far below an iteration each.
         return Recorder(None, run_info, tokenizer_json=tok.to_str() if tok is not None else None,
@@ -451,8 +452,10 @@ class Engine:
         tree = self._step_tree(inputs)
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
         res = verify_greedy(tree, logits)
+        moved = None
         if tree.num_nodes > 1:
-            commit_kv(self.cache.k, self.cache.v, slots, tree.seq_lens, res.accept_path, res.accept_length)
+            moved = commit_kv(self.cache.k, self.cache.v, slots, tree.seq_lens, res.accept_path, res.accept_length,
+                              rows=record)
         out = (hidden, res.status, res.accept_path, res.accept_length, res.bonus, res.target_argmax, res.coins,
                _host_table(tree, res))
         if not record:
@@ -461,7 +464,7 @@ class Engine:
         top_i = logits.topk(k, dim=-1).indices
         # One fused softmax and a gather: logsumexp alone is about nine kernels.
         top_p = torch.softmax(logits, dim=-1).gather(-1, top_i)
-        packed = pack_rows(_record_tensors(tree, res, top_i, top_p))
+        packed = pack_rows(_record_tensors(tree, res, top_i, top_p, moved))
         # Top-k and accept-path width follow from N; one layout object per N lets the recorder check it once.
         self._record_layouts.setdefault(("greedy", tree.num_nodes), packed.layout)
         return (*out, packed.data)
@@ -488,13 +491,15 @@ class Engine:
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
         coins = sampling_coins(self._sample_seed, self._slot_nonce[slots], tree.seq_lens, tree.num_nodes)
         res = verify_sampling(tree, logits, temperature, top_k, top_p, None, coins)
+        moved = None
         if tree.num_nodes > 1:
-            commit_kv(self.cache.k, self.cache.v, slots, tree.seq_lens, res.accept_path, res.accept_length)
+            moved = commit_kv(self.cache.k, self.cache.v, slots, tree.seq_lens, res.accept_path, res.accept_length,
+                              rows=record)
         out = (hidden, res.status, res.accept_path, res.accept_length, res.bonus, res.target_argmax, res.coins,
                _host_table(tree, res))
         if not record:
             return out
-        packed = self._pack_sampling_record(tree, res)
+        packed = self._pack_sampling_record(tree, res, moved)
         self._record_layouts.setdefault(("sampling", tree.num_nodes), packed.layout)
         return (*out, packed.data)
 
@@ -765,12 +770,13 @@ class Engine:
             req.slot = -1
         free_slots.sort()
 
-    def _pack_sampling_record(self, tree: DraftTree, res: VerifyResult) -> PackedRows:
+    def _pack_sampling_record(self, tree: DraftTree, res: VerifyResult, moved=None) -> PackedRows:
         """The trace fields of a sampling iteration (packed inside its verify step); the top-k is
         of the distribution it drew from (after temperature, top-k and top-p)."""
         k = min(self.record_topk, res.target_probs.shape[-1])
         top_p, top_i = res.target_probs.topk(k, dim=-1)
-        return pack_rows([*_record_tensors(tree, res, top_i, top_p), ("coins", res.coins)])
+        return pack_rows([*_record_tensors(tree, res, top_i, top_p, moved), ("coins", res.coins),
+                          ("child_probs", res.child_probs), ("bonus_cdf", res.bonus_cdf)])
 
 
 @dataclass
@@ -859,10 +865,11 @@ class _NotLearning:
         pass
 
 
-def _record_tensors(tree: DraftTree, res: VerifyResult, top_i: torch.Tensor, top_p: torch.Tensor):
-    """The per-request tensors of one iteration's trace row: its tree, the target's top-k
-    and the verifier's decision (DESIGN.md, "The trace")."""
-    return [
+def _record_tensors(tree: DraftTree, res: VerifyResult, top_i: torch.Tensor, top_p: torch.Tensor, moved=None):
+    """The per-request tensors of one iteration's trace row: its tree, the target's top-k,
+    the verifier's decision (DESIGN.md, "The trace") and the cache rows the commit moved."""
+    commit = [] if moved is None else [("commit_src", moved[0]), ("commit_dst", moved[1])]
+    return [*commit,
         ("seq_len", tree.seq_lens), ("tokens", tree.tokens), ("parents", tree.parents), ("depth", tree.depth),
         ("scores", tree.scores), ("valid", tree.valid), ("mask", tree.mask), ("positions", tree.positions),
         ("retrieve_index", tree.retrieve_index), ("retrieve_next_token", tree.retrieve_next_token),

@@ -36,7 +36,10 @@ class VerifyResult:
     target adds after the path; ``coins`` [B, N] float32, the uniform coin of each
     visited node (NaN elsewhere, and everywhere when greedy); ``target_argmax`` [B, N]
     int64; ``target_probs`` [B, N, V] float32, the target distribution after
-    temperature / top-k / top-p (sampling only; None when greedy).
+    temperature / top-k / top-p (sampling only; None when greedy). Sampling also gives what
+    its trace row needs to re-derive the decision: ``child_probs`` [B, N], p(token | parent)
+    of every node (NaN at the root), and ``bonus_cdf`` [B, 2], the residual mass before the
+    bonus token and the bonus token's residual probability.
     """
 
     status: torch.Tensor
@@ -46,6 +49,8 @@ class VerifyResult:
     coins: torch.Tensor
     target_argmax: torch.Tensor
     target_probs: torch.Tensor | None = None
+    child_probs: torch.Tensor | None = None
+    bonus_cdf: torch.Tensor | None = None
 
 
 def _check_logits(tree: DraftTree, logits: torch.Tensor) -> None:
@@ -220,16 +225,20 @@ def verify_sampling(
     residual.scatter_(1, torch.where(child_of_last, tree.tokens, vocab), 0.0)
     residual = residual[:, :vocab]
     u = (coins[rows, last] - child_mass).clamp(min=0).double()
-    bonus = (residual.double().cumsum(-1) <= u[:, None]).sum(-1)
+    cdf = residual.double().cumsum(-1)
+    bonus = (cdf <= u[:, None]).sum(-1)
     # Rounding can put u past the residual's total: take its last token; an all-zero residual
     # (children hold all the mass, u landed past it by rounding) falls back to the argmax.
     last_nonzero = vocab - 1 - (residual > 0).flip(-1).int().argmax(-1)
     bonus = torch.where(bonus >= vocab, last_nonzero, bonus)
     bonus = torch.where(residual.sum(-1) > 0, bonus, p_last.argmax(-1))
 
+    bonus_p = residual.gather(1, bonus[:, None])[:, 0].double()
+    bonus_cdf = torch.stack([cdf.gather(1, bonus[:, None])[:, 0] - bonus_p, bonus_p], 1).float()
     return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus,
                         coins=torch.where(accepted, coins, math.nan), target_argmax=probs.argmax(-1),
-                        target_probs=probs)
+                        target_probs=probs, child_probs=torch.where(idx > 0, flat, math.nan),
+                        bonus_cdf=bonus_cdf)
 
 
 def commit_kv(
@@ -239,7 +248,8 @@ def commit_kv(
     seq_lens: torch.Tensor,
     accept_path: torch.Tensor,
     accept_length: torch.Tensor,
-) -> None:
+    rows: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Move the accepted nodes' cache entries to contiguous positions, in place.
 
     k, v: [L, max_batch, kv_heads, max_seq_len, head_dim] (a target cache, or a draft
@@ -250,6 +260,9 @@ def commit_kv(
     No host sync: on CUDA (and on CPU with ``TRITON_INTERPRET=1``) one Triton launch for k
     and v (``spectool.kernels.gather.commit_kv_triton``), elsewhere the torch reference
     (``commit_kv_torch``: one gather and one scatter per cache).
+
+    With ``rows`` it returns what it moved, for the trace: ``(src, dst)`` [B, W] int32, the
+    cache indices copied from and to, -1 past each row's accept length (graph safe, no sync).
     """
     for name, t in (("k", k), ("v", v)):
         if t.dim() != 5:
@@ -267,3 +280,9 @@ def commit_kv(
         commit_kv_triton(k, v, slots, seq_lens, accept_path, accept_length)
     else:
         commit_kv_torch(k, v, slots, seq_lens, accept_path, accept_length)
+    if rows:
+        j = torch.arange(accept_path.shape[1], device=accept_path.device)
+        moved = j <= accept_length[:, None]
+        base = seq_lens[:, None]
+        return (torch.where(moved, base + accept_path, -1).int(), torch.where(moved, base + j, -1).int())
+    return None

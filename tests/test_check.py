@@ -79,12 +79,12 @@ def test_accepting_a_token_the_target_disagrees_with_is_named(trace):
     _expect(fault, row, first, "target argmax")
 
 
-def test_wrong_positions_disagree_with_the_index_kernel(trace):
+def test_wrong_positions_disagree_with_the_reference(trace):
     k = _row_with(trace, lambda r: r["iteration"] == 3)
     row = trace.steps.to_pylist()[k]
     positions = list(row["positions"])
     positions[1] += 1
-    _expect(check.check_trace(_corrupt(trace, k, positions=positions)), row, 1, "index kernel")
+    _expect(check.check_trace(_corrupt(trace, k, positions=positions)), row, 1, "the parents and seq_len give")
 
 
 def test_output_that_was_not_gained_is_named(trace):

@@ -189,8 +189,8 @@ def _verify(ctx, tokens, parents, valid, temperature, rng):
             pick = children[hit[0]] if len(hit) else None
         else:
             pick = next((c for c in children if tokens[c] == argmax[node]), None)
-        for c in children:
-            status[c] = 1 if c == pick else 2
+        for c in children:  # rejected: the children before the one taken (all of them when none is)
+            status[c] = 1 if c == pick else (2 if pick is None or c < pick else 0)
         if pick is None:
             break
         path.append(pick)

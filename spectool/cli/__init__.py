@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("spectool.cli.bench", "main", "time plain vs speculative decoding on a model and prompts"),
     "tune": ("spectool.cli.tune", "main", "exact what-if of other draft settings over a greedy trace; "
              "ranked table, recommendation, SGLang and vLLM settings"),
+    "audit": ("spectool.cli.audit", "main", "test that speculative decoding reproduces plain decoding (greedy: "
+              "first divergence and its logit margin; sampled: chi-square on the first tokens)"),
 }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from spectool.cli.args import BadInput, NoCompleteRecord, fail, open_trace, parser
 
 
@@ -13,7 +15,8 @@ def main(argv: list[str] | None = None) -> int:
                         "cannot be read.")
     p.add_argument("trace", help="a .sptrace file")
     p.add_argument("--replay", metavar="MODEL_DIR",
-                   help="also re-run the target greedily on every prompt and compare the outputs")
+                   help="also re-run the target (plain forwards) and the drafters from scratch and re-derive "
+                        "every decision; a divergence gets its logit margin (near-tie or bug)")
     p.add_argument("--device", help="device for --replay (default: the one the trace was recorded on)")
     args = p.parse_args(argv)
     try:
@@ -23,12 +26,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BadInput as e:
         return fail("check", e)
-    from spectool.trace.check import check_trace, replay
+    from spectool.trace.check import check_trace
 
     try:
         fault = check_trace(trace)
         if fault is None and args.replay:
-            fault = replay(trace, args.replay, args.device)
+            from spectool.trace.replay import replay
+
+            report = replay(trace, args.replay, args.device, progress=sys.stderr.isatty())
+            for d in report.divergences:
+                print(f"divergence {d}")
+            for note in report.notes:
+                print(f"note: {note}")
+            fault = report.fault
     except Exception as e:  # malformed content the checks did not foresee: still one line
         return fail("check", f"cannot check {args.trace}: {type(e).__name__}: {e}")
     if fault is not None:

@@ -19,7 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as e:
         return fail("summary", e)
     if args.json:
-        print(json.dumps(trace.summary(), indent=2))
+        from spectool.trace.suspicious import suspicious_numbers
+
+        print(json.dumps({**trace.summary(), "warnings": suspicious_numbers(trace)}, indent=2))
         return 0
     from rich.console import Console
 

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from spectool.native import NgramDraft
 
 
+PUT_LOG_TOKENS = 1 << 18  # tokens of corpus puts an engine keeps for its traces
+
+
 class NgramDrafter:
     """Drafts from a ``NgramCorpus`` shared by all requests of the engine."""
 
@@ -43,6 +46,25 @@ class NgramDrafter:
             chunks = [engine.target.encode(text) for text in read_corpus_texts(config.external_corpus)]
             self.corpus.add_external_corpus(str(config.external_corpus), chunks,
                                             config.external_corpus_max_tokens)
+        # For the trace: tokens of each request given to the corpus so far, and every put since the
+        # engine was made (a trace then holds what earlier runs left in the corpus), up to a budget.
+        self._put_len: dict[int, int] = {}
+        self.put_log: list | None = []
+        self._logged_tokens = 0
+
+    def _put(self, kind: str, windows: list[list[int]], req_ids: list[int], total_lens: list[int]) -> None:
+        self.corpus.batch_put(windows, req_ids=req_ids, total_lens=total_lens)
+        self._put_len.update(zip(req_ids, total_lens))
+        if self.put_log is not None:
+            self._logged_tokens += sum(map(len, windows))
+            if self._logged_tokens > PUT_LOG_TOKENS:
+                self.put_log = None  # too long to record: the checker then skips the trie replay
+            else:
+                self.put_log.append([kind, list(req_ids), [list(w) for w in windows], list(total_lens)])
+
+    def trace_info(self) -> dict:
+        """What a new trace records about the corpus: the puts made before it started."""
+        return {"ngram_prior_puts": None if self.put_log is None else list(self.put_log)}
 
     def allocate(self) -> None:
         """The trees' staging buffer (pinned on CUDA) and, on CUDA, its device twin.
@@ -86,14 +108,14 @@ class NgramDrafter:
     def on_admit(self, request_ids: list[int], prompts: list[list[int]]) -> None:
         # Inserting whole prompts costs about 1 ms per thousand tokens on one core: queued here,
         # before the target's prefill, the worker thread does it while the GPU prefills.
-        self.corpus.batch_put(prompts, req_ids=request_ids, total_lens=[len(p) for p in prompts])
+        self._put("admit", prompts, request_ids, [len(p) for p in prompts])
 
     def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
         # Then only the first sampled token is new for each request (the put state continues
         # from on_admit's), which counts exactly what one put of the whole history would.
         depth = self.config.max_trie_depth
-        self.corpus.batch_put([h[-depth:] for h in batch.histories], req_ids=batch.request_ids,
-                              total_lens=[len(h) for h in batch.histories])
+        self._put("prefill", [h[-depth:] for h in batch.histories], batch.request_ids,
+                  [len(h) for h in batch.histories])
         # Wait here, in the prefill, rather than in the first decode iteration's get.
         self.corpus.synchronize()
 
@@ -111,7 +133,9 @@ class NgramDrafter:
             tokens, scores, mask, valid = self._to_device(on_device, n)
             tree = MaskTree(tokens, scores, mask, valid, batch.seq_lens, max_depth=n - 1)
         # Copies: the arrays are rewritten by the next get, and the recorder keeps these.
-        return tree, {"ngram_match_len": got.match_len.copy(), "ngram_breadth": got.breadth.copy()}
+        put_len = np.array([self._put_len.get(r, 0) for r in batch.request_ids], dtype=np.int32)
+        return tree, {"ngram_match_len": got.match_len.copy(), "ngram_breadth": got.breadth.copy(),
+                      "ngram_put_len": put_len}
 
     def _to_device(self, on_device: tuple[torch.Tensor, ...], n: int) -> tuple[torch.Tensor, ...]:
         """(tokens, scores, mask, valid) of the staged trees on the engine's device, cut to their
@@ -136,11 +160,13 @@ class NgramDrafter:
             # do not hold them yet): O(depth) per request, however long its history.
             depth = self.config.max_trie_depth
             windows = [h[-depth:] + a for h, a in zip(batch.histories, accepted)]
-            self.corpus.batch_put(windows, req_ids=batch.request_ids,
-                                  total_lens=[len(h) + len(a) for h, a in zip(batch.histories, accepted)])
+            self._put("verify", windows, batch.request_ids,
+                      [len(h) + len(a) for h, a in zip(batch.histories, accepted)])
 
     def release(self, batch: Batch) -> None:
         self.corpus.erase_match_state(batch.request_ids)
+        for r in batch.request_ids:
+            self._put_len.pop(r, None)
 
 
 def read_corpus_texts(path: str | Path) -> list[str]:

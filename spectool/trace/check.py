@@ -1,23 +1,26 @@
-"""`spectool check TRACE [--replay MODEL_DIR]`: is a trace internally consistent?
+"""`spectool check TRACE [--replay MODEL_DIR]`: re-derive every recorded decision.
 
-Checks, for every (iteration, request) record in trace order:
+Every field the engine computed is recomputed by the checker's own reference
+(spectool/trace/reference.py, which shares no function with the engine's path) and
+compared, for every (iteration, request) record in trace order:
 - shapes: every per-node array has num_nodes entries, the packed mask N*N bits;
 - the tree: parents[0] = -1 and 0 <= parents[i] < i; depth = parent's depth + 1;
 - mask = ancestors of parents (plus the diagonal);
-- positions and retrieve_* = the rule of `reconstruct_indices_from_tree_mask` (recomputed in numpy) applied to the
-  recorded mask and seq_len (retrieve_index relative to the row's first entry,
-  since a row does not know its batch position);
-- the decision: accept_path starts at the root and walks parent -> child through
-  valid nodes marked accepted, accept_length = len(accept_path) - 1; when greedy
-  (temperature 0) each accepted token equals the target argmax at its parent, no
-  child of the last node matches its argmax, and the bonus is that argmax;
+- positions and retrieve_* from the parents and seq_len (retrieve_index relative to the
+  row's first entry, since a row does not know its batch position);
+- the decision: the status of every node, the accepted path, accept length and bonus,
+  re-derived from the tree and the target's argmax (greedy) or from the recorded coins
+  and the target's probabilities of the drafted children (sampled: the bonus must lie in
+  the residual interval its coin falls into);
+- the KV commit: the cache rows it copied, seq_len + accepted node -> seq_len + j;
+- the drafter: the corpus had been given every token of the request (ngram);
 - continuity per request: the root token is the previous bonus (or the prefill
   token), seq_len grows by accept_length + 1;
 - outputs: requests.output_tokens[0] is the prefill token (no iteration covers it);
   the rest is the concatenation over iterations of accepted tokens + bonus, cut at
   most inside the last iteration (stop token / max_new_tokens).
-With ``--replay MODEL_DIR`` the target is re-run greedily on every prompt and must
-reproduce the recorded outputs.
+Fields a trace lacks (older traces) are not checked. ``replay`` (spectool/trace/replay.py)
+re-runs the target and the drafters from scratch.
 
 Exit 0 when consistent, 1 naming the first fault (iteration, request, node), 2 when
 the file cannot be read (one line, no traceback).
@@ -25,25 +28,30 @@ the file cannot be read (one line, no traceback).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
+from spectool.trace import reference as ref
 from spectool.trace.parts import check_in_parts
 from spectool.trace.reader import Trace
 from spectool.trace.schema import ACCEPTED, NOT_VISITED, REJECTED
 
+# Sampled decisions: the recorded coins and probabilities are float32, the reference sums in float64.
+SAMPLING_TOLERANCE = 1e-5
+
 _NODE_FIELDS = ("tokens", "parents", "positions", "retrieve_index", "retrieve_next_token",
                 "retrieve_next_sibling", "status", "target_argmax")
-_OPTIONAL_NODE_FIELDS = ("depth", "scores", "valid", "target_argmax_prob")
+_OPTIONAL_NODE_FIELDS = ("depth", "scores", "valid", "target_argmax_prob", "child_probs")
 
 
 @dataclass(frozen=True, order=True)
 class Fault:
     """The first inconsistency found; (row, stage) orders faults: trace order, then the
-    order of the checks (0 shapes, 1 tree, 2 mask, 3 indices, 4 decision, 5 continuity,
-    6 outputs, 7 replay)."""
+    order of the checks (0 shapes, 1 tree, 2 mask, 3 indices, 4 decision, 5 commit,
+    6 drafter, 7 continuity, 8 outputs, 9 replay)."""
 
     row: int
     stage: int
@@ -129,7 +137,10 @@ class _Checker:
                 if depth[i] != want:
                     return self.fault(k, 1, f"depth is {depth[i]}, its parent's depth + 1 is {want}", i)
         self.groups.setdefault(n, []).append(k)
+        self.check_indices(k, row)
         self.check_decision(k, row, n)
+        self.check_commit(k, row)
+        self.check_drafter(k, row)
 
     def check_decision(self, k: int, row: dict, n: int) -> None:
         tokens, parents, status, argmax = row["tokens"], row["parents"], row["status"], row["target_argmax"]
@@ -149,27 +160,82 @@ class _Checker:
                                         f"is not a child of node {prev}", node if 0 <= node < n else None)
             if not valid[node]:
                 return self.fault(k, 4, "a padding node (valid=False) is on the accepted path", node)
-            if status[node] != ACCEPTED:
-                return self.fault(k, 4, f"node is on the accepted path but its status is {status[node]}",
-                                  node)
-        on_path = set(path)
-        for i in range(1, n):
-            if status[i] == ACCEPTED and i not in on_path:
-                return self.fault(k, 4, "status says accepted but the node is not on the accepted path", i)
-        if row["temperature"] not in (None, 0.0):
+        if row["temperature"] in (None, 0.0):
+            want = ref.greedy_decision(tokens, parents, valid, argmax)
+            what = "the target argmax"
+        elif row["child_probs"] is not None and row["coins"] is not None and len(row["coins"]) == n:
+            want = ref.sampled_decision(tokens, parents, valid, row["coins"], row["child_probs"])
+            what = "the coins and the target's child probabilities"
+            if not self.check_coins(k, row, want):
+                return
+        else:  # a sampled trace without child probabilities: the path's structure was checked above
             return
-        for prev, node in zip(path, path[1:]):
-            if tokens[node] != argmax[prev]:
-                return self.fault(k, 4, f"accepted token {tokens[node]} but the target argmax at its parent "
-                                        f"{prev} is {argmax[prev]}", node)
-        last = path[-1]
-        for c in range(1, n):
-            if parents[c] == last and valid[c] and tokens[c] == argmax[last]:
-                return self.fault(k, 4, f"token {tokens[c]} equals the target argmax at node {last} "
-                                        "but the path stopped before it", c)
-        if row["bonus_token"] != argmax[last]:
+        if want.path != path:
+            node = next((b for a, b in zip(want.path + [None], path + [None]) if a != b), None)
+            node = node if node is not None else path[-1]
+            return self.fault(k, 4, f"accepted path is {path}; {what} give {want.path}", node)
+        for i in range(n):
+            if want.status[i] != status[i]:
+                return self.fault(k, 4, f"status is {status[i]}; {what} give {want.status[i]}", i)
+        if want.bonus is not None and row["bonus_token"] != want.bonus:
             return self.fault(k, 4, f"bonus token {row['bonus_token']} is not the target argmax "
-                                    f"{argmax[last]} at the last accepted node {last}", last)
+                                    f"{want.bonus} at the last accepted node {path[-1]}", path[-1])
+        if want.bonus is None:
+            self.check_bonus_draw(k, row, want)
+
+    def check_coins(self, k: int, row: dict, want: ref.SampledDecision) -> bool:
+        """A coin on every node of the path (in [0, 1)) and on no other node."""
+        coins, on_path = row["coins"], set(row["accept_path"])
+        for i, u in enumerate(coins):
+            has = u is not None and not math.isnan(u)
+            if i in on_path and not (has and 0.0 <= u < 1.0):
+                self.fault(k, 4, f"node is visited but its coin is {u}", i)
+                return False
+            if i not in on_path and has:
+                self.fault(k, 4, f"node is not visited but has a coin ({u})", i)
+                return False
+        return True
+
+    def check_bonus_draw(self, k: int, row: dict, want: ref.SampledDecision) -> None:
+        """The bonus is the residual's inverse CDF at the last coin minus the children's mass."""
+        cdf = row["bonus_cdf"]
+        if cdf is None or len(cdf) != 2:
+            return
+        lo, p = cdf
+        last, u = row["accept_path"][-1], want.residual_u
+        kids = ref.sampled_children(row["tokens"], row["parents"], row["valid"] or [True] * row["num_nodes"],
+                                    last, row["child_probs"])
+        if any(row["tokens"][c] == row["bonus_token"] for c, _ in kids):
+            return self.fault(k, 4, f"bonus token {row['bonus_token']} is a drafted child of the last accepted "
+                                    f"node, which sampling removes from the residual", last)
+        if p == 0.0:  # the children held all the mass: nothing left to draw from but rounding
+            if abs(sum(q for _, q in kids) - 1.0) > 1e-3:
+                self.fault(k, 4, "the bonus token has residual probability 0 although the children leave "
+                                 f"{1 - sum(q for _, q in kids):.4g} of the mass", last)
+            return
+        if not lo - SAMPLING_TOLERANCE <= u < lo + p + SAMPLING_TOLERANCE:
+            self.fault(k, 4, f"the residual draw is at {u:.6f}, but the bonus token {row['bonus_token']} "
+                             f"holds [{lo:.6f}, {lo + p:.6f}) of the residual", last)
+
+    def check_commit(self, k: int, row: dict) -> None:
+        src, dst = row["commit_src"], row["commit_dst"]
+        if src is None or dst is None:
+            return
+        base, path = row["seq_len"], row["accept_path"]
+        want_src, want_dst = [base + i for i in path], [base + j for j in range(len(path))]
+        for j in range(max(len(src), len(dst), len(path))):
+            got = (src[j] if j < len(src) else None, dst[j] if j < len(dst) else None)
+            want = (want_src[j] if j < len(path) else None, want_dst[j] if j < len(path) else None)
+            if got != want:
+                node = path[j] if j < len(path) else None
+                return self.fault(k, 5, f"the KV commit copied cache row {got[0]} to {got[1]}; the accepted "
+                                        f"path needs {want[0]} -> {want[1]}", node)
+
+    def check_drafter(self, k: int, row: dict) -> None:
+        put = row["ngram_put_len"]
+        if put is not None and put >= 0 and put != row["seq_len"] + 1:
+            self.fault(k, 6, f"the corpus had been given {put} tokens of the request when it drafted; "
+                             f"the request had {row['seq_len'] + 1}")
 
     # -- masks and indices, one array pass per tree size ----------------------------
 
@@ -188,30 +254,16 @@ class _Checker:
             why = "is an ancestor" if want[r, q, c] else "is not an ancestor"
             self.fault(rows[r], 2, f"mask[{q}][{c}] is {bit} but node {c} {why} of node {q}", q)
             # Index checks below are meaningless for rows with a wrong mask; the fault above wins anyway.
-        self.check_indices(n, rows, mask)
 
-    def check_indices(self, n: int, rows: list[int], mask: np.ndarray) -> None:
-        # The index kernel's contract (kernels/tree_indices.py) recomputed here in numpy, independently of
-        # the engine's path (and without importing torch, so a check takes a moment, not the torch import).
-        idx = np.arange(n)
-        depth = mask.sum(-1) - 1
-        seq_lens = np.array([self.rows[k]["seq_len"] for k in rows], dtype=np.int64)
-        parent = np.where(mask & (idx[None, None, :] < idx[None, :, None]), idx, -1).max(-1)
-        child = parent[:, None, :] == idx[None, :, None]  # [r, i, j]: j is a child of i
-        sibling = ((parent[:, None, :] == parent[:, :, None]) & (parent[:, :, None] >= 0)
-                   & (idx[None, None, :] > idx[None, :, None]))  # [r, i, j]: j is a later sibling of i
-        first = [np.where(rel.any(-1), np.where(rel, idx, n).min(-1), -1) for rel in (child, sibling)]
-        want = (seq_lens[:, None] + depth, np.broadcast_to(idx, depth.shape), *first)
-        for name, kernel in zip(("positions", "retrieve_index", "retrieve_next_token",
-                                 "retrieve_next_sibling"), want):
-            recorded = np.array([self.rows[k][name] for k in rows], dtype=np.int64)
+    def check_indices(self, k: int, row: dict) -> None:
+        want = ref.tree_indices(row["parents"], row["seq_len"])
+        for name, expected in want.items():
+            got = list(row[name])
             if name == "retrieve_index":
-                recorded = recorded - recorded[:, :1]  # relative to the row's first entry
-            bad = np.argwhere(recorded != kernel)
-            if len(bad):
-                r, i = (int(v) for v in bad[0])
-                self.fault(rows[r], 3, f"{name} is {recorded[r, i]}, the index kernel's rule gives {kernel[r, i]} "
-                                       "from the recorded mask", i)
+                got = [g - got[0] for g in got]
+            for i, (g, e) in enumerate(zip(got, expected)):
+                if g != e:
+                    return self.fault(k, 3, f"{name} is {g}; the parents and seq_len give {e}", i)
 
     # -- per request: continuity and outputs ---------------------------------------
 
@@ -230,10 +282,10 @@ class _Checker:
             if rid in state:
                 seq_len, root = state[rid]
                 if row["seq_len"] != seq_len:
-                    return self.fault(k, 5, f"seq_len is {row['seq_len']}, the request's history "
+                    return self.fault(k, 7, f"seq_len is {row['seq_len']}, the request's history "
                                             f"gives {seq_len}")
                 if root is not None and row["tokens"][0] != root:
-                    return self.fault(k, 5, f"root token {row['tokens'][0]} is not the previous bonus "
+                    return self.fault(k, 7, f"root token {row['tokens'][0]} is not the previous bonus "
                                             f"(or prefill) token {root}", 0)
             path = row["accept_path"]
             new = [row["tokens"][i] for i in path[1:]] + [row["bonus_token"]]
@@ -249,15 +301,15 @@ class _Checker:
             take = out[pos:pos + len(new)]
             j = next((j for j, (a, b) in enumerate(zip(take, new)) if a != b), None)
             if j is not None:
-                return self.fault(k, 6, f"output token {pos + j + 1} is {take[j]} but this iteration "
+                return self.fault(k, 8, f"output token {pos + j + 1} is {take[j]} but this iteration "
                                         f"gained {new[j]}")
             if len(take) < len(new) and (idx != len(gained) - 1 or not take):
-                return self.fault(k, 6, f"the output ends after {pos + len(take) + 1} tokens, inside or "
+                return self.fault(k, 8, f"the output ends after {pos + len(take) + 1} tokens, inside or "
                                         "before this iteration, but it is not the request's last")
             pos += len(take)
         if pos < len(out):
             row = gained[-1][0] if gained else len(self.rows)
-            self.fault(row, 6, f"output has {len(out) + 1} tokens but the prefill token and the "
+            self.fault(row, 8, f"output has {len(out) + 1} tokens but the prefill token and the "
                                f"iterations account for {pos + 1}", request=rid)
 
 
@@ -265,32 +317,3 @@ def check_trace(trace: Trace) -> Fault | None:
     """The first inconsistency of ``trace`` in trace order, or None when it is consistent.
     A large trace is checked in parts of whole requests (spectool/trace/parts.py), in bounded memory."""
     return check_in_parts(trace, lambda part: _Checker(part).run())
-
-
-def replay(trace: Trace, model_dir: str, device: str | None = None) -> Fault | None:
-    """Re-run the target greedily on every recorded prompt; the first output that differs."""
-    import torch
-
-    import spectool as st
-
-    if any(t not in (None, 0.0) for t in trace.steps.column("temperature").to_pylist()):
-        raise ValueError("--replay needs a greedy (temperature 0) trace")
-    recorded_device = str(trace.run_info.get("device", "cpu"))
-    if device is None:
-        device = recorded_device if recorded_device.startswith("cpu") or torch.cuda.is_available() else "cpu"
-    dtype = getattr(torch, str(trace.run_info.get("model", {}).get("dtype", "float32")), torch.float32)
-    target = st.load(model_dir, device=device, dtype=dtype)
-    engine = st.Engine(target, draft=None)
-    for req in trace.requests.to_pylist():
-        out = req["output_tokens"]
-        result = engine.generate([req["prompt_tokens"]], max_new_tokens=len(out), temperature=0.0,
-                                 record=False)
-        got = list(result.token_ids[0])
-        if got != out:
-            j = next((j for j, (a, b) in enumerate(zip(got, out)) if a != b), min(len(got), len(out)))
-            want = got[j] if j < len(got) else "end of output"
-            have = out[j] if j < len(out) else "end of output"
-            return Fault(0, 7, -1, req["request_id"], None,
-                         f"replayed greedy output differs at output token {j}: recorded {have}, "
-                         f"the target gives {want}")
-    return None

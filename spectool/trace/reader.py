@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spectool.trace.format import TraceFile, TraceFormatError, open_trace_file, split_disk_table, write_trace_file
-from spectool.trace.schema import PHASE_FIELDS, REQUEST_SCHEMA, STEP_SCHEMA
+from spectool.trace.schema import PHASE_FIELDS, REQUEST_SCHEMA, STEP_SCHEMA, with_optional_columns
 from spectool.trace.select import kept_note, with_selection_counts
 from spectool.trace.stats import summarize, summary_columns
 
@@ -170,6 +170,8 @@ class IterationView:
 
 
 def _conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
+    if schema is STEP_SCHEMA:
+        table = with_optional_columns(table)
     missing = [n for n in schema.names if n not in table.column_names]
     if missing:
         raise TraceFormatError(f"{what} table is missing column(s): {', '.join(missing)}")

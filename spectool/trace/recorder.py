@@ -57,14 +57,16 @@ from spectool.trace.select import Record, Selector, with_selection_counts
 
 NODE_FIELDS = ("tokens", "parents", "depth", "scores", "valid", "positions", "retrieve_index",
                "retrieve_next_token", "retrieve_next_sibling", "target_argmax", "target_argmax_prob",
-               "status", "coins")
+               "status", "coins", "child_probs")
 NODE_K_FIELDS = ("target_topk_tokens", "target_topk_probs")
 STEP_TOPK_FIELDS = ("step_topk_tokens", "step_topk_probs")
 ACCEPTED_NAMES = frozenset(STEP_FIELDS) | {"mask"}
 # Fields whose per-row value is one entry; every other array field has entries per row.
 ROW_SCALARS = frozenset(name for name, (typ, _) in STEP_FIELDS.items()
                         if not isinstance(typ, pa.ListType) and name != "mask_packed")
-_DEFAULT_MINUS_ONE = ("ngram_match_len", "ngram_breadth")
+_DEFAULT_MINUS_ONE = ("ngram_match_len", "ngram_breadth", "ngram_put_len")
+# Per-row lists padded with -1 past each row's length (the accepted path and the commit's rows).
+SIGN_RAGGED = ("accept_path", "commit_src", "commit_dst")
 _STOP, _CONVERT = object(), object()
 HANDOFF_ROWS = 64  # rows the engine's thread gathers before waking the writer (which frees their pinned page)
 PAGE_BYTES = 1 << 20  # pinned host memory per hand-off (more when one iteration needs it)
@@ -589,7 +591,7 @@ def _shape_key(f: dict[str, Any]) -> tuple | None:
     key = []
     for name in sorted(f):
         value = f[name]
-        if name in ROW_SCALARS or name == "accept_path":  # accept_path is padded with -1 to stack
+        if name in ROW_SCALARS or name in SIGN_RAGGED:  # padded with -1 to stack
             key.append(name)
         elif isinstance(value, np.ndarray) and value.ndim >= 1:
             key.append((name, value.shape[1:]))
@@ -618,7 +620,7 @@ def _stack(group: list[tuple[dict, int]]) -> dict[str, Any]:
     out = {}
     for name in group[0][0]:
         values = [f[name] for f, _ in group]
-        if name == "accept_path":
+        if name in SIGN_RAGGED:
             width = max(np.shape(v)[1] for v in values)
             values = [np.pad(np.asarray(v), ((0, 0), (0, width - np.shape(v)[1])), constant_values=-1)
                       for v in values]
@@ -693,7 +695,7 @@ def _list_column(name: str, value: Any, n: np.ndarray, rows: int, typ: pa.ListTy
         raise ValueError(f"{name} must be [B, ...] per row, got shape {value.shape}")
     if name in NODE_FIELDS or name in NODE_K_FIELDS:
         return _ragged(value, n, typ)
-    if name == "accept_path":
+    if name in SIGN_RAGGED:
         value = value.reshape(rows, -1)
         return _ragged(value, (value >= 0).sum(1), typ)
     value = value.reshape(rows, -1)  # step_topk_*: the whole [S, K] per row

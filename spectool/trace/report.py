@@ -35,6 +35,7 @@ from spectool.trace.figures import (
     tree_figure,
 )
 from spectool.trace.layout import layout_tree
+from spectool.trace.suspicious import suspicious_numbers
 
 
 def _flat(rows: pa.Table, name: str, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -165,6 +166,7 @@ def report_data(trace: Any) -> dict:
             "mean accept length": round(summary["mean_accept_length"], 3),
             "tokens/s": None if summary["tokens_per_s"] is None else round(summary["tokens_per_s"], 1),
             "tokenizer": "yes" if getattr(trace, "tokenizer_json", None) else "none (tokens shown as ids)",
+            "warnings": " · ".join(suspicious_numbers(trace)) or "none",
         },
         "texts": dict(zip(map(str, ids), trace.token_text(ids))),
         "requests": requests,

@@ -59,6 +59,14 @@ STEP_FIELDS: dict[str, tuple[pa.DataType, str]] = {
     "bonus_token": (pa.int32(), "token the target adds after the accepted path"),
     "coins": (_f32, "sampling: uniform coin per node (NaN = unused); empty when greedy"),
     "temperature": (pa.float32(), "0 for greedy"),
+    "child_probs": (_f32, "sampling: p(token | parent) of every node after temperature / top-k / top-p "
+                    "(NaN at the root); null when greedy"),
+    "bonus_cdf": (_f32, "sampling: [residual mass before the bonus token, the bonus token's residual "
+                  "probability] (the bonus is the residual's inverse CDF at coin - children's mass)"),
+    "commit_src": (_i32, "cache rows the KV commit copied from, root first (seq_len + accepted node)"),
+    "commit_dst": (_i32, "the cache rows it copied them to (seq_len + j)"),
+    "ngram_put_len": (pa.int32(), "ngram: tokens of the request the corpus had been given when it "
+                      "drafted, -1 otherwise"),
     "draft_us": (pa.float32(), "time drafting (µs)"),
     "index_us": (pa.float32(), "time building tree indices (µs)"),
     "verify_us": (pa.float32(), "time in the verify forward (µs)"),
@@ -68,6 +76,9 @@ STEP_FIELDS: dict[str, tuple[pa.DataType, str]] = {
     "iteration_us": (pa.float32(), "wall time of the whole iteration (µs), the same for every row of "
                      "the iteration; tokens/s = gained tokens / its sum over iterations"),
 }
+
+# Columns a trace may lack (written before they existed): they read back as nulls.
+OPTIONAL_STEP_FIELDS = frozenset({"child_probs", "bonus_cdf", "commit_src", "commit_dst", "ngram_put_len"})
 
 # Phase timings, in the order an iteration runs them (summary, Perfetto export).
 PHASE_FIELDS = ("draft_us", "index_us", "verify_us", "commit_us", "trie_get_us", "trie_put_us")
@@ -104,3 +115,11 @@ REQUEST_FIELDS: dict[str, tuple[pa.DataType, str]] = {
 }
 
 REQUEST_SCHEMA = pa.schema([pa.field(name, typ) for name, (typ, _) in REQUEST_FIELDS.items()])
+
+
+def with_optional_columns(table: pa.Table) -> pa.Table:
+    """``table`` with a null column for each optional step field it lacks (an older trace)."""
+    for name in sorted(OPTIONAL_STEP_FIELDS - set(table.column_names)):
+        typ = STEP_FIELDS[name][0]
+        table = table.append_column(pa.field(name, typ), pa.nulls(table.num_rows, typ))
+    return table

@@ -43,6 +43,10 @@ def summary_table(trace: Trace):
     for phase, us in s["phase_us"].items():
         if us > 0:  # a phase this method does not have (or this device does not time) records 0
             table.add_row(f"{phase.removesuffix('_us')} (µs / iteration)", f"{us:,.1f}")
+    from spectool.trace.suspicious import suspicious_numbers
+
+    for warning in suspicious_numbers(trace):
+        table.add_row("[bold red]warning[/]", warning)
     notes = []
     if emitted is not None and emitted < s["tokens"]:
         notes.append(f"{s['tokens'] - emitted} verified tokens past max_new_tokens or a stop token were dropped")
