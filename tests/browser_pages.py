@@ -64,12 +64,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def lab_settings(settings_dir: Path, kernel: bool = True) -> None:
-    """No news or update checks (no network), the kernel starts without a dialog (or not at all), widget
-    state is saved with the notebook (JupyterLab's "Save Widget State Automatically")."""
+def lab_settings(settings_dir: Path) -> None:
+    """No news or update checks (no network), the kernel starts without a dialog, widget state is saved
+    with the notebook (JupyterLab's "Save Widget State Automatically")."""
     settings = {
         "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
-        "@jupyterlab/notebook-extension/tracker": {"autoStartDefaultKernel": kernel},
+        "@jupyterlab/notebook-extension/tracker": {"autoStartDefaultKernel": True},
         "@jupyter-widgets/jupyterlab-manager/plugin": {"saveState": True},
     }
     for name, values in settings.items():
@@ -81,9 +81,9 @@ def lab_settings(settings_dir: Path, kernel: bool = True) -> None:
 class Lab:
     """A JupyterLab server on a free localhost port with token auth, rooted at `root`."""
 
-    def __init__(self, root: Path, workdir: Path, env: dict, kernel: bool = True):
+    def __init__(self, root: Path, workdir: Path, env: dict):
         settings = workdir / "settings"
-        lab_settings(settings, kernel)
+        lab_settings(settings)
         self.port, self.token = free_port(), secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, **env, "JUPYTERLAB_SETTINGS_DIR": str(settings),
@@ -93,9 +93,7 @@ class Lab:
         self.server = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={self.port}",
              "--ip=127.0.0.1", f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={self.token}",
-             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-             *([] if kernel else ["--KernelSpecManager.allowed_kernelspecs=none-at-all",
-                                  "--KernelSpecManager.ensure_native_kernel=False"])],
+             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=root)
         deadline = time.monotonic() + 90
         while True:

@@ -16,6 +16,7 @@ from spectool.trace.reader import Trace
 from spectool.trace.report import write_report
 from spectool.trace.schema import STEP_SCHEMA
 
+
 @pytest.fixture(scope="module")
 def trace():
     return make_trace("ngram", num_requests=3, batch_size=2, num_draft_tokens=10, seed=4)

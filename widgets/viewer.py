@@ -21,8 +21,14 @@ import traitlets
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from spectool.trace.figures import TEMPLATE, acceptance_traces, iteration_title, mask_figure, request_columns, \
-    tree_figure
+from spectool.trace.figures import (
+    TEMPLATE,
+    acceptance_traces,
+    iteration_title,
+    mask_figure,
+    request_columns,
+    tree_figure,
+)
 from spectool.trace.snapshot import iteration_svg, snapshot_html
 from spectool.trace.viewdata import view_data
 

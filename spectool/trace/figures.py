@@ -121,7 +121,6 @@ def tree_traces(view: Any, highlight: int | None = None, token_text: TokenText |
     """
     parents = np.asarray(view.parents)
     status = np.asarray(view.status)
-    valid = np.asarray(view.valid, dtype=bool)
     if layout is None:
         layout = _layout_with_bonus(view)
     x, y = layout[0][:len(parents)], layout[1][:len(parents)]

@@ -64,7 +64,8 @@ _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval';
  style-src 'unsafe-inline'; img-src data:; font-src data:">
-<style>body {{ margin: 12px 16px; font-family: system-ui, sans-serif; }} h2 {{ font-size: 16px; margin: 0 0 6px; }}</style>
+<style>body {{ margin: 12px 16px; font-family: system-ui, sans-serif; }}
+h2 {{ font-size: 16px; margin: 0 0 6px; }}</style>
 <script>{plotlyjs}</script>
 </head><body>
 <h2 id="title"></h2>

@@ -82,6 +82,7 @@ const CSS = `
 .spectool-viewer .sv-plot-area { position: relative; }
 /* Each panel lays out and paints on its own: a step redraws the tree and the mask, not the page. */
 .spectool-viewer .sv-plot, .spectool-viewer .sv-text { contain: layout paint style; }
+.spectool-viewer .sv-tree-area, .spectool-viewer .spectool-mask .sv-plot-area { will-change: transform; }
 .spectool-viewer .sv-text { max-height: 4.4em; margin-bottom: 6px; overflow: auto; white-space: pre-wrap;
   font: 12px/1.4 ui-monospace, monospace; border: 1px solid #ddd; padding: 4px 6px; overflow-wrap: anywhere; }
 .spectool-viewer .sv-text .sv-prompt { color: #888; }
