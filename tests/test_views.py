@@ -8,7 +8,7 @@ from trace_factory import make_trace
 import spectool.trace.format as trace_format
 from spectool.trace.reader import Trace
 from spectool.trace.schema import REQUEST_SCHEMA, STEP_SCHEMA
-from spectool.widgets import AcceptanceView, CompareView, MaskView, TraceViewer, TreeView
+from spectool.widgets import AcceptanceView, CompareView, LiveDecode, MaskView, TraceViewer, TreeView
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +178,22 @@ def test_missing_tokenizer_falls_back_to_ids(ngram_trace):
     accepted = trace_named(tree.fig, "accepted")
     hover = dict(zip(accepted.customdata, accepted.hovertext))
     assert str(int(view.tokens[0])) in hover[0]
+
+
+def test_live_decode_legend_matches_the_checkpoint_and_colours_do_not_repeat():
+    from spectool.widgets.live import depth_colour
+
+    class Config:
+        method, num_steps = "multi_layer_eagle", 4
+
+    class Engine:
+        draft_config = Config()
+
+        def stream(self, *args, **kwargs):
+            return iter(())
+
+    live = LiveDecode(Engine(), ["x"])
+    legend = live.children[2].value
+    assert all(f"layer {k}" in legend for k in range(4)) and "layer 4" not in legend
+    assert live.text.layout.max_height and live.text.layout.overflow == "auto"
+    assert len({depth_colour(d) for d in range(1, 25)}) == 24
