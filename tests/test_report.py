@@ -1,6 +1,7 @@
 """`spectool report`: one standalone HTML file holding every iteration of the trace."""
 
 import base64
+import gzip
 import json
 import re
 
@@ -26,7 +27,7 @@ def page_data(html: str) -> dict:
     """The header the page's script reads, with each request's typed arrays decoded from the blob."""
     header = json.loads(re.search(r'<script type="application/json" id="spectool-header">(.*?)</script>',
                                   html, re.S).group(1).replace("<\\/", "</"))
-    blob = base64.b64decode(re.search(r'id="spectool-blob">(.*?)</script>', html, re.S).group(1))
+    blob = gzip.decompress(base64.b64decode(re.search(r'id="spectool-blob">(.*?)</script>', html, re.S).group(1)))
     for req in header["requests"]:
         req["arrays"] = {name: np.frombuffer(blob, dtype=np.dtype(dtype), count=n, offset=off)
                          for name, (dtype, off, n) in req["nodes"].items()}

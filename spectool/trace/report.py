@@ -2,13 +2,14 @@
 
 The page runs the notebook's renderer (widgets/static/viewer.js) on the same data
 (`spectool.trace.viewdata`): plotly.js and the module are inlined, the header goes
-in as JSON and the typed-array blob as base64, so the file opens from disk with no
+in as JSON and the typed-array blob gzipped and base64-encoded, so the file opens from disk with no
 kernel and no network, and a step is rendered from arrays already in the page.
 """
 
 from __future__ import annotations
 
 import base64
+import gzip
 import html
 import importlib.util
 import json
@@ -54,7 +55,7 @@ def write_report(trace_or_path: Any, out_html: str | Path) -> Path:
     payload = _script_safe(json.dumps(header, separators=(",", ":"), allow_nan=False))
     title = header["title"] + (f" · {source}" if source else "")
     page = _PAGE.format(title=html.escape(title), plotlyjs=get_plotlyjs(), header=payload,
-                        blob=base64.b64encode(blob).decode(), module=viewer_module())
+                        blob=base64.b64encode(gzip.compress(blob, 6)).decode(), module=viewer_module())
     out = Path(out_html)
     out.write_text(page, encoding="utf-8")
     return out
@@ -77,9 +78,12 @@ h2 {{ font-size: 16px; margin: 0 0 6px; }}</style>
 const header = JSON.parse(document.getElementById('spectool-header').textContent);
 document.getElementById('title').textContent = header.title + (header.source ? ' · ' + header.source : '');
 const raw = atob(document.getElementById('spectool-blob').textContent);
-const bytes = new Uint8Array(raw.length);
-for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
-window.spectoolViewer = mount(document.getElementById('app'), header, bytes.buffer, window.Plotly);
+const packed = new Uint8Array(raw.length);
+for (let i = 0; i < raw.length; i++) packed[i] = raw.charCodeAt(i);
+// gzip: a big trace's arrays shrink several times, and parsing the page is most of its opening time.
+const buffer = await new Response(new Blob([packed]).stream().pipeThrough(new DecompressionStream('gzip')))
+  .arrayBuffer();
+window.spectoolViewer = mount(document.getElementById('app'), header, buffer, window.Plotly);
 </script>
 </body></html>
 """

@@ -534,10 +534,19 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   // so a step never changes the page's layout (JupyterLab would re-measure every cell of the notebook).
   function fixHeights() {
     let levels = 1, rows = 1;
-    for (let k = 0; k < R.iteration.length; k++) {
-      const l = layout(slice(k));
-      levels = Math.max(levels, l.maxDepth + 1);
-      rows = Math.max(rows, l.shown.length);
+    let depth = new Int32Array(64), keep = new Uint8Array(64);
+    for (let k = 0; k < R.iteration.length; k++) {  // the same rules as layout(), without placing nodes
+      const a = R.offsets[k], n = R.offsets[k + 1] - a;
+      if (n > depth.length) { depth = new Int32Array(n); keep = new Uint8Array(n); }
+      let shown = n ? 1 : 0, deepest = 0;
+      keep[0] = 1; depth[0] = 0;
+      for (let i = 1; i < n; i++) {
+        const p = A.parents[a + i];
+        keep[i] = A.valid[a + i] && p >= 0 && p < i && keep[p] ? 1 : 0;
+        if (keep[i]) { depth[i] = depth[p] + 1; shown++; deepest = Math.max(deepest, depth[i]); }
+      }
+      levels = Math.max(levels, deepest + 2);  // + the bonus token's level
+      rows = Math.max(rows, shown);
     }
     const levelH = Math.max(36, Math.min(60, Math.floor(HEIGHT / levels)));
     tree.plot.style.height = `${16 + levelH * levels + 24 + 40}px`;
