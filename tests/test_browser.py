@@ -138,6 +138,25 @@ def _check_viewer(page, root: str, trace, request: int, name: str) -> dict:
         page.locator(f"{root} .sv-find-next").click()
         assert _label_iteration(page, root) == its[1 + accepts[1:].index(0)]
 
+    # Play at its fastest speed visits every iteration once, in order, then stops.
+    seen = page.evaluate(f"""() => new Promise((done) => {{
+      const root = document.querySelector('{root}');
+      const label = root.querySelector('.sv-label'), play = root.querySelector('.sv-play');
+      const seen = [];
+      const watch = new MutationObserver(() => {{
+        seen.push(+label.textContent.split(' ')[1]);
+        if (play.textContent.includes('play')) {{ watch.disconnect(); done(seen); }}
+      }});
+      root.querySelector('.sv-speed').value = '20';
+      const slider = root.querySelector('.sv-slider');
+      slider.value = '0'; slider.dispatchEvent(new Event('input'));
+      watch.observe(label, {{childList: true, characterData: true, subtree: true}});
+      new MutationObserver(() => {{ if (play.textContent.includes('play')) {{ watch.disconnect(); done(seen); }} }})
+        .observe(play, {{childList: true, characterData: true, subtree: true}});
+      play.click();
+    }})""")
+    assert seen == its[1:len(seen) + 1] and seen[-1] == its[-1], seen
+
     # The page tells the kernel its position a second after stepping stops; let that settle first.
     page.wait_for_timeout(2500)
     ms = step_latencies(page, root, 14)[2:]  # the first two warm the page up
