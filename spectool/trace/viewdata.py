@@ -284,7 +284,7 @@ def _facts(trace: Any) -> list[list]:
     settings = ", ".join(f"{k}={v}" for k, v in draft.items() if k != "method" and not isinstance(v, dict))
     tps = summary.get("tokens_per_s")
     return [
-        ["method", str(info.get("method", "?"))],
+        ["method", str(getattr(trace, "method", info.get("method", "?")))],
         ["draft settings", settings or "–"],
         ["model", str(model.get("name", "") if isinstance(model, dict) else model)],
         ["device", str(info.get("device", "?"))],
@@ -305,7 +305,7 @@ def view_data(trace: Any) -> tuple[dict, bytes]:
     ids = sorted(i for i in texts if i >= 0)
     info = trace.run_info or {}
     header = {
-        "title": f"spectool trace · {info.get('method', '?')}",
+        "title": f"spectool trace · {getattr(trace, 'method', info.get('method', '?'))}",
         "facts": _facts(trace),
         "texts": dict(zip(map(str, ids), trace.token_text(ids))),
         "has_tokenizer": bool(getattr(trace, "tokenizer_json", None)),
