@@ -137,8 +137,8 @@ class Lab:
 
 
 def open_notebook(page, lab: Lab, name: str, run: bool = True) -> None:
-    """Open a notebook with the file browser shown and (optionally) Run All once the kernel is idle."""
-    page.goto(f"{lab.url}/lab/tree/{name}?token={lab.token}")
+    """Open a notebook alone, with the file browser shown, and (optionally) Run All once its kernel is idle."""
+    page.goto(f"{lab.url}/lab/tree/{name}?token={lab.token}&reset")  # reset: no tabs left from a test before
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
     if not page.locator(".jp-FileBrowser").first.is_visible():
         page.locator(".jp-SideBar.jp-mod-left [data-id='filebrowser']").first.click()
