@@ -78,9 +78,17 @@ def test_design_example_tree_colours_and_bonus():
     assert sorted(traces["accepted"].customdata) == [0, 1, 4]
     assert sorted(traces["rejected"].customdata) == [2, 3]
     assert list(traces["not visited"].customdata) == []
-    assert len(traces["bonus"].x) == 1 and "#9" in traces["bonus"].hovertext[0]
+    # The bonus token hangs under the deepest accepted node (D, depth 2), with an edge from it.
+    bonus = traces["bonus"]
+    assert list(bonus.y) == [-2.0, -3.0] and bonus.x[0] == node_x(traces, 4) and "#9" in bonus.hovertext[1]
     for name, t in traces.items():
         assert t.marker.color == COLORS[name]
+
+
+def node_x(traces, node):
+    for t in traces.values():
+        if node in list(t.customdata):
+            return t.x[list(t.customdata).index(node)]
 
 
 def random_view(seed, n=30):
@@ -114,8 +122,17 @@ def test_hover_shows_text_score_depth_and_topk():
     fig = tree_figure(view, token_text=lambda ids: [names.get(i, f"tok{i}") for i in ids])
     t = node_traces(fig)["accepted"]
     hover = dict(zip(t.customdata, t.hovertext))[1]  # node A; the target's argmax there is D
-    assert "'t1'" in hover and "depth 1" in hover and "score 0.6" in hover and "accepted" in hover
-    assert "target top-3: 'delta' 0.500" in hover
+    assert "t1" in hover and "depth 1" in hover and "score 0.6" in hover and "accepted" in hover
+    assert "target top-3: delta 0.500" in hover
+
+
+def test_labels_show_whitespace_and_escape_tags():
+    view = design_example()
+    view.token_texts = [" \n", "<b>x</b>", "\t", "", "\x01"]  # one per node
+    fig = tree_figure(view)
+    labels = [str(x) for t in node_traces(fig).values() for x in (() if t.text is None else t.text)]
+    assert "␣⏎" in labels and "⇥" in labels and "∅" in labels and "␁" in labels
+    assert "&lt;b&gt;x&lt;/b&gt;" in labels and not any("<b>" in x for x in labels)
 
 
 @pytest.mark.parametrize("seed", range(4))

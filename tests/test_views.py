@@ -8,7 +8,7 @@ from trace_factory import make_trace
 import spectool.trace.format as trace_format
 from spectool.trace.reader import Trace
 from spectool.trace.schema import REQUEST_SCHEMA, STEP_SCHEMA
-from spectool.widgets import AcceptanceView, CompareView, MaskView, TraceViewer, TreeView
+from spectool.widgets import AcceptanceView, CompareView, LiveDecode, MaskView, TraceViewer, TreeView
 
 
 @pytest.fixture(scope="module")
@@ -39,72 +39,68 @@ def drawn_nodes(tree):
                   for i in trace_named(tree.fig, name).customdata)
 
 
-def test_viewer_slider_steps_through_the_request(ngram_trace):
+def test_viewer_sends_the_trace_once_and_follows_the_page(ngram_trace):
     viewer = TraceViewer(ngram_trace)
+    assert "spectool-viewer" in viewer._dom_classes and viewer.error is None
+    assert [r["id"] for r in viewer.header["requests"]] == ngram_trace.request_ids
+    assert len(viewer.blob) > 0
     request = viewer.request
     its = ngram_trace.iterations(request)
-    assert viewer.slider.max == len(its) - 1 and viewer.play.max == len(its) - 1
-    assert "spectool-player" in viewer.player._dom_classes
-    assert "spectool-tree" in viewer.tree._dom_classes and "spectool-mask" in viewer.mask._dom_classes
-    seen = set()
+    snapshots = set()
     for pos in range(len(its)):
-        viewer.slider.value = pos
+        viewer.go_to(pos)  # what the page reports after a step
+        assert viewer.iteration == its[pos]
+        snapshots.add(viewer.snapshot)
+        fig = viewer.to_figure()
         view = ngram_trace.iteration(its[pos], request)
-        assert viewer.tree.iteration == its[pos] == viewer.mask.iteration
-        assert drawn_nodes(viewer.tree) == np.nonzero(view.valid)[0].tolist()
-        np.testing.assert_array_equal(np.asarray(viewer.mask.fig.data[0].z)[:, :] > 0, view.mask)
-        assert list(trace_named(viewer.acceptance.fig, "current").x) == [its[pos]]
-        # Until a row is chosen, the highlighted path is the accepted path.
-        path = [int(a) for a in view.accept_path if a >= 0]
-        assert sorted(trace_named(viewer.tree.fig, "selected").customdata) == sorted(path)
-        seen.add(tuple(np.round(trace_named(viewer.tree.fig, "edges").x[:30], 3).tolist()))
-    assert len(seen) > 1  # the tree really changed between steps
+        drawn = sorted(int(i) for t in fig.data if t.name in ("not visited", "accepted", "rejected")
+                       for i in t.customdata)
+        assert drawn == oracle_drawn(view)
+    assert len(snapshots) == len(its)  # the snapshot is the last state, not the first
+    bundle, _ = viewer._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/html"].startswith('<img class="spectool-snapshot"') and "<script" not in bundle["text/html"]
+    viewer.show_request(ngram_trace.request_ids[-1])
+    assert viewer.position == 0 and viewer.iteration == ngram_trace.iterations(ngram_trace.request_ids[-1])[0]
 
 
-def test_mask_row_selection_highlights_ancestors_in_tree(ngram_trace):
+def test_viewer_answers_the_page_with_plotly(ngram_trace, monkeypatch):
     viewer = TraceViewer(ngram_trace)
-    viewer.slider.value = 1
-    view = viewer.tree.view
-    for node in np.nonzero(view.valid)[0][::2]:
-        viewer.mask.select_row(int(node))
-        expected = oracle_ancestors(view.parents, int(node))
-        assert sorted(trace_named(viewer.tree.fig, "selected").customdata) == expected
-        z = np.asarray(viewer.mask.fig.data[0].z)
-        assert np.nonzero(z[node] == 3)[0].tolist() == expected  # the mask row lights the same nodes
-    viewer.mask.rows.value = 2  # the row dropdown does the same
-    assert sorted(trace_named(viewer.tree.fig, "selected").customdata) == oracle_ancestors(view.parents, 2)
-    viewer.slider.value = 2  # the chosen row stays chosen on the next step
-    assert viewer.mask.selected == 2
-    assert sorted(trace_named(viewer.tree.fig, "selected").customdata) == oracle_ancestors(
-        viewer.tree.view.parents, 2)
-    viewer.tree._click_callbacks[0](3)  # a click on tree node 3 selects its mask row
-    assert viewer.mask.selected == 3 and viewer.mask.rows.value == 3
-    viewer.mask.select_row(99)
-    assert "outside" in viewer.mask.message.value
+    sent = []
+    monkeypatch.setattr(viewer, "send", lambda content, buffers=None: sent.append((content, buffers)))
+    viewer._message(viewer, {"kind": "plotly"}, [])
+    viewer._message(viewer, {"kind": "something else"}, [])
+    assert len(sent) == 1 and sent[0][0] == {"kind": "plotly"} and b"plotly" in sent[0][1][0][:5000].lower()
 
 
-def test_request_picker_switches_acceptance(ngram_trace):
-    viewer = TraceViewer(ngram_trace)
-    df = ngram_trace.to_pandas()
-    for request in ngram_trace.request_ids:
-        viewer.picker.value = request
-        rows = df[df.request_id == request].sort_values("iteration")
-        acc = trace_named(viewer.acceptance.fig, "accept length")
-        assert list(acc.x) == rows.iteration.tolist() and list(acc.y) == rows.accept_length.tolist()
-        assert viewer.tree.request == request and viewer.slider.value == 0
-        assert viewer.tree.iteration == rows.iteration.iloc[0]
-    viewer.acceptance._pick_callbacks[0](2)  # clicking a point jumps the player there
-    assert viewer.slider.value == 2 and viewer.tree.iteration == ngram_trace.iterations(viewer.request)[2]
+def oracle_drawn(view):
+    keep = [0]
+    for i in range(1, len(view.parents)):
+        if view.valid[i] and view.parents[i] in keep:
+            keep.append(i)
+    return keep
 
 
-def test_to_figure_is_a_plain_figure(ngram_trace):
-    viewer = TraceViewer(ngram_trace)
-    viewer.slider.value = 1
-    tree = viewer.tree.to_figure()
-    assert type(tree).__name__ == "Figure" and len(tree.data) == len(viewer.tree.fig.data)
-    assert list(trace_named(tree, "accepted").customdata) == list(
-        trace_named(viewer.tree.fig, "accepted").customdata)
-    assert len(viewer.to_figure().data) > 5 and len(viewer.acceptance.to_figure().data) == 4
+def test_mask_hides_padding_and_a_choice_resets_on_the_next_step(ngram_trace):
+    r, padded = next((r, i) for r in ngram_trace.request_ids for i in ngram_trace.iterations(r)
+                     if not ngram_trace.iteration(i, r).valid.all())
+    its = ngram_trace.iterations(r)
+    view = ngram_trace.iteration(padded, r)
+    tree = TreeView(view)
+    mask = MaskView(view, tree=tree)
+    keep = oracle_drawn(view)
+    z = np.asarray(mask.fig.data[0].z)
+    assert z.shape == (len(keep), len(keep))
+    np.testing.assert_array_equal(z > 0, view.mask[np.ix_(keep, keep)])
+    assert [v for _, v in mask.rows.options][1:] == keep and "padding not shown" in mask.fig.layout.title.text
+    node = keep[-1]
+    mask.select_row(node)
+    assert sorted(trace_named(tree.fig, "selected").customdata) == oracle_ancestors(view.parents, node)
+    assert np.nonzero(np.asarray(mask.fig.data[0].z)[len(keep) - 1] == 3)[0].tolist() == [
+        keep.index(a) for a in oracle_ancestors(view.parents, node)]
+    other = ngram_trace.iteration(next(i for i in its if i != padded), r)
+    mask.show_view(other)  # another iteration: back to its accepted path
+    assert mask.chosen is None and mask.selected == max(int(a) for a in other.accept_path)
 
 
 def test_views_accept_an_iteration_view_and_a_path(ngram_trace, tmp_path):
@@ -117,22 +113,25 @@ def test_views_accept_an_iteration_view_and_a_path(ngram_trace, tmp_path):
     assert tree.request == 1 and tree.message.value == ""
 
 
-def test_compare_view_marks_differing_trees(ngram_trace, eagle_trace):
+def test_compare_view_aligns_by_output_position(ngram_trace):
+    sampled = make_trace("eagle", num_requests=3, batch_size=2, num_draft_tokens=10, seed=1, temperature=1.0)
     same = CompareView(ngram_trace, ngram_trace)
-    assert len(trace_named(same.fig, "trees differ").x) == 0
-    cmp = CompareView(ngram_trace, eagle_trace, labels=("ngram", "eagle"), request=1)
-    its = [t.iterations(1) for t in (ngram_trace, eagle_trace)]
-    expected = []
-    for k in range(min(map(len, its))):
-        a, b = (t.iteration(i[k], 1) for t, i in zip((ngram_trace, eagle_trace), its))
-        if not (np.array_equal(a.tokens, b.tokens) and np.array_equal(a.parents, b.parents)):
-            expected.append(k)
-    assert list(trace_named(cmp.fig, "trees differ").x) == expected
-    for side, i in zip(("ngram accept length", "eagle accept length"), its):
-        assert len(trace_named(cmp.fig, side).y) == len(i)
-    cmp.slider.value = 1
-    assert [t.iteration for t in cmp.trees] == [its[0][1], its[1][1]]
-    assert "ngram" in cmp.summary.value and "eagle" in cmp.summary.value
+    assert same.first is None and "identical" in same.summary.value and same.jump.disabled
+    cmp = CompareView(ngram_trace, sampled, request=1)
+    assert cmp.labels[0].startswith("A: ngram") and cmp.labels[1].startswith("B: eagle")
+    out = [np.asarray(t.request(1)["output_tokens"]) for t in (ngram_trace, sampled)]
+    n = min(map(len, out))
+    first = int(np.nonzero(out[0][:n] != out[1][:n])[0][0])
+    assert cmp.first == first and f"first difference at output token {first}" in cmp.summary.value
+    for side, trace in zip(cmp.sides, (ngram_trace, sampled)):
+        # Oracle: walk the iterations, each producing its accepted drafts and a bonus token.
+        covering = [-1]
+        for it in trace.iterations(1):
+            covering += [it] * (trace.iteration(it, 1).accept_length + 1)
+        assert side["iteration"].tolist() == covering[:len(side["tokens"])]
+    cmp.jump.click()
+    assert cmp.slider.value == first
+    assert [t.iteration for t in cmp.trees] == [int(s["iteration"][first]) for s in cmp.sides]
 
 
 def empty_steps():
@@ -141,8 +140,9 @@ def empty_steps():
 
 def test_empty_trace_shows_a_message():
     trace = Trace.from_tables(empty_steps(), None, {"method": "ngram"})
-    for view in (TraceViewer(trace), TreeView(trace), MaskView(trace), AcceptanceView(trace)):
-        assert "empty trace" in view.message.value or "no requests" in view.message.value
+    for view in (TreeView(trace), MaskView(trace), AcceptanceView(trace)):
+        assert "empty trace" in view.message.value
+    assert "empty trace" in TraceViewer(trace).error
     assert "empty trace" in CompareView(trace, trace).message.value
 
 
@@ -151,14 +151,9 @@ def test_request_finished_at_prefill(ngram_trace):
                       "finish_reason": ["prefill"], "prompt_text": ["def x"]}, schema=REQUEST_SCHEMA)
     trace = Trace.from_tables(ngram_trace.steps, pa.concat_tables([ngram_trace.requests, extra]),
                               ngram_trace.run_info, ngram_trace.tokenizer_json)
-    viewer = TraceViewer(trace)
-    viewer.picker.value = 7
-    assert "request 7 finished at prefill" in viewer.message.value
-    assert viewer.tree.layout.visibility == "hidden" == viewer.player.layout.visibility
+    assert "request 7 finished at prefill" in TraceViewer(trace, request=7).error
     assert "finished at prefill" in TreeView(trace, request=7).message.value
-    viewer.picker.value = 0  # and the viewer recovers
-    assert viewer.message.value == "" and viewer.tree.request == 0
-    assert viewer.tree.layout.visibility == "visible"
+    assert 7 not in [r["id"] for r in TraceViewer(trace).header["requests"]]  # nothing to step through
 
 
 def test_newer_format_version_and_bad_files(ngram_trace, tmp_path, monkeypatch):
@@ -167,11 +162,12 @@ def test_newer_format_version_and_bad_files(ngram_trace, tmp_path, monkeypatch):
     junk = tmp_path / "junk.sptrace"
     junk.write_bytes(b"\x00not a trace at all" * 10)
     monkeypatch.setattr(trace_format, "FORMAT_VERSION", trace_format.FORMAT_VERSION - 1)
-    for view in (TraceViewer(path), TreeView(path), AcceptanceView(path)):
+    for view in (TreeView(path), AcceptanceView(path)):
         assert "newer" in view.message.value
+    assert "newer" in TraceViewer(path).error
     assert "cannot read" in TreeView(junk).message.value
     assert "no trace file" in MaskView(tmp_path / "missing.sptrace").message.value
-    assert "expected a spectool Trace" in TraceViewer(42).message.value
+    assert "expected a spectool Trace" in TraceViewer(42).error
 
 
 def test_missing_tokenizer_falls_back_to_ids(ngram_trace):
@@ -181,4 +177,23 @@ def test_missing_tokenizer_falls_back_to_ids(ngram_trace):
     view = tree.view
     accepted = trace_named(tree.fig, "accepted")
     hover = dict(zip(accepted.customdata, accepted.hovertext))
-    assert repr(str(int(view.tokens[0]))) in hover[0]
+    assert str(int(view.tokens[0])) in hover[0]
+
+
+def test_live_decode_legend_matches_the_checkpoint_and_colours_do_not_repeat():
+    from spectool.widgets.live import depth_colour
+
+    class Config:
+        method, num_steps = "multi_layer_eagle", 4
+
+    class Engine:
+        draft_config = Config()
+
+        def stream(self, *args, **kwargs):
+            return iter(())
+
+    live = LiveDecode(Engine(), ["x"])
+    legend = live.children[2].value
+    assert all(f"layer {k}" in legend for k in range(4)) and "layer 4" not in legend
+    assert live.text.layout.max_height and live.text.layout.overflow == "auto"
+    assert len({depth_colour(d) for d in range(1, 25)}) == 24

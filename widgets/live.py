@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-# One colour per draft depth 1..8 (wraps after); the bonus token stays uncoloured.
+# One colour per draft depth 1..8, then hues that none of those take; the bonus token stays uncoloured.
 DEPTH_COLOURS = ["#4e79a7", "#59a14f", "#f28e2b", "#b07aa1", "#e15759", "#76b7b2", "#edc948", "#9c755f"]
+# The legend names this many depths at most (deeper accepted drafts still get their own colour).
+_LEGEND_DEPTHS = 12
 BONUS_COLOUR = "#bab0ac"
 # Re-render the text at most this often; stats and the final state are always shown.
 _RENDER_INTERVAL_S = 0.1
@@ -31,8 +33,21 @@ _DECODE_CONTEXT = 4
 
 
 def depth_colour(depth: int) -> str:
-    """Colour of an accepted draft token at ``depth`` (1-based)."""
-    return DEPTH_COLOURS[(depth - 1) % len(DEPTH_COLOURS)]
+    """Colour of an accepted draft token at ``depth`` (1-based); depths past 8 never repeat a shallow one."""
+    if depth <= len(DEPTH_COLOURS):
+        return DEPTH_COLOURS[depth - 1]
+    hue = (depth * 137.508) % 360  # golden-angle steps: distinct hues, darker than the first eight
+    return f"hsl({hue:.0f}, 55%, 38%)"
+
+
+def draft_depth(engine) -> int | None:
+    """How deep the engine's drafts can go: draft steps (layers for multi-layer EAGLE), None when unknown."""
+    config = getattr(engine, "draft_config", None) or getattr(engine, "draft", None)
+    for name in ("num_steps", "max_trie_depth"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 @dataclass
@@ -82,7 +97,8 @@ class LiveDecode(widgets.VBox):
         target = getattr(engine, "target", None)
         self._decode = decode or getattr(target, "decode", None)
 
-        self.text = widgets.HTML(layout=widgets.Layout(width="100%"))
+        # Bounded and scrolling: a long decode must not push the rest of the notebook away.
+        self.text = widgets.HTML(layout=widgets.Layout(width="100%", max_height="360px", overflow="auto"))
         self.stats_label = widgets.HTML()
         self.message = widgets.HTML()
         self.start_button = widgets.Button(description="Start", icon="play", button_style="success")
@@ -264,8 +280,9 @@ class LiveDecode(widgets.VBox):
 
     def _legend(self) -> widgets.HTML:
         label = "layer" if self.method == "multi_layer_eagle" else "depth"
+        depth = min(draft_depth(self.engine) or 5, _LEGEND_DEPTHS)
         chips = [f"<span style='background:{depth_colour(d)};color:white;padding:0 4px;margin-right:4px'>"
-                 f"{label} {d - 1 if label == 'layer' else d}</span>" for d in range(1, 6)]
+                 f"{label} {d - 1 if label == 'layer' else d}</span>" for d in range(1, depth + 1)]
         return widgets.HTML("accepted drafts: " + "".join(chips) + " bonus tokens plain; "
                             "<span style='color:#888'>prompt in grey</span>")
 

@@ -1,129 +1,152 @@
-"""TraceViewer: tree, mask and acceptance of a trace, linked, with a step player.
+"""TraceViewer: tree, mask, text, timing, acceptance and calibration of a trace, stepped in the browser.
 
     viewer = TraceViewer("run.sptrace")     # or a Trace
-    viewer                                   # Play / slider over iterations, request picker
+    viewer                                   # Play (with speed) / slider / ← → keys, request picker, find
 
-The slider runs over positions in the chosen request's iterations (Play is
-jslink'd to it, so playing needs no kernel round trip per frame beyond the
-redraw). Each step loads the IterationView once and hands it to the tree and the
-mask; selecting a mask row (click, dropdown) highlights that node's ancestors in
-the tree; clicking a point of the accept-length plot jumps there.
+The whole trace goes to the page once (`spectool.trace.viewdata`: a JSON header and
+a blob of typed arrays) and widgets/static/viewer.js renders every step there, the
+same module the standalone report runs: stepping needs no kernel round trip. The
+page reports its position back (`request`, `position`), so `to_figure()` and the
+static snapshot kept in the notebook show the last state.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-import ipywidgets as widgets
+import anywidget
 import plotly.graph_objects as go
+import traitlets
+from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from spectool.trace.figures import TEMPLATE
+from spectool.trace.figures import (
+    TEMPLATE,
+    acceptance_traces,
+    iteration_title,
+    mask_figure,
+    request_columns,
+    tree_figure,
+)
+from spectool.trace.snapshot import iteration_svg, snapshot_html
+from spectool.trace.viewdata import view_data
 
-from .common import message_box, message_html, open_trace, tokenizer_note
-from .views import AcceptanceView, MaskView, TreeView, first_request, no_iterations_message
+from .common import open_trace
+from .views import first_request, last_accepted, no_iterations_message
+
+STATIC = Path(__file__).parent / "static"
 
 
-class TraceViewer(widgets.VBox):
-    """All three views of a trace, linked, with a Play button, an iteration slider and a request picker."""
+class TraceViewer(anywidget.AnyWidget):
+    """Every view of a trace, linked, rendered in the browser from data sent once.
 
-    def __init__(self, source: Any, request: int | None = None, prefix: int = 0, interval_ms: int = 600):
-        super().__init__()
-        self.add_class("spectool-viewer")
-        self.message = message_box()
+    Args:
+        source: a Trace or a path to a `.sptrace` file.
+        request: the request shown first (default: the first with draft iterations).
+    """
+
+    _esm = STATIC / "viewer.js"
+    header = traitlets.Dict().tag(sync=True)
+    blob = traitlets.Bytes().tag(sync=True)
+    request = traitlets.Int(0).tag(sync=True)
+    position = traitlets.Int(0).tag(sync=True)
+    snapshot = traitlets.Unicode("").tag(sync=True)
+
+    def __init__(self, source: Any, request: int | None = None):
         self.trace, error = open_trace(source)
-        self.request: int | None = None
-        self.positions: list[int] = []  # iteration numbers of the request, the slider's range
-        self.play = widgets.Play(min=0, max=0, step=1, interval=interval_ms, description="play")
-        self.slider = widgets.IntSlider(min=0, max=0, description="step", continuous_update=True)
-        widgets.jslink((self.play, "value"), (self.slider, "value"))
-        self.label = widgets.HTML()
-        self.player = widgets.HBox([self.play, self.slider, self.label])
-        self.player.add_class("spectool-player")
-        requests = list(self.trace.request_ids) if self.trace is not None else []
-        self.picker = widgets.Dropdown(description="request", options=requests)
-        if error or not requests:
-            self.message.value = message_html(error or "this trace has no requests")
-            self.children = [self.message]
-            return
-        self.tree = TreeView(self.trace)
-        self.mask = MaskView(self.trace, prefix=prefix, tree=self.tree)
-        self.acceptance = AcceptanceView(self.trace)
-        self.acceptance.on_pick(self.go_to)
-        self.tree.on_node_click(self.mask.select_row)
-        # Side by side, wrapping on narrow screens. Fixed figure widths: a FigureWidget in
-        # a flex row does not shrink to its share, it overflows it.
-        for view, width in ((self.tree, 620), (self.mask, 560)):
-            view.fig.layout.width = width
-            view.layout = widgets.Layout(flex="0 0 auto")
-        self.children = [self.message, widgets.HBox([self.picker, self.player]),
-                         widgets.HBox([self.tree, self.mask], layout=widgets.Layout(flex_flow="row wrap")),
-                         self.acceptance]
-        self.slider.observe(lambda change: self.go_to(change["new"]), names="value")
-        self.picker.observe(lambda change: self.show_request(change["new"]), names="value")
-        start = request if request is not None else first_request(self.trace)
-        self.picker.value = start if start is not None else requests[0]
-        if self.request is None:  # the picker already held that value, so no change fired
-            self.show_request(self.picker.value)
+        header: dict = {"requests": [], "texts": {}, "facts": [], "calibration": {"groups": []}, "phases": []}
+        blob = b""
+        if self.trace is not None and not error:
+            header, blob = view_data(self.trace)
+        if error or not header["requests"]:
+            header["error"] = error or "this trace has no draft iterations"
+        start = request if request is not None else (first_request(self.trace) if self.trace is not None else 0)
+        super().__init__(header=header, blob=blob, request=int(start or 0), position=0)
+        self.add_class("spectool-viewer")
+        self.error = header.get("error")
+        if self.trace is not None and request is not None and not self.positions:
+            self.error = no_iterations_message(self.trace, request)
+        self._accept: dict[int, Any] = {}  # accept lengths per request, for the snapshot
+        self.on_msg(self._message)
+        self.observe(lambda _: self._snap(), names=["request", "position"])
+        self._snap()
 
-    def show_request(self, request: int) -> None:
-        """Switch to another request, at its first iteration."""
-        self.request = request
-        self.positions = self.trace.iterations(request)
-        with self.hold_sync():
-            self.acceptance.show(request)
-            shown = "visible" if self.positions else "hidden"  # nothing to step through or draw
-            for part in (self.player, self.tree, self.mask):
-                part.layout.visibility = shown
-            if not self.positions:
-                self.message.value = message_html(no_iterations_message(self.trace, request))
-                return
-            self.message.value = message_html(tokenizer_note(self.trace), "note")
-            last = len(self.positions) - 1
-            self.play.max = self.slider.max = last
-            if self.slider.value != 0:
-                self.slider.value = 0  # its observer draws position 0
-            else:
-                self.go_to(0)
+    @property
+    def positions(self) -> list[int]:
+        """Iteration numbers of the shown request (the slider's range)."""
+        return self.trace.iterations(self.request) if self.trace is not None else []
+
+    @property
+    def iteration(self) -> int | None:
+        """The iteration on show (None when the request has none)."""
+        its = self.positions
+        return its[min(self.position, len(its) - 1)] if its else None
 
     def go_to(self, position: int) -> None:
-        """Show the request's `position`-th iteration in every view."""
-        if not 0 <= position < len(self.positions):
+        """Show the request's `position`-th iteration (the page follows)."""
+        self.position = max(0, min(position, len(self.positions) - 1))
+
+    def show_request(self, request: int, position: int = 0) -> None:
+        """Switch to another request (the page follows)."""
+        with self.hold_trait_notifications():
+            self.request = request
+            self.position = position
+
+    def _message(self, _widget: Any, content: dict, _buffers: list) -> None:
+        if isinstance(content, dict) and content.get("kind") == "plotly":
+            self.send({"kind": "plotly"}, buffers=[get_plotlyjs().encode()])
+
+    def _view(self):
+        it = self.iteration
+        return None if it is None else self.trace.iteration(it, self.request)
+
+    def _snap(self) -> None:
+        view = self._view()
+        if view is None:
+            self.snapshot = ""
             return
-        if self.slider.value != position:
-            self.slider.value = position  # its observer comes back here
-            return
-        iteration = self.positions[position]
-        try:
-            view = self.trace.iteration(iteration, self.request)
-        except (KeyError, ValueError) as e:
-            self.message.value = message_html(str(e).strip("'\""))
-            return
-        with self.hold_sync():
-            self.mask.show_view(view)  # redraws the linked tree too
-            self.acceptance.set_current(position)
-            self.label.value = (f"iteration {iteration} ({position + 1}/{len(self.positions)}) · "
-                                f"accept length {int(view.accept_length)}")
+        if self.request not in self._accept:
+            self._accept[self.request] = request_columns(self.trace.steps, self.request)["accept_length"]
+        acc = self._accept[self.request]
+        self.snapshot = iteration_svg(view, self.trace.token_text, acc, self.position, iteration_title(view))
+
+    def _repr_mimebundle_(self, **kwargs: Any):
+        data, metadata = super()._repr_mimebundle_(**kwargs)
+        if self.snapshot:  # what an untrusted or kernel-less notebook and nbconvert's HTML show
+            data["text/html"] = snapshot_html(self.snapshot)
+        if self.error:
+            data["text/plain"] = f"TraceViewer: {self.error}"
+        return data, metadata
 
     def to_figure(self) -> go.Figure:
         """Tree, mask and acceptance of the current step as one static plotly Figure."""
-        parts = [self.tree.to_figure(), self.mask.to_figure(), self.acceptance.to_figure()]
-        titles = ("draft tree", "tree mask", "accept length", parts[2].data[2].name)
-        fig = make_subplots(rows=2, cols=2, subplot_titles=titles, vertical_spacing=0.12,
-                            horizontal_spacing=0.08)
-        for trace in parts[0].data:
-            fig.add_trace(trace, row=1, col=1)
-        for trace in parts[1].data:
-            fig.add_trace(trace, row=1, col=2)
-        for trace in parts[2].data[:2]:  # accept length per iteration and the current step
-            fig.add_trace(trace, row=2, col=1)
-        fig.add_trace(parts[2].data[2], row=2, col=2)  # acceptance by depth (or layer)
-        mask = parts[1].layout
-        fig.update_yaxes(autorange="reversed", tickvals=mask.yaxis.tickvals, ticktext=mask.yaxis.ticktext,
-                         row=1, col=2)
-        fig.update_xaxes(tickvals=mask.xaxis.tickvals, ticktext=mask.xaxis.ticktext, tickangle=-60,
-                         row=1, col=2)
+        view = self._view()
+        if view is None:
+            return go.Figure(layout=dict(title=self.error or "no draft iterations", template=TEMPLATE))
+        sel = last_accepted(view)
+        tree = tree_figure(view, sel, self.trace.token_text)
+        mask = mask_figure(view, sel)
+        cols = request_columns(self.trace.steps, self.request)
+        acc = acceptance_traces(cols, self.position)
+        fig = make_subplots(rows=2, cols=2, subplot_titles=("draft tree", "tree mask", "accept length",
+                                                            acc[2]["name"]),
+                            vertical_spacing=0.12, horizontal_spacing=0.08)
+        for t in tree.data:
+            fig.add_trace(t, row=1, col=1)
+        for t in mask.data:
+            fig.add_trace(t, row=1, col=2)
+        for t in acc[:2]:
+            fig.add_trace(go.Scatter({k: v for k, v in t.items() if k not in ("xaxis", "yaxis")}), row=2, col=1)
+        fig.add_trace(go.Bar({k: v for k, v in acc[2].items() if k not in ("xaxis", "yaxis")}), row=2, col=2)
+        ml = mask.layout
+        fig.update_yaxes(autorange="reversed", tickvals=ml.yaxis.tickvals, ticktext=ml.yaxis.ticktext, row=1, col=2)
+        fig.update_xaxes(tickvals=ml.xaxis.tickvals, ticktext=ml.xaxis.ticktext, tickangle=-60, row=1, col=2)
         fig.update_xaxes(visible=False, row=1, col=1)
+        fig.update_xaxes(title_text="iteration", row=2, col=1)
+        fig.update_yaxes(title_text="accept length (tokens)", row=2, col=1)
+        fig.update_yaxes(tickformat=".0%", range=[0, 1], title_text="accepted", row=2, col=2)
         fig.update_layout(height=900, showlegend=False, plot_bgcolor="white", template=TEMPLATE,
-                          title=parts[0].layout.title.text)
+                          title=iteration_title(view))
         return fig
+

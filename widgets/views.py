@@ -21,6 +21,7 @@ from spectool.trace.figures import (
     TEMPLATE,
     acceptance_figure_from_columns,
     acceptance_traces,
+    drawn_nodes,
     iteration_title,
     mask_figure,
     mask_layout,
@@ -28,6 +29,7 @@ from spectool.trace.figures import (
     request_columns,
     tree_figure,
     tree_traces,
+    visible,
 )
 
 from .common import figure_copy, message_box, message_html, open_trace, restyle, tokenizer_note
@@ -239,7 +241,7 @@ class MaskView(_IterationFigure):
         """The row on show (the chosen one, or the deepest accepted node)."""
         if self.view is None:
             return None
-        if self.chosen is not None and self.chosen < len(self.view.tokens):
+        if self.chosen is not None and self.chosen in drawn_nodes(self.view):
             return self.chosen
         return last_accepted(self.view)
 
@@ -253,16 +255,23 @@ class MaskView(_IterationFigure):
         return mask_layout(view, min(max(self.prefix, 0), int(view.seq_len)))
 
     def show_view(self, view: Any) -> None:
-        """Draw an IterationView, refresh the row choices and highlight in the linked tree."""
+        """Draw an IterationView, refresh the row choices and highlight in the linked tree.
+
+        A row chosen in one tree means nothing in another: a new iteration or request
+        goes back to following the accepted path.
+        """
+        if self.view is not None and (self.view.iteration, self.view.request_id) != (view.iteration,
+                                                                                       view.request_id):
+            self.chosen = None
         self.view = view
-        rows = [("accepted path", self.FOLLOW)] + [(f"{i} {t!r}", i) for i, t in enumerate(view.token_texts)]
+        rows = [("accepted path", self.FOLLOW)] + [(f"{i} {visible(view.token_texts[i])}", int(i))
+                                                   for i in drawn_nodes(view)]
         with self.hold_sync():
             self._syncing = True  # programmatic changes of the dropdown are not user picks
             try:
                 if list(self.rows.options) != rows:
                     self.rows.options = rows
-                self.rows.value = self.FOLLOW if self.chosen is None or self.chosen >= len(rows) - 1 \
-                    else self.chosen
+                self.rows.value = self.chosen if self.chosen in dict(rows).values() else self.FOLLOW
             finally:
                 self._syncing = False
             super().show_view(view)
@@ -288,8 +297,8 @@ class MaskView(_IterationFigure):
         self.fig.data[0].on_click(self._clicked)
 
     def _clicked(self, _trace: Any, points: Any, _state: Any) -> None:
-        if points.ys:
-            self.select_row(int(points.ys[0]))
+        if points.ys:  # heatmap rows are drawn nodes only (no padding): map the row back to its node
+            self.select_row(int(drawn_nodes(self.view)[int(points.ys[0])]))
 
 
 class AcceptanceView(widgets.VBox):

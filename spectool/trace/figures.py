@@ -10,6 +10,7 @@ mask, status, accept_path, bonus_token, target_* and token_texts).
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,9 +38,35 @@ MASK_HIDDEN, MASK_VISIBLE, MASK_PREFIX, MASK_SELECTED = 0, 1, 2, 3
 MASK_COLORS = ["#ffffff", "#9ecae1", "#d9d9d9", HIGHLIGHT]
 
 
+_GLYPHS = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍", "\x7f": "␡"}
+
+
+def visible(text: str) -> str:
+    """A token's text with whitespace and control characters as glyphs (␣ ⏎ ⇥, control pictures).
+
+    The same rule as the in-browser views (widgets/static/viewer.js), so a token
+    reads the same in every figure, tooltip and picker; the empty string is ∅.
+    """
+    out = []
+    for ch in str(text):
+        c = ord(ch)
+        if ch in _GLYPHS:
+            out.append(_GLYPHS[ch])
+        elif c < 32:
+            out.append(chr(0x2400 + c))
+        elif 0x80 <= c < 0xA0 or c in (0x200B, 0xFEFF):
+            out.append(f"\\u{c:04x}")
+        else:
+            out.append(ch)
+    return "".join(out) or "∅"
+
+
 def _quote(text: str) -> str:
-    """A token's text as hover shows it: quoted, with whitespace made visible."""
-    return repr(text)
+    """A token's text as plotly shows it: whitespace visible, tag characters escaped.
+
+    plotly interprets a few HTML tags inside text, so trace strings go in escaped.
+    """
+    return html.escape(visible(text), quote=False)
 
 
 def _texts(ids: Sequence[int], token_text: TokenText | None) -> list[str]:
@@ -87,20 +114,23 @@ def tree_traces(view: Any, highlight: int | None = None, token_text: TokenText |
                 layout: tuple[np.ndarray, np.ndarray] | None = None) -> list[dict]:
     """The tree figure's traces as plain dicts, always in the same order:
 
-    edges, highlighted path edges, one marker trace per status (not visited,
-    accepted, rejected), the bonus token, highlighted path markers. `highlight` is
+    edges, highlighted path edges, highlighted path rings, one marker trace per
+    status (not visited, accepted, rejected), the bonus token (with its edge). `highlight` is
     a node whose ancestors (root .. node, the nodes its mask row sees) are marked.
     Every marker trace carries node indices in customdata (-1 for the bonus token).
     """
     parents = np.asarray(view.parents)
     status = np.asarray(view.status)
-    valid = np.asarray(view.valid, dtype=bool)
-    x, y = layout if layout is not None else layout_tree(parents, view.scores, valid)
+    if layout is None:
+        layout = _layout_with_bonus(view)
+    x, y = layout[0][:len(parents)], layout[1][:len(parents)]
+    bonus_xy = (layout[0][len(parents)], layout[1][len(parents)]) if len(layout[0]) > len(parents) else None
     shown = np.nonzero(~np.isnan(x))[0]
     # Numpy arrays throughout: plotly validates and sends them as typed buffers, far
     # faster than nested lists (this is what keeps a widget step under 100 ms).
     hover = np.array(node_hover(view, token_text), dtype=str)
-    labels = np.array([t if len(t) <= 8 else t[:7] + "…" for t in view.token_texts], dtype=str)
+    labels = np.array([_quote(t if len(t) <= 8 else t[:7] + "…") for t in map(visible, view.token_texts)],
+                      dtype=str)
 
     traces: list[dict] = []
     ex, ey = _edges(parents, x, y, shown)
@@ -110,40 +140,53 @@ def tree_traces(view: Any, highlight: int | None = None, token_text: TokenText |
     px, py = _edges(parents, x, y, path)
     traces.append(dict(type="scatter", name="selected path", x=px, y=py, mode="lines", hoverinfo="skip",
                        line=dict(color=HIGHLIGHT, width=4), showlegend=False))
+    # The rings go under the markers and their labels, so a label is never hidden by one.
+    ring = np.asarray(path, dtype=np.int64)
+    traces.append(dict(type="scatter", name="selected", x=x[ring], y=y[ring],
+                       mode="markers", customdata=ring, hoverinfo="skip", showlegend=False,
+                       marker=dict(color="rgba(0,0,0,0)", size=22, line=dict(color=HIGHLIGHT, width=3))))
     for code in (NOT_VISITED, ACCEPTED, REJECTED):
         idx = shown[status[shown] == code]
         name = STATUS_NAMES[code]
         traces.append(dict(
             type="scatter", name=name, x=x[idx], y=y[idx], mode="markers+text",
             customdata=idx, hovertext=hover[idx], hoverinfo="text",
-            text=labels[idx], textposition="middle right",
+            text=labels[idx], textposition="bottom center", cliponaxis=False,
             marker=dict(color=COLORS[name], size=14, line=dict(color="#333333", width=1))))
-    traces.append(_bonus_trace(view, x, y, token_text))
-    path = np.asarray(path, dtype=np.int64)
-    traces.append(dict(type="scatter", name="selected", x=x[path], y=y[path],
-                       mode="markers", customdata=path, hoverinfo="skip", showlegend=False,
-                       marker=dict(color="rgba(0,0,0,0)", size=22, line=dict(color=HIGHLIGHT, width=3))))
+    traces.append(_bonus_trace(view, x, y, bonus_xy, token_text))
     return traces
 
 
-def _bonus_trace(view: Any, x: np.ndarray, y: np.ndarray, token_text: TokenText | None) -> dict:
-    """The bonus token, one level below the last accepted node, right of that level's nodes."""
-    path = [int(a) for a in np.asarray(view.accept_path) if a >= 0]
+def _layout_with_bonus(view: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Tidy layout with the bonus token as the last child of the deepest accepted node (entry N)."""
+    parents = np.asarray(view.parents)
+    path = [int(a) for a in np.asarray(view.accept_path) if 0 <= a < len(parents)]
+    if not path or int(view.bonus_token) < 0:
+        return layout_tree(parents, view.scores, view.valid)
+    scores = np.append(np.asarray(view.scores, dtype=np.float64), -np.inf)
+    return layout_tree(np.append(parents, path[-1]), scores, np.append(np.asarray(view.valid, dtype=bool), True))
+
+
+def _bonus_trace(view: Any, x: np.ndarray, y: np.ndarray, bonus_xy: tuple[float, float] | None,
+                 token_text: TokenText | None) -> dict:
+    """The bonus token under the deepest accepted node, with an edge to it (its first point is that node)."""
+    path = [int(a) for a in np.asarray(view.accept_path) if 0 <= a < len(x)]
     bonus = int(view.bonus_token)
     bx: list = []
     by: list = []
     hover: list = []
-    if path and bonus >= 0:
+    text: list = []
+    if path and bonus >= 0 and bonus_xy is not None and not np.isnan(bonus_xy[0]):
         last = path[-1]
-        level = y[last] - 1
-        row = x[y == level]
-        bx = [float(row.max()) + 1.0 if len(row) else float(x[last])]
-        by = [float(level)]
-        text = _texts([bonus], token_text)[0]
-        hover = [f"bonus token {_quote(text)} (id {bonus})<br>from the target after node {last}"]
-    return dict(type="scatter", name="bonus", x=bx, y=by, mode="markers", customdata=[-1] * len(bx),
-                hovertext=hover, hoverinfo="text", marker=dict(
-                    color=COLORS["bonus"], size=14, symbol="star", line=dict(color="#333333", width=1)))
+        bx, by = [float(x[last]), float(bonus_xy[0])], [float(y[last]), float(bonus_xy[1])]
+        label = _texts([bonus], token_text)[0]
+        hover = ["", f"bonus token {_quote(label)} (id {bonus})<br>the target's own token after node {last}"]
+        text = ["", _quote(visible(label)[:8])]
+    return dict(type="scatter", name="bonus", x=bx, y=by, mode="lines+markers+text", customdata=[-1] * len(bx),
+                hovertext=hover, hoverinfo="text", text=text, textposition="bottom center",
+                line=dict(color=COLORS["bonus"], width=1.5, dash="dot"),
+                marker=dict(color=COLORS["bonus"], size=[0, 15] if bx else 15, symbol="star",
+                            line=dict(color="#333333", width=1)))
 
 
 def tree_figure(view: Any, highlight: int | None = None, token_text: TokenText | None = None,
@@ -189,14 +232,26 @@ def mask_cells(view: Any, selected: int | None = None, prefix: int = 0) -> np.nd
     return z
 
 
+def drawn_nodes(view: Any) -> np.ndarray:
+    """Node indices the views show: the root and every valid node whose ancestors are valid (no padding)."""
+    x, _ = layout_tree(np.asarray(view.parents), view.scores, view.valid)
+    return np.nonzero(~np.isnan(x))[0]
+
+
 def mask_traces(view: Any, selected: int | None = None, prefix: int = 0) -> list[dict]:
-    """The mask figure's single heatmap trace (rows = queries, columns = prefix then tree keys)."""
+    """The mask figure's single heatmap trace (rows = drawn queries, columns = prefix then drawn keys).
+
+    Padding nodes have neither a row nor a column; row r of the heatmap is node
+    `drawn_nodes(view)[r]` (its customdata).
+    """
     z = mask_cells(view, selected, prefix)
     n = len(view.tokens)
     p = z.shape[1] - n
-    rows = [f"{i} {_quote(t)}" for i, t in enumerate(view.token_texts)]
+    kept = drawn_nodes(view)
+    z = z[kept][:, np.concatenate([np.arange(p), p + kept])]
+    rows = [f"{i} {_quote(view.token_texts[i])}" for i in kept]
     keys = [f"pos {int(view.seq_len) - p + j}" for j in range(p)] + rows
-    seen = {MASK_HIDDEN: "hidden", MASK_VISIBLE: "sees", MASK_PREFIX: "sees", MASK_SELECTED: "sees"}
+    seen = {MASK_HIDDEN: "does not see", MASK_VISIBLE: "sees", MASK_PREFIX: "sees", MASK_SELECTED: "sees"}
     hover = np.array([[f"{r} {seen[c]} {k}" for c, k in zip(zr, keys)] for r, zr in zip(rows, z.tolist())],
                      dtype=str)
     # Discrete colours: each code owns an equal band of the colour axis.
@@ -205,7 +260,7 @@ def mask_traces(view: Any, selected: int | None = None, prefix: int = 0) -> list
     for code, color in enumerate(MASK_COLORS):
         scale += [[code / bands, color], [(code + 1) / bands, color]]
     return [dict(type="heatmap", name="mask", z=z, zmin=-0.5, zmax=bands - 0.5,
-                 colorscale=scale, showscale=False, xgap=1, ygap=1,
+                 colorscale=scale, showscale=False, xgap=1, ygap=1, customdata=np.repeat(kept[:, None], z.shape[1], 1),
                  hovertext=hover, hoverinfo="text")]
 
 
@@ -214,14 +269,15 @@ def mask_figure(view: Any, selected: int | None = None, prefix: int = 0, title: 
     """The tree mask as the verifier used it: row q sees column k when k is q or its ancestor.
 
     `selected` marks one row's visible cells; `prefix` adds that many cached-prefix
-    columns (always visible, at most seq_len) before the tree columns.
+    columns (always visible, at most seq_len) before the tree columns. Cells are square.
     """
     traces = mask_traces(view, selected, prefix)
     fig = go.Figure([go.Heatmap(t) for t in traces])
-    fig.update_layout(margin=dict(l=20, r=20, t=90, b=20), plot_bgcolor="white", template=TEMPLATE,
-                      yaxis=dict(autorange="reversed", title="query node", automargin=True),
-                      xaxis=dict(tickangle=-60, automargin=True, title="key node"))
-    fig.update_layout(mask_layout(view, traces[0]["z"].shape[1] - len(view.tokens)))
+    fig.update_layout(margin=dict(l=20, r=20, t=60, b=20), plot_bgcolor="white", template=TEMPLATE,
+                      yaxis=dict(autorange="reversed", title="query node", automargin=True, scaleanchor="x",
+                                 constrain="domain"),
+                      xaxis=dict(tickangle=-60, automargin=True, title="key node", constrain="domain"))
+    fig.update_layout(mask_layout(view, traces[0]["z"].shape[1] - len(traces[0]["z"])))
     if title:
         fig.update_layout(title_text=title)
     return fig
@@ -229,13 +285,17 @@ def mask_figure(view: Any, selected: int | None = None, prefix: int = 0, title: 
 
 def mask_layout(view: Any, prefix: int = 0) -> dict:
     """The parts of the mask figure's layout that change per iteration: title, height, tick labels."""
-    n = len(view.tokens)
-    ticks = [f"{i} {t}" for i, t in enumerate(view.token_texts)]
+    kept = drawn_nodes(view)
+    m = len(kept)
+    ticks = [f"{i} {_quote(view.token_texts[i])}" for i in kept]
     extra = f", {prefix} prefix columns" if prefix else ""
-    title = f"tree mask · iteration {int(view.iteration)} · request {int(view.request_id)} · {n} nodes{extra}"
-    return {"title_text": title, "height": max(300, 14 * n + 120),
-            "yaxis_tickvals": list(range(n)), "yaxis_ticktext": ticks,
-            "xaxis_tickvals": list(range(prefix, prefix + n)), "xaxis_ticktext": ticks}
+    padding = len(view.tokens) - m
+    hidden = f" ({padding} padding not shown)" if padding else ""
+    what = f"{m} nodes{hidden}" if m > 1 else "only the root: nothing was drafted"
+    title = f"tree mask · iteration {int(view.iteration)} · request {int(view.request_id)} · {what}{extra}"
+    return {"title_text": title, "height": max(300, 18 * (m + prefix) + 160),
+            "yaxis_tickvals": list(range(m)), "yaxis_ticktext": ticks,
+            "xaxis_tickvals": list(range(prefix, prefix + m)), "xaxis_ticktext": ticks}
 
 
 def request_columns(steps: pa.Table, request: int) -> dict[str, Any]:
@@ -313,7 +373,10 @@ def acceptance_figure_from_columns(cols: dict[str, Any], request: int, current: 
     mean = f"mean accept length {acc.mean():.2f} over {len(acc)} iterations" if len(acc) else "no iterations"
     fig.update_layout(title=f"request {request} · {method} · {mean}", height=520, showlegend=False,
                       margin=dict(l=40, r=20, t=70, b=40), plot_bgcolor="white", template=TEMPLATE)
-    fig.update_yaxes(title_text="accepted", row=1, col=1)
-    fig.update_yaxes(tickformat=".0%", range=[0, 1], row=2, col=1)
+    fig.update_yaxes(title_text="accept length (tokens)", row=1, col=1)
     fig.update_xaxes(title_text="iteration", tickformat="d", row=1, col=1)
+    fig.update_yaxes(title_text="accepted (% reaching it)", tickformat=".0%", range=[0, 1], row=2, col=1)
+    fig.update_xaxes(title_text="draft layer" if method == "multi_layer_eagle" else "depth", row=2, col=1)
+    fig.update_yaxes(title_text="iterations", row=2, col=2)
+    fig.update_xaxes(title_text="accept length (tokens)", tickformat="d", row=2, col=2)
     return fig

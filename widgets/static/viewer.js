@@ -1,0 +1,790 @@
+// spectool's trace viewer: one renderer for the notebook widget (anywidget) and the standalone report.
+// It receives a whole trace once (a JSON header and a binary blob of typed arrays, built by
+// spectool.trace.viewdata) and renders every step in the page: no kernel round trip per step.
+// Every string from a trace is set as text (textContent, or escaped for plotly's pseudo-HTML).
+
+const STATUS = ['not visited', 'accepted', 'rejected'];
+const COLORS = {accepted: '#2ca02c', rejected: '#d62728', 'not visited': '#b8b8b8', bonus: '#1f77b4'};
+const HIGHLIGHT = '#ff7f0e';
+const PHASE_NAMES = {draft_us: 'draft', index_us: 'index build', verify_us: 'verify', commit_us: 'commit',
+                     trie_get_us: 'trie get', trie_put_us: 'trie put'};
+const PHASE_COLORS = {draft_us: '#4e79a7', index_us: '#76b7b2', verify_us: '#e15759', commit_us: '#f28e2b',
+                      trie_get_us: '#59a14f', trie_put_us: '#b07aa1'};
+const SPEEDS = [1, 2, 5, 10, 20];
+// The tree's levels and the mask's rows share this many pixels, so both fit one screen with the player.
+const HEIGHT = 500;
+const CONFIG = {displaylogo: false, responsive: true, displayModeBar: 'hover',
+                modeBarButtonsToRemove: ['select2d', 'lasso2d', 'autoScale2d', 'toggleSpikelines']};
+const GLYPHS = {' ': '␣', '\n': '⏎', '\t': '⇥', '\r': '␍'};
+
+// A token's text with whitespace and control characters as visible glyphs.
+export function visible(s) {
+  let out = '';
+  for (const ch of String(s)) {
+    const c = ch.codePointAt(0);
+    if (GLYPHS[ch]) out += GLYPHS[ch];
+    else if (c < 32) out += String.fromCodePoint(0x2400 + c);
+    else if (c === 127) out += '␡';
+    else if ((c >= 0x80 && c < 0xa0) || c === 0x200b || c === 0xfeff) out += `\\u${c.toString(16).padStart(4, '0')}`;
+    else out += ch;
+  }
+  return out === '' ? '∅' : out;
+}
+
+// Plotly interprets a few tags in its text: trace strings go in with every tag character escaped.
+const esc = (s) => String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
+const clip = (s, n) => (s.length <= n ? s : s.slice(0, Math.max(1, n - 1)) + '…');
+
+function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === 'class') node.className = v;
+    else if (k === 'style') node.style.cssText = v;
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c);  // strings become text nodes
+  return node;
+}
+
+const SVGNS = 'http://www.w3.org/2000/svg';
+function svgEl(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  for (const c of children) node.append(c);  // strings become text nodes
+  return node;
+}
+
+// Text with whitespace glyphs dimmed, line breaks kept (the text panel).
+function appendVisible(node, s) {
+  let run = '';
+  const flush = () => { if (run) { node.append(run); run = ''; } };
+  for (const ch of String(s)) {
+    const c = ch.codePointAt(0);
+    if (c < 32 || c === 127 || ch === ' ') {
+      flush();
+      node.append(h('span', {class: 'sv-ws'}, visible(ch)));
+      if (ch === '\n') node.append('\n');
+    } else run += ch;
+  }
+  flush();
+}
+
+const CSS = `
+.spectool-viewer { font: 13px/1.35 system-ui, sans-serif; color: #222; outline: none; }
+.spectool-viewer .sv-bar { display: flex; flex-wrap: wrap; gap: 6px; align-items: center; margin: 2px 0 6px; }
+.spectool-viewer .sv-bar input[type=range] { flex: 1 1 200px; min-width: 120px; }
+.spectool-viewer .sv-label { font-variant-numeric: tabular-nums; }
+.spectool-viewer .sv-main { display: grid; grid-template-columns: minmax(0, 1.15fr) minmax(0, 1fr); gap: 10px; }
+.spectool-viewer .sv-lower { display: grid; grid-template-columns: repeat(auto-fit, minmax(360px, 1fr)); gap: 10px;
+  margin-top: 8px; }
+.spectool-viewer h4 { margin: 2px 0; font-size: 13px; font-weight: 600; overflow-wrap: anywhere; }
+.spectool-viewer .sv-plot { position: relative; min-width: 0; }
+.spectool-viewer .sv-plot-area { position: relative; }
+/* Each panel lays out and paints on its own: a step redraws the tree and the mask, not the page. */
+.spectool-viewer .sv-plot, .spectool-viewer .sv-text { contain: layout paint style; }
+.spectool-viewer .sv-tree-area, .spectool-viewer .spectool-mask .sv-plot-area { will-change: transform; }
+.spectool-viewer .sv-text { max-height: 4.4em; margin-bottom: 6px; overflow: auto; white-space: pre-wrap;
+  font: 12px/1.4 ui-monospace, monospace; border: 1px solid #ddd; padding: 4px 6px; overflow-wrap: anywhere; }
+.spectool-viewer .sv-text .sv-prompt { color: #888; }
+.spectool-viewer .sv-text .sv-out { cursor: pointer; }
+.spectool-viewer .sv-text .sv-out:hover { outline: 1px solid #999; }
+.spectool-viewer .sv-text .sv-acc { background: #2ca02c40; border-bottom: 2px solid #2ca02c; }
+.spectool-viewer .sv-text .sv-bonus { background: #1f77b440; border-bottom: 2px solid #1f77b4; }
+.spectool-viewer .sv-ws { color: #aaa; }
+.spectool-viewer .sv-legend { display: flex; flex-wrap: wrap; gap: 4px 12px; font-size: 12px; color: #444; }
+.spectool-viewer .sv-chip { display: inline-block; width: 10px; height: 10px; border-radius: 50%;
+  margin-right: 4px; border: 1px solid #333; vertical-align: -1px; }
+.spectool-viewer .sv-marker { position: absolute; width: 0; border-left: 2px solid ${HIGHLIGHT};
+  pointer-events: none; display: none; }
+.spectool-viewer .sv-message { color: #a94442; }
+.spectool-viewer .sv-note { color: #666; font-size: 12px; }
+.spectool-viewer .sv-tree-area, .spectool-viewer .spectool-mask .sv-plot-area { overflow-x: auto; }
+.spectool-viewer svg text { font-family: ui-monospace, monospace; }
+.spectool-viewer .sv-node-label { font-size: 11px; fill: #333; pointer-events: none; }
+.spectool-viewer .sv-axis { font-size: 11px; fill: #666; font-family: system-ui, sans-serif !important; }
+.spectool-viewer .sv-tick { fill: #333; }
+.spectool-viewer .sv-node { cursor: pointer; }
+.spectool-viewer .sv-tip { position: absolute; z-index: 10; display: none; pointer-events: none; white-space: pre;
+  background: #fff; border: 1px solid #888; padding: 4px 6px; font: 12px/1.35 ui-monospace, monospace;
+  box-shadow: 0 1px 4px #0003; max-width: 520px; white-space: pre-wrap; overflow-wrap: anywhere; }
+.spectool-viewer { position: relative; }
+.spectool-viewer table.sv-facts td { padding: 0 12px 0 0; }
+`;
+
+// The blob's typed arrays for one request.
+function arrays(R, buffer) {
+  const types = {int32: Int32Array, uint8: Uint8Array, float32: Float32Array};
+  const a = {};
+  for (const [name, [dtype, off, len]] of Object.entries(R.nodes)) a[name] = new types[dtype](buffer, off, len);
+  return a;
+}
+
+// Tidy layout: children best score first, leaves left to right, a parent centred over its children.
+// Padding nodes (and anything under them) are dropped; the bonus token is the last child of the
+// deepest accepted node.
+function layout(v) {
+  const n = v.n, keep = new Uint8Array(n), depth = new Int32Array(n), kids = [];
+  for (let i = 0; i < n; i++) kids.push([]);
+  if (n) keep[0] = 1;
+  for (let i = 1; i < n; i++) {
+    const p = v.parents[i];
+    if (v.valid[i] && p >= 0 && p < i && keep[p]) { keep[i] = 1; depth[i] = depth[p] + 1; kids[p].push(i); }
+  }
+  const score = (i) => (Number.isNaN(v.scores[i]) ? -Infinity : v.scores[i]);
+  for (const k of kids) k.sort((a, b) => score(b) - score(a) || a - b);
+  const last = v.path.length ? v.path[v.path.length - 1] : -1;
+  const hasBonus = n > 0 && last >= 0 && v.bonus >= 0;
+  if (hasBonus) kids[last].push(-1);
+  const x = new Float64Array(n).fill(NaN);
+  let bonusX = NaN, leaf = 0;
+  const setX = (node, value) => { if (node < 0) bonusX = value; else x[node] = value; };
+  const getX = (node) => (node < 0 ? bonusX : x[node]);
+  const stack = n ? [[0, false]] : [];
+  while (stack.length) {
+    const [node, done] = stack.pop();
+    const ch = node < 0 ? [] : kids[node];
+    if (!ch.length) setX(node, leaf++);
+    else if (done) setX(node, (getX(ch[0]) + getX(ch[ch.length - 1])) / 2);
+    else { stack.push([node, true]); for (let j = ch.length - 1; j >= 0; j--) stack.push([ch[j], false]); }
+  }
+  const shown = [];
+  for (let i = 0; i < n; i++) if (keep[i]) shown.push(i);
+  let maxDepth = 0;
+  for (const i of shown) maxDepth = Math.max(maxDepth, depth[i]);
+  if (hasBonus) maxDepth = Math.max(maxDepth, depth[last] + 1);
+  return {x, depth, shown, keep, leaves: leaf, maxDepth, bonus: hasBonus ? {x: bonusX, y: -(depth[last] + 1), parent: last} : null};
+}
+
+export function mount(root, header, buffer, Plotly, opts = {}) {
+  const text = (id) => (header.texts[id] !== undefined ? header.texts[id] : '#' + id);
+  const vtext = (id) => visible(text(id));
+  root.classList.add('spectool-viewer');
+  root.tabIndex = 0;
+  root.replaceChildren(h('style', {}, CSS));
+  const message = h('div', {class: 'sv-message'});
+  root.append(message);
+  if (!header.has_tokenizer) root.append(h('div', {class: 'sv-note'}, 'this trace has no tokenizer: tokens are shown as ids'));
+  if (!header.requests.length) {
+    message.textContent = header.error || 'this trace has no draft iterations (empty trace)';
+    return {goTo() {}, destroy() {}, state: () => ({})};
+  }
+
+  // ----- controls ---------------------------------------------------------------------------
+  const picker = h('select', {class: 'sv-request', 'aria-label': 'request'});
+  header.requests.forEach((r, i) => picker.append(new Option(r.label, String(i))));
+  const play = h('button', {class: 'sv-play', title: 'play / pause'}, '▶ play');
+  const speed = h('select', {class: 'sv-speed', 'aria-label': 'play speed'});
+  SPEEDS.forEach((s) => speed.append(new Option(`${s} step/s`, String(s))));
+  speed.value = '2';
+  const prev = h('button', {class: 'sv-prev', title: 'previous iteration (←)'}, '◀');
+  const next = h('button', {class: 'sv-next', title: 'next iteration (→)'}, '▶');
+  const slider = h('input', {type: 'range', class: 'sv-slider', min: '0', max: '0', value: '0', 'aria-label': 'iteration'});
+  const label = h('span', {class: 'sv-label'});
+  const player = h('div', {class: 'sv-bar spectool-player'}, picker, play, speed, prev, slider, next, label);
+  const findKind = h('select', {class: 'sv-find-kind', 'aria-label': 'find'});
+  [['zero', 'accept length 0'], ['depth', 'first rejection at depth'], ['confident', 'rejected draft with score ≥'],
+   ['slowest', 'slowest iteration']].forEach(([v, t]) => findKind.append(new Option(t, v)));
+  const findArg = h('input', {type: 'number', class: 'sv-find-arg', value: '1', step: '1', style: 'width: 5em', 'aria-label': 'find argument'});
+  const findPrev = h('button', {class: 'sv-find-prev', title: 'previous match'}, '◀ find');
+  const findNext = h('button', {class: 'sv-find-next', title: 'next match'}, 'find ▶');
+  const findNote = h('span', {class: 'sv-note sv-find-note'});
+  const rowPick = h('select', {class: 'sv-row', 'aria-label': 'mask row'});
+  const finder = h('div', {class: 'sv-bar sv-find'}, 'find: ', findKind, findArg, findPrev, findNext, findNote,
+                   h('span', {style: 'flex: 1'}), 'mask row ', rowPick);
+
+  // ----- panels -----------------------------------------------------------------------------
+  const panel = (cls, title) => {
+    const plot = h('div', {class: 'sv-plot-area'});
+    const marker = h('div', {class: 'sv-marker'});
+    const box = h('div', {class: `sv-plot ${cls}`}, h('h4', {}, title), plot, marker);
+    return {box, plot, marker, title: box.firstChild};
+  };
+  const tree = panel('spectool-tree', 'draft tree');
+  const legend = h('div', {class: 'sv-legend'});
+  for (const [name, what] of [['accepted', 'accepted: the target agreed'],
+    ['rejected', 'rejected: the target chose another token'],
+    ['not visited', 'not visited: under a rejected node, or a sibling after the accepted child'],
+    ['bonus', 'bonus: the target\'s own next token']]) {
+    legend.append(h('span', {}, h('span', {class: 'sv-chip', style: `background:${COLORS[name]}`}), what));
+  }
+  tree.box.append(legend);
+  const mask = panel('spectool-mask', 'tree mask');
+  const textPanel = h('div', {class: 'sv-text spectool-text', tabindex: '-1'});
+  const main = h('div', {class: 'sv-main'}, tree.box, mask.box);
+  const accept = panel('spectool-acceptance', 'accept length per iteration');
+  const timing = panel('spectool-timing', 'time per iteration by phase');
+  const depthPanel = panel('spectool-depth', 'acceptance by depth');
+  const calib = panel('spectool-calibration', 'calibration: draft score against acceptance (whole trace)');
+  const lower = h('div', {class: 'sv-lower'}, accept.box, timing.box, depthPanel.box, calib.box);
+  const facts = h('table', {class: 'sv-facts'});
+  for (const [k, v] of header.facts || []) facts.append(h('tr', {}, h('td', {}, k), h('td', {}, v)));
+  const details = h('details', {}, h('summary', {}, 'run'), facts);
+  root.append(player, finder, textPanel, main, lower, details);
+
+  // ----- state ------------------------------------------------------------------------------
+  let R = null, A = null, ri = 0, pos = 0, chosen = null, timer = null, tokIter = null, spans = [], lit = [];
+  let view = null, lay = null;
+
+  function slice(k) {
+    const a = R.offsets[k], b = R.offsets[k + 1], n = b - a;
+    const sub = (arr) => arr.subarray(a, b);
+    const topk = {};
+    const K = R.topk_k[k];
+    R.path[k].forEach((node, j) => {
+      const s = R.topk_start[k] + j * K, out = [];
+      for (let m = 0; m < K; m++) out.push([A.topk[s + m], A.topk_p[s + m]]);
+      topk[node] = out;
+    });
+    return {k, n, tokens: sub(A.tokens), parents: sub(A.parents), scores: sub(A.scores), valid: sub(A.valid),
+            status: sub(A.status), argmax: sub(A.argmax), argmax_p: sub(A.argmax_p), topk, path: R.path[k],
+            bonus: R.bonus[k], iteration: R.iteration[k], accept_length: R.accept_length[k], mask: R.masks[k]};
+  }
+
+  function maskBit(v, q, c) {
+    if (!v.mask) {  // the mask is the ancestors of parents (the recorded one differed otherwise)
+      for (let i = q; i >= 0; i = v.parents[i]) { if (i === c) return 1; if (v.parents[i] >= i) break; }
+      return 0;
+    }
+    if (!v.bits) v.bits = atob(v.mask);
+    const i = q * v.n + c;
+    return i >> 3 < v.bits.length ? (v.bits.charCodeAt(i >> 3) >> (7 - (i & 7))) & 1 : 0;
+  }
+
+  function ancestors(v, node) {
+    const out = [node];
+    while (v.parents[out[out.length - 1]] >= 0 && out.length <= v.n) out.push(v.parents[out[out.length - 1]]);
+    return out.reverse();
+  }
+
+  function selectedNode(v) {
+    if (chosen !== null && chosen < v.n && lay.keep[chosen]) return chosen;
+    return v.path.length ? v.path[v.path.length - 1] : 0;
+  }
+
+  // The tree and the mask are drawn as plain SVG (a few hundred elements, no layout measuring): a step
+  // of a 64-node tree costs a few milliseconds where plotly's text and tick layout costs hundreds.
+  function renderTree(v, sel) {
+    const {x, depth, shown, bonus} = lay;
+    const avail = Math.max(240, widths.tree || 600);
+    const left = 34, right = 16, top = 16, levelH = Math.max(36, Math.min(60, Math.floor(HEIGHT / (lay.maxDepth + 1))));
+    const spacing = Math.max(8, (avail - left - right) / Math.max(lay.leaves, 1));
+    const W = left + right + spacing * Math.max(lay.leaves, 1), H = top + levelH * (lay.maxDepth + 1) + 24;
+    const X = (xv) => left + spacing * (xv + 0.5), Y = (d) => top + 10 + levelH * d;
+    const rotate = spacing < 34;  // dense levels: labels turn downward instead of overlapping
+    const chars = rotate ? 8 : Math.max(1, Math.min(10, Math.floor(spacing / 6.8)));
+    const svg = svgEl('svg', {width: W, height: H, class: 'sv-tree-svg'});
+    for (let d = 0; d <= lay.maxDepth; d++) {
+      svg.append(svgEl('text', {x: 4, y: Y(d) + 4, class: 'sv-axis'}, String(d)));
+    }
+    let edges = '';
+    for (const i of shown) if (i > 0) edges += `M${X(x[v.parents[i]])},${Y(depth[v.parents[i]])}L${X(x[i])},${Y(depth[i])}`;
+    svg.append(svgEl('path', {d: edges, stroke: '#999', 'stroke-width': 1, fill: 'none'}));
+    const path = ancestors(v, sel).filter((i) => lay.keep[i]);
+    let hl = '';
+    for (let j = 1; j < path.length; j++) hl += `M${X(x[path[j - 1]])},${Y(depth[path[j - 1]])}L${X(x[path[j]])},${Y(depth[path[j]])}`;
+    svg.append(svgEl('path', {d: hl, stroke: HIGHLIGHT, 'stroke-width': 4, fill: 'none'}));
+    if (bonus) {
+      svg.append(svgEl('path', {d: `M${X(x[bonus.parent])},${Y(depth[bonus.parent])}L${X(bonus.x)},${Y(-bonus.y)}`,
+                                stroke: COLORS.bonus, 'stroke-width': 1.5, 'stroke-dasharray': '3,3', fill: 'none'}));
+    }
+    for (const i of path) svg.append(svgEl('circle', {cx: X(x[i]), cy: Y(depth[i]), r: 11, fill: 'none', stroke: HIGHLIGHT, 'stroke-width': 3}));
+    const label = (cx, cy, s) => {
+      const t = svgEl('text', rotate ? {x: cx + 3, y: cy + 12, class: 'sv-node-label', style: `font-size:${Math.max(8, Math.min(11, spacing * 0.95)).toFixed(1)}px`,
+                                        transform: `rotate(70 ${cx + 3} ${cy + 12})`}
+                                     : {x: cx, y: cy + 24, class: 'sv-node-label', 'text-anchor': 'middle'}, clip(s, chars));
+      svg.append(t);
+    };
+    for (const i of shown) {
+      const c = svgEl('circle', {cx: X(x[i]), cy: Y(depth[i]), r: 7, fill: COLORS[STATUS[v.status[i]]] || '#fff',
+                                 stroke: '#333', 'stroke-width': 1, class: `sv-node sv-${['unvisited', 'accepted', 'rejected'][v.status[i]]}`,
+                                 'data-node': i});
+      svg.append(c);
+      label(X(x[i]), Y(depth[i]), vtext(v.tokens[i]));
+    }
+    if (bonus) {
+      const cx = X(bonus.x), cy = Y(-bonus.y), r = 9, pts = [];
+      for (let j = 0; j < 10; j++) {
+        const a = -Math.PI / 2 + j * Math.PI / 5, rr = j % 2 ? r * 0.45 : r;
+        pts.push(`${(cx + rr * Math.cos(a)).toFixed(1)},${(cy + rr * Math.sin(a)).toFixed(1)}`);
+      }
+      svg.append(svgEl('polygon', {points: pts.join(' '), fill: COLORS.bonus, stroke: '#333', 'stroke-width': 1,
+                                   class: 'sv-node sv-bonus-node', 'data-node': -1}));
+      label(cx, cy, vtext(v.bonus));
+    }
+    tree.plot.replaceChildren(svg);
+    const drafted = shown.length - 1, padding = v.n - shown.length;
+    tree.title.textContent = `draft tree · iteration ${v.iteration} · ` + (drafted > 0
+      ? `${drafted} drafted node${drafted === 1 ? '' : 's'}` + (padding ? ` (${padding} padding not shown)` : '')
+      : 'only the root: nothing was drafted this iteration');
+  }
+
+  function treeTip(v, i) {
+    if (i < 0) return [`bonus token ${vtext(v.bonus)} (id ${v.bonus})`, `the target's own token after node ${lay.bonus.parent}`];
+    const lines = [`node ${i} · ${vtext(v.tokens[i])} (id ${v.tokens[i]})`,
+      `depth ${lay.depth[i]} · score ${Number.isNaN(v.scores[i]) ? 'nan' : +v.scores[i].toPrecision(4)} · ${STATUS[v.status[i]] || '?'}`,
+      `target argmax at this node: ${vtext(v.argmax[i])} p=${v.argmax_p[i].toFixed(3)}`];
+    const p = v.parents[i];
+    if (p >= 0 && v.topk[p]) {  // what the target wanted in this node's place: why it was kept or rejected
+      lines.push(`target top-${v.topk[p].length} after node ${p}:`);
+      for (const [t, q] of v.topk[p]) lines.push(`  ${vtext(t)}  ${q.toFixed(3)}`);
+    }
+    return lines;
+  }
+
+  function renderMask(v, sel) {
+    const rows = lay.shown, m = rows.length;
+    const labels = rows.map((i) => `${i} ${clip(vtext(v.tokens[i]), 8)}`);
+    const avail = Math.max(200, widths.mask || 500);
+    const left = 92, topM = 6, bottom = 78;
+    const cell = Math.max(4, Math.min(26, Math.floor((avail - left - 10) / Math.max(m, 1)), Math.floor(HEIGHT / Math.max(m, 1))));
+    const side = cell * m;
+    const svg = svgEl('svg', {width: left + side + 10, height: topM + side + bottom, class: 'sv-mask-svg',
+                              'data-nodes': rows.join(',')});  // the query rows (= key columns), in order
+    let seen = '', mine = '';
+    for (let r = 0; r < m; r++) {
+      for (let c = 0; c <= r; c++) {  // topological order: a node sees only itself and earlier nodes
+        if (!maskBit(v, rows[r], rows[c])) continue;
+        const d = `M${left + c * cell + 0.5},${topM + r * cell + 0.5}h${cell - 1}v${cell - 1}h${1 - cell}z`;
+        if (rows[r] === sel) mine += d; else seen += d;
+      }
+    }
+    svg.append(svgEl('rect', {x: left, y: topM, width: side, height: side, fill: '#fff', stroke: '#ccc'}));
+    svg.append(svgEl('path', {d: seen, fill: '#9ecae1'}));
+    svg.append(svgEl('path', {d: mine, fill: HIGHLIGHT}));
+    // Labels stay readable (>= 8 px): when cells are smaller, every `every`-th row and column is labelled
+    // (the tooltip names every cell).
+    const font = Math.min(11, Math.max(8, cell - 2)), every = Math.ceil((font + 1) / cell);
+    rows.forEach((node, r) => {
+      if (r % every) return;
+      svg.append(svgEl('text', {x: left - 4, y: topM + r * cell + cell / 2 + font / 3, 'text-anchor': 'end',
+                                class: 'sv-tick', 'font-size': font, 'data-row': r}, labels[r]));
+      const cx = left + r * cell + cell / 2 + font / 3, cy = topM + side + 6;
+      svg.append(svgEl('text', {x: cx, y: cy, 'text-anchor': 'end', class: 'sv-tick', 'font-size': font,
+                                transform: `rotate(-60 ${cx} ${cy})`}, labels[r]));
+    });
+    svg.append(svgEl('text', {x: left + side / 2, y: topM + side + bottom - 4, 'text-anchor': 'middle', class: 'sv-axis'},
+                     'key node (coloured: visible to the query row)'));
+    mask.plot.replaceChildren(svg);
+    mask.geometry = {left, top: topM, cell, m};
+    mask.title.textContent = `tree mask · ${m} node${m === 1 ? '' : 's'} (query rows, key columns) · row ${sel} ${vtext(v.tokens[sel] ?? 0)} selected`;
+    rowPick.replaceChildren(new Option('accepted path (deepest accepted node)', '-1'));
+    for (const i of rows) rowPick.append(new Option(`${i} ${vtext(v.tokens[i])}`, String(i)));
+    rowPick.value = chosen !== null && lay.keep[chosen] ? String(chosen) : '-1';
+  }
+
+  function maskCell(e) {
+    const g = mask.geometry, rect = mask.plot.firstChild.getBoundingClientRect();
+    const c = Math.floor((e.clientX - rect.left - g.left) / g.cell), r = Math.floor((e.clientY - rect.top - g.top) / g.cell);
+    return r >= 0 && r < g.m && c >= 0 && c < g.m ? [lay.shown[r], lay.shown[c]] : null;
+  }
+
+  function showTip(e, lines) {
+    if (!lines) { tip.style.display = 'none'; return; }
+    tip.textContent = lines.join('\n');
+    const rect = root.getBoundingClientRect();
+    tip.style.left = `${e.clientX - rect.left + 14}px`;
+    tip.style.top = `${e.clientY - rect.top + 14}px`;
+    tip.style.display = 'block';
+  }
+
+  function markCurrent(p, gd, xval) {
+    const full = gd._fullLayout;
+    if (!full || !full.xaxis || !full.yaxis || xval === undefined) { p.marker.style.display = 'none'; return; }
+    const xa = full.xaxis, ya = full.yaxis;
+    // plotly's own numbers, no DOM reads: the marker lives inside the plot's div
+    if (p.marker.parentNode !== gd) gd.append(p.marker);
+    p.marker.style.left = `${xa._offset + xa.l2p(xval) - 1}px`;
+    p.marker.style.top = `${ya._offset}px`;
+    p.marker.style.height = `${ya._length}px`;
+    p.marker.style.display = 'block';
+  }
+
+  function renderText(v) {
+    for (const s of lit) s.classList.remove('sv-acc', 'sv-bonus');
+    lit = [];
+    const start = R.out_start[v.k], count = R.out_count[v.k];
+    for (let j = 0; j < count; j++) {
+      const s = spans[start + j];
+      if (!s) continue;
+      s.classList.add(j < v.accept_length ? 'sv-acc' : 'sv-bonus');
+      lit.push(s);
+    }
+    if (lit.length) {  // scroll the panel (only the panel) to this iteration's tokens, after the paint
+      const first = lit[0];
+      requestAnimationFrame(() => {
+        const top = first.offsetTop - textPanel.offsetTop, bottom = top + first.offsetHeight;
+        if (top < textPanel.scrollTop || bottom > textPanel.scrollTop + textPanel.clientHeight) {
+          textPanel.scrollTop = Math.max(0, top - textPanel.clientHeight / 3);
+        }
+      });
+    }
+  }
+
+  function render() {
+    view = slice(pos);
+    lay = layout(view);
+    const sel = selectedNode(view);
+    renderTree(view, sel);
+    renderMask(view, sel);
+    renderText(view);
+    markCurrent(accept, accept.plot, R.iteration[pos]);
+    markCurrent(timing, timing.plot, R.iteration[pos]);
+    const extra = R.match_len[pos] >= 0 ? ` · match ${R.match_len[pos]}, breadth ${R.breadth[pos]}` : '';
+    label.textContent = `iteration ${view.iteration} (${pos + 1}/${R.iteration.length}) · seq_len ${R.seq_len[pos]} · ` +
+      `accept length ${view.accept_length}${extra}`;
+    slider.value = String(pos);
+    if (opts.onState) opts.onState({request: R.id, position: pos, iteration: view.iteration});
+  }
+
+  function buildText() {
+    spans = [];
+    const prompt = h('span', {class: 'sv-prompt', title: 'prompt (last tokens)'});
+    if (R.prompt_len > R.prompt_tail.length) prompt.append('… ');
+    for (const t of R.prompt_tail) appendVisible(prompt, text(t));
+    const out = h('span', {class: 'sv-output'});
+    tokIter = new Int32Array(R.output.length).fill(-1);
+    R.out_start.forEach((s, k) => { for (let j = 0; j < R.out_count[k]; j++) tokIter[s + j] = k; });
+    R.output.forEach((t, j) => {
+      const s = h('span', {class: 'sv-out', 'data-pos': String(j),
+        title: tokIter[j] >= 0 ? `iteration ${R.iteration[tokIter[j]]}` : 'from prefill'});
+      appendVisible(s, text(t));
+      spans.push(s);
+      out.append(s);
+    });
+    textPanel.replaceChildren(h('b', {}, 'text '), prompt, out);
+    if (!R.output.length) textPanel.append(h('span', {class: 'sv-note'}, ' (no output recorded for this request)'));
+  }
+
+  function renderRequestPlots() {
+    const it = R.iteration, n = it.length, dense = n > 600;
+    Plotly.react(accept.plot, [{type: 'scatter', x: it, y: R.accept_length, mode: dense ? 'lines' : 'lines+markers',
+      line: {color: COLORS.accepted, width: 1}, marker: {size: 5},
+      hovertemplate: 'iteration %{x}: accept length %{y}<extra></extra>'}], {
+      height: 260, margin: {l: 56, r: 12, t: 8, b: 44}, plot_bgcolor: 'white',
+      xaxis: {title: {text: 'iteration'}, tickformat: 'd'},
+      yaxis: {title: {text: 'accept length (tokens)'}, rangemode: 'tozero', tickformat: 'd'}}, CONFIG);
+    const phases = header.phases.filter((p) => R.phases[p] && R.phases[p].some((t) => t !== null && t > 0));
+    const tr = phases.map((p) => (dense
+      ? {type: 'scatter', mode: 'lines', stackgroup: 'one', x: it, y: R.phases[p].map((t) => (t === null ? 0 : t / 1000)),
+         line: {width: 0.5, color: PHASE_COLORS[p]}, name: PHASE_NAMES[p]}
+      : {type: 'bar', x: it, y: R.phases[p].map((t) => (t === null ? 0 : t / 1000)), name: PHASE_NAMES[p],
+         marker: {color: PHASE_COLORS[p]}}));
+    tr.forEach((t) => { t.hovertemplate = `${t.name}: %{y:.3f} ms (iteration %{x})<extra></extra>`; });
+    const share = phases.map((p) => [p, R.phases[p].reduce((s, t) => s + (t || 0), 0)]);
+    const total = share.reduce((s, [, t]) => s + t, 0);
+    Plotly.react(timing.plot, tr, {
+      height: 260, barmode: 'stack', bargap: 0.1, margin: {l: 56, r: 12, t: 8, b: 44}, plot_bgcolor: 'white',
+      legend: {orientation: 'h', y: 1.02, yanchor: 'bottom', x: 0, font: {size: 11}},
+      xaxis: {title: {text: 'iteration'}, tickformat: 'd'}, yaxis: {title: {text: 'time (ms)'}, rangemode: 'tozero'}}, CONFIG);
+    timing.title.textContent = total > 0
+      ? 'time per iteration by phase · ' + share.sort((a, b) => b[1] - a[1]).slice(0, 3)
+        .map(([p, t]) => `${PHASE_NAMES[p]} ${(100 * t / total).toFixed(0)}%`).join(', ')
+      : 'time per iteration by phase · no timings recorded';
+    // Acceptance by depth over the trees that reach that depth.
+    const reach = [], hit = [];
+    for (let k = 0; k < n; k++) {
+      const a = R.offsets[k], b = R.offsets[k + 1], dep = new Int32Array(b - a);
+      let deepest = 0;
+      for (let i = 1; i < b - a; i++) {
+        const p = A.parents[a + i];
+        if (A.valid[a + i] && p >= 0 && p < i) { dep[i] = dep[p] + 1; deepest = Math.max(deepest, dep[i]); }
+      }
+      for (let d = 1; d <= deepest; d++) { reach[d] = (reach[d] || 0) + 1; if (R.accept_length[k] >= d) hit[d] = (hit[d] || 0) + 1; }
+    }
+    const layer = R.method === 'multi_layer_eagle';
+    const ds = [];
+    for (let d = 1; d < reach.length; d++) if (reach[d]) ds.push(d);
+    Plotly.react(depthPanel.plot, [{type: 'bar', x: ds.map((d) => (layer ? `layer ${d - 1}` : `${d}`)),
+      y: ds.map((d) => (hit[d] || 0) / reach[d]), customdata: ds.map((d) => [hit[d] || 0, reach[d]]),
+      marker: {color: ds.map((d) => depthColor(d, ds.length))},
+      hovertemplate: '%{x}: %{customdata[0]} of %{customdata[1]} trees reaching it (%{y:.1%})<extra></extra>'}], {
+      height: 260, margin: {l: 56, r: 12, t: 8, b: 44}, plot_bgcolor: 'white',
+      xaxis: {title: {text: layer ? 'draft layer' : 'depth in the draft tree'}, type: 'category'},
+      yaxis: {title: {text: 'accepted (%)'}, tickformat: '.0%', range: [0, 1]}}, CONFIG);
+    depthPanel.title.textContent = layer ? 'acceptance by layer (% of trees reaching it, this request)'
+      : 'acceptance by depth (% of trees reaching it, this request)';
+  }
+
+  function renderCalibration() {
+    const C = header.calibration;
+    const traces = [];
+    if (C.probability && C.groups.length) {
+      traces.push({type: 'scatter', x: [0, 1], y: [0, 1], mode: 'lines', line: {color: '#bbb', dash: 'dash'},
+                   hoverinfo: 'skip', name: 'calibrated'});
+    }
+    const top = Math.max(1, ...C.groups.map((g) => g.depth));
+    for (const g of C.groups) {
+      traces.push({type: 'scatter', mode: 'lines+markers', name: g.label, x: g.score,
+        y: g.accepted.map((a, j) => a / g.count[j]), customdata: g.count.map((c, j) => [g.accepted[j], c]),
+        marker: {size: g.count.map((c) => 5 + Math.min(14, Math.sqrt(c))), color: depthColor(g.depth, top)},
+        line: {color: depthColor(g.depth, top), width: 1.5},
+        hovertemplate: `${g.label} · mean score %{x:.3f}: %{customdata[0]} of %{customdata[1]} accepted (%{y:.0%})<extra></extra>`});
+    }
+    Plotly.react(calib.plot, traces, {
+      height: 260, margin: {l: 56, r: 12, t: 8, b: 44}, plot_bgcolor: 'white',
+      legend: {font: {size: 11}, title: {text: C.unit}},
+      xaxis: {title: {text: C.probability ? 'draft score (probability)' : 'draft score'}},
+      yaxis: {title: {text: 'accepted (%)'}, tickformat: '.0%', range: [0, 1.02]}}, CONFIG);
+    calib.title.textContent = C.groups.length
+      ? `calibration by ${C.unit}: draft score against acceptance (whole trace; marker size = count)`
+      : 'calibration: no judged draft nodes in this trace';
+  }
+
+  // The tree and mask boxes keep one height for the whole request (its deepest tree, its largest mask),
+  // so a step never changes the page's layout (JupyterLab would re-measure every cell of the notebook).
+  function fixHeights() {
+    let levels = 1, rows = 1;
+    let depth = new Int32Array(64), keep = new Uint8Array(64);
+    for (let k = 0; k < R.iteration.length; k++) {  // the same rules as layout(), without placing nodes
+      const a = R.offsets[k], n = R.offsets[k + 1] - a;
+      if (n > depth.length) { depth = new Int32Array(n); keep = new Uint8Array(n); }
+      let shown = n ? 1 : 0, deepest = 0;
+      keep[0] = 1; depth[0] = 0;
+      for (let i = 1; i < n; i++) {
+        const p = A.parents[a + i];
+        keep[i] = A.valid[a + i] && p >= 0 && p < i && keep[p] ? 1 : 0;
+        if (keep[i]) { depth[i] = depth[p] + 1; shown++; deepest = Math.max(deepest, depth[i]); }
+      }
+      levels = Math.max(levels, deepest + 2);  // + the bonus token's level
+      rows = Math.max(rows, shown);
+    }
+    const levelH = Math.max(36, Math.min(60, Math.floor(HEIGHT / levels)));
+    tree.plot.style.height = `${16 + levelH * levels + 24 + 40}px`;
+    const cell = Math.max(4, Math.min(26, Math.floor(((widths.mask || 500) - 102) / rows), Math.floor(HEIGHT / rows)));
+    mask.plot.style.height = `${cell * rows + 6 + 78 + 4}px`;
+  }
+
+  function showRequest(i, position = 0) {
+    ri = i;
+    R = header.requests[i];
+    A = arrays(R, buffer);
+    picker.value = String(i);
+    chosen = null;
+    slider.max = String(Math.max(R.iteration.length - 1, 0));
+    buildText();
+    renderRequestPlots();
+    fixHeights();
+    if (!R.iteration.length) { message.textContent = `request ${R.id} has no draft iterations`; return; }
+    message.textContent = '';
+    pos = Math.max(0, Math.min(R.iteration.length - 1, position));
+    render();
+  }
+
+  function goTo(p) {
+    const q = Math.max(0, Math.min(R.iteration.length - 1, p));
+    if (q === pos && view) return;
+    pos = q;
+    chosen = null;  // a row chosen in one tree means nothing in another: back to the accepted path
+    render();
+  }
+
+  function matches(k) {
+    const kind = findKind.value, arg = Number(findArg.value);
+    if (kind === 'zero') return R.accept_length[k] === 0;
+    if (kind === 'depth') return R.first_reject_depth[k] === arg;
+    if (kind === 'confident') return R.max_rejected_score[k] >= arg;
+    return false;
+  }
+
+  function find(dir) {
+    const n = R.iteration.length;
+    if (findKind.value === 'slowest') {
+      let best = -1, bestT = -Infinity;
+      R.iteration_us.forEach((t, k) => { if (t !== null && t > bestT) { bestT = t; best = k; } });
+      findNote.textContent = best < 0 ? 'no timings recorded' : `slowest: ${(bestT / 1000).toFixed(2)} ms`;
+      if (best >= 0) goTo(best);
+      return;
+    }
+    let count = 0;
+    for (let k = 0; k < n; k++) if (matches(k)) count++;
+    for (let step = 1; step <= n; step++) {
+      const k = pos + dir * step;
+      if (k < 0 || k >= n) break;
+      if (matches(k)) { findNote.textContent = `${count} matching iteration${count === 1 ? '' : 's'}`; goTo(k); return; }
+    }
+    findNote.textContent = count ? `no further match (${count} in all)` : 'no matching iteration';
+  }
+
+  function stop() { if (timer) { clearTimeout(timer); timer = null; } play.textContent = '▶ play'; }
+  function tick() {
+    if (pos >= R.iteration.length - 1) { stop(); return; }
+    goTo(pos + 1);  // one step per tick: Play never skips an iteration
+    timer = setTimeout(() => requestAnimationFrame(tick), 1000 / Number(speed.value));
+  }
+
+  picker.onchange = () => { stop(); showRequest(Number(picker.value)); };
+  slider.oninput = () => goTo(Number(slider.value));
+  prev.onclick = () => goTo(pos - 1);
+  next.onclick = () => goTo(pos + 1);
+  play.onclick = () => {
+    if (timer) { stop(); return; }
+    if (pos >= R.iteration.length - 1) goTo(0);
+    play.textContent = '❚❚ pause';
+    timer = setTimeout(tick, 1000 / Number(speed.value));
+  };
+  findKind.onchange = () => { findArg.step = findKind.value === 'confident' ? '0.05' : '1';
+    findArg.value = findKind.value === 'confident' ? '0.5' : '1'; findNote.textContent = ''; };
+  findNext.onclick = () => find(1);
+  findPrev.onclick = () => find(-1);
+  rowPick.onchange = () => { chosen = Number(rowPick.value) < 0 ? null : Number(rowPick.value); render(); };
+  root.addEventListener('keydown', (e) => {
+    if (e.target.tagName === 'INPUT' || e.target.tagName === 'SELECT') return;
+    if (e.key === 'ArrowRight' || e.key === 'ArrowLeft') {
+      goTo(pos + (e.key === 'ArrowRight' ? 1 : -1));
+      e.preventDefault();
+      e.stopPropagation();
+    }
+  });
+  textPanel.addEventListener('click', (e) => {
+    const s = e.target.closest('.sv-out');
+    if (!s) return;
+    const k = tokIter[Number(s.dataset.pos)];
+    if (k >= 0) goTo(k);
+  });
+
+  const tip = h('div', {class: 'sv-tip', role: 'tooltip'});
+  root.append(tip);
+  tree.plot.classList.add('sv-tree-area');
+  tree.plot.addEventListener('mousemove', (e) => {
+    const node = e.target.closest && e.target.closest('.sv-node');
+    showTip(e, node ? treeTip(view, Number(node.dataset.node)) : null);
+  });
+  tree.plot.addEventListener('mouseleave', () => showTip(null, null));
+  tree.plot.addEventListener('click', (e) => {
+    const node = e.target.closest && e.target.closest('.sv-node');
+    if (node && Number(node.dataset.node) >= 0) { chosen = Number(node.dataset.node); render(); }
+  });
+  mask.plot.addEventListener('mousemove', (e) => {
+    const qc = maskCell(e);
+    showTip(e, qc && [`query ${qc[0]} ${vtext(view.tokens[qc[0]])}`,
+                      `${maskBit(view, qc[0], qc[1]) ? 'sees' : 'does not see'} key ${qc[1]} ${vtext(view.tokens[qc[1]])}`]);
+  });
+  mask.plot.addEventListener('mouseleave', () => showTip(null, null));
+  mask.plot.addEventListener('click', (e) => {
+    const qc = maskCell(e);
+    const row = e.target.dataset && e.target.dataset.row !== undefined ? lay.shown[Number(e.target.dataset.row)] : qc && qc[0];
+    if (row !== null && row !== undefined) { chosen = row; render(); }
+  });
+  for (const p of [accept, timing]) {
+    Plotly.newPlot(p.plot, [], {}, CONFIG);
+    p.plot.on('plotly_click', (e) => { const k = R.iteration.indexOf(e.points[0].x); if (k >= 0) goTo(k); });
+  }
+  Plotly.newPlot(depthPanel.plot, [], {}, CONFIG);
+  Plotly.newPlot(calib.plot, [], {}, CONFIG);
+
+  // Figures take the width they are given: redraw when the page or a side panel resizes us.
+  // Widths are read here, never while rendering a step: a read after a write forces a layout.
+  let lastWidth = 0;
+  const widths = {tree: 0, mask: 0};
+  const measure = () => { widths.tree = tree.box.clientWidth; widths.mask = mask.box.clientWidth; };
+  const resize = new ResizeObserver(() => {
+    const w = root.clientWidth;
+    if (!w || Math.abs(w - lastWidth) < 4 || !R) return;
+    lastWidth = w;
+    measure();
+    for (const p of [accept, timing, depthPanel, calib]) Plotly.Plots.resize(p.plot);
+    if (R.iteration.length) render();
+  });
+  resize.observe(root);
+
+  measure();
+  const initial = opts.initial || {};
+  const start = Math.max(0, header.requests.findIndex((r) => r.id === initial.request));
+  showRequest(start, initial.position || 0);
+  renderCalibration();
+
+  return {
+    goTo, showRequest,
+    state: () => ({request: R.id, position: pos, iteration: R.iteration[pos], selected: view ? selectedNode(view) : null}),
+    destroy() { stop(); resize.disconnect(); for (const p of [accept, timing, depthPanel, calib]) Plotly.purge(p.plot); },
+  };
+}
+
+// Depth colours from one continuous scale, so deep levels never repeat shallow ones.
+function depthColor(d, top) {
+  const t = top <= 1 ? 0 : (d - 1) / (top - 1);
+  const stops = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+  const s = Math.min(stops.length - 2, Math.floor(t * (stops.length - 1)));
+  const f = t * (stops.length - 1) - s;
+  const c = stops[s].map((v, j) => Math.round(v + f * (stops[s + 1][j] - v)));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+// ----- the notebook widget ------------------------------------------------------------------
+// plotly.js comes once per page from the kernel (the Python side answers a 'plotly' message, after the
+// cell that is running). Until it is there -- and for good in a notebook reopened without a kernel --
+// the view shows its static snapshot.
+function loadPlotly(model) {
+  if (globalThis.Plotly) return Promise.resolve(globalThis.Plotly);
+  let shared = globalThis.__spectoolPlotly;
+  if (!shared) {
+    shared = globalThis.__spectoolPlotly = {asked: 0};
+    shared.promise = new Promise((resolve) => { shared.resolve = resolve; });
+    // Another widget on the page (plotly's FigureWidget) may bring plotly.js first, even without a kernel.
+    const poll = setInterval(() => { if (globalThis.Plotly) { clearInterval(poll); shared.resolve(globalThis.Plotly); } }, 300);
+    shared.promise.then(() => clearInterval(poll));
+  }
+  model.on('msg:custom', (msg, buffers) => {
+    if (!msg || msg.kind !== 'plotly' || !buffers || !buffers.length || shared.loading) return;
+    shared.loading = true;
+    const url = URL.createObjectURL(new Blob([buffers[0]], {type: 'text/javascript'}));
+    const amd = globalThis.define;
+    globalThis.define = undefined;  // plotly's UMD wrapper must set the global, not define an AMD module
+    const script = document.createElement('script');
+    script.src = url;
+    script.onload = () => { globalThis.define = amd; shared.resolve(globalThis.Plotly || null); };
+    script.onerror = () => { globalThis.define = amd; shared.resolve(null); };
+    document.head.append(script);
+  });
+  // One request per page; another model asks again only when the first got no answer for a while
+  // (its kernel may have gone away).
+  if (!shared.asked || performance.now() - shared.asked > 20000) {
+    shared.asked = performance.now();
+    try { model.send({kind: 'plotly'}); } catch (e) { /* no kernel: the snapshot stays */ }
+  }
+  return shared.promise;
+}
+
+function showSnapshot(model, el, why) {
+  el.replaceChildren();
+  const svg = model.get('snapshot');
+  if (svg) {
+    const img = document.createElement('img');
+    img.src = 'data:image/svg+xml;base64,' + btoa(unescape(encodeURIComponent(svg)));
+    img.alt = 'static snapshot of the trace viewer';
+    img.className = 'spectool-snapshot';
+    img.style.maxWidth = '100%';
+    el.append(img);
+  }
+  el.append(h('div', {class: 'sv-note', style: 'color:#666;font:12px system-ui,sans-serif'}, why));
+}
+
+export default {
+  async render({model, el}) {
+    const error = (model.get('header') || {}).error;
+    showSnapshot(model, el, error || 'static snapshot: the interactive view starts when the kernel answers');
+    const Plotly = await loadPlotly(model);
+    if (!Plotly || !el.isConnected && !el.parentNode) return;
+    const dv = model.get('blob');
+    const buffer = dv ? dv.buffer.slice(dv.byteOffset, dv.byteOffset + dv.byteLength) : new ArrayBuffer(0);
+    let pending = null;
+    const ctl = mount(el, model.get('header'), buffer, Plotly, {
+      initial: {request: model.get('request'), position: model.get('position')},
+      // Tell the kernel where we are (for to_figure and the saved snapshot) once stepping pauses:
+      // syncing on every step would put the kernel's reply on the step's path.
+      onState: (s) => {
+        clearTimeout(pending);
+        pending = setTimeout(() => { model.set('request', s.request); model.set('position', s.position); model.save_changes(); }, 1000);
+      },
+    });
+    const follow = () => {
+      const s = ctl.state();
+      const i = model.get('header').requests.findIndex((r) => r.id === model.get('request'));
+      if (i >= 0 && model.get('request') !== s.request) ctl.showRequest(i, model.get('position'));
+      else if (model.get('position') !== s.position) ctl.goTo(model.get('position'));
+    };
+    model.on('change:position', follow);
+    model.on('change:request', follow);
+    return () => { clearTimeout(pending); model.off('change:position', follow); model.off('change:request', follow); ctl.destroy(); };
+  },
+};
