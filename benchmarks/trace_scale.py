@@ -106,8 +106,15 @@ def synthesize(path: Path, records: int, batch: int, n: int, seed: int = 0) -> i
         target = np.argmax(f["depth"] == want[:, None], axis=1)
         on_path = f["mask"][np.arange(b), target]  # the ancestors of the target node
         status = np.where(on_path, 1, 0).astype(np.int8)
-        visited_parent = on_path[np.arange(b)[:, None], np.maximum(parents, 0)] & (parents >= 0)
-        status[visited_parent & ~on_path] = 2
+        rows = np.arange(b)[:, None]
+        visited_parent = on_path[rows, np.maximum(parents, 0)] & (parents >= 0)
+        # Rejected: the visited parent's children before the one it took (all of them when it took none);
+        # the siblings after the taken child are not visited (the verifier's rule).
+        taken = np.full((b, n), n)
+        r, j = np.nonzero(on_path & (parents >= 0))
+        taken[r, parents[r, j]] = j
+        before_taken = np.arange(n)[None, :] < taken[rows, np.maximum(parents, 0)]
+        status[visited_parent & ~on_path & before_taken] = 2
         argmax = rng.integers(0, VOCAB // 2, (b, n))
         bonus = rng.integers(VOCAB // 2, VOCAB, b)
         paths = []
