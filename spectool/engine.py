@@ -461,7 +461,7 @@ class Engine:
         if not record:
             return out
         k = min(self.record_topk, logits.shape[-1])
-        top_i = logits.topk(k, dim=-1).indices
+        top_i = _led_by(logits.topk(k, dim=-1).indices, res.target_argmax)
         # One fused softmax and a gather: logsumexp alone is about nine kernels.
         top_p = torch.softmax(logits, dim=-1).gather(-1, top_i)
         packed = pack_rows(_record_tensors(tree, res, top_i, top_p, moved))
@@ -774,7 +774,8 @@ class Engine:
         """The trace fields of a sampling iteration (packed inside its verify step); the top-k is
         of the distribution it drew from (after temperature, top-k and top-p)."""
         k = min(self.record_topk, res.target_probs.shape[-1])
-        top_p, top_i = res.target_probs.topk(k, dim=-1)
+        top_i = _led_by(res.target_probs.topk(k, dim=-1).indices, res.target_argmax)
+        top_p = res.target_probs.gather(-1, top_i)
         return pack_rows([*_record_tensors(tree, res, top_i, top_p, moved), ("coins", res.coins),
                           ("child_probs", res.child_probs), ("bonus_cdf", res.bonus_cdf)])
 
@@ -863,6 +864,15 @@ class _NotLearning:
 
     def on_verify(self, *args, **kwargs) -> None:
         pass
+
+
+def _led_by(top_i: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
+    """The top-k indices with the verifier's argmax first. Among tied logits torch's top-k may
+    rank another token first, while the verifier takes the lowest id; the trace derives its
+    target argmax from the top-1, so it must be the token the decision used."""
+    am = argmax[..., None]
+    swapped = torch.where(top_i == am, top_i[..., :1], top_i)
+    return torch.cat([am, swapped[..., 1:]], dim=-1)
 
 
 def _record_tensors(tree: DraftTree, res: VerifyResult, top_i: torch.Tensor, top_p: torch.Tensor, moved=None):
