@@ -10,7 +10,7 @@ from importlib import import_module
 
 # subcommand -> (module, function taking argv and returning an exit code, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "demo": ("spectool.cli.demo", "main", "decode the bundled demo prompts with both draft families; "
+    "demo": ("spectool.cli.demo", "main", "decode the bundled demo prompts with every draft method; "
              "summary table, traces and an HTML report"),
     "record": ("spectool.cli.record", "main", "decode prompts with one draft method and record a trace"),
     "summary": ("spectool.cli.summary", "main", "summarise a trace: accept length, per-depth rates, timings"),
@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "query": ("spectool.cli.query", "main", "run SQL (DuckDB) over a trace's records, requests and tree nodes"),
     "export-perfetto": ("spectool.cli.export_perfetto", "main", "export phase timings as Chrome/Perfetto trace JSON"),
     "train-target": ("spectool.cli.train_target", "main", "train a BPE tokenizer and a small target"),
-    "train-draft": ("spectool.cli.train_draft", "main", "train EAGLE or multi-layer EAGLE draft layers"),
+    "train-draft": ("spectool.cli.train_draft", "main", "train EAGLE, EAGLE-3 or multi-layer EAGLE draft layers"),
     "bench": ("spectool.cli.bench", "main", "time plain vs speculative decoding on a model and prompts"),
     "tune": ("spectool.cli.tune", "main", "exact what-if of other draft settings over a greedy trace; "
              "ranked table, recommendation, SGLang and vLLM settings"),
