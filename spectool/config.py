@@ -54,8 +54,25 @@ class NgramConfig:
         return d
 
 
+class _CheckpointDraft:
+    """What the configs of a draft loaded from a checkpoint share: their dict form (traces record it)."""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["method"] = self.method
+        d["path"] = str(self.path)
+        return d
+
+
+class _TreeDraft(_CheckpointDraft):
+    """A checkpoint draft whose steps, top-k and N shape an EAGLE-2 tree (checked when made)."""
+
+    def __post_init__(self) -> None:
+        _check_tree(self.num_steps, self.topk, self.num_draft_tokens)
+
+
 @dataclass(frozen=True)
-class EagleConfig:
+class EagleConfig(_TreeDraft):
     """EAGLE-2 drafting: one draft layer reused for ``num_steps`` steps, top-k tree.
 
     Args:
@@ -71,15 +88,6 @@ class EagleConfig:
     num_draft_tokens: int = 16
 
     method = "eagle"
-
-    def __post_init__(self) -> None:
-        _check_tree(self.num_steps, self.topk, self.num_draft_tokens)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["method"] = self.method
-        d["path"] = str(self.path)
-        return d
 
 
 def _check_tree(num_steps: int, topk: int, num_draft_tokens: int) -> None:
@@ -98,7 +106,7 @@ def _check_tree(num_steps: int, topk: int, num_draft_tokens: int) -> None:
 
 
 @dataclass(frozen=True)
-class Eagle3Config:
+class Eagle3Config(_TreeDraft):
     """EAGLE-3 drafting (a SpecForge / SGLang / vLLM ``LlamaForCausalLMEagle3`` checkpoint):
     the draft reads three target layers through ``fc`` and drafts an EAGLE-2 tree over its own
     reduced vocabulary, mapped to target ids by ``d2t``.
@@ -117,18 +125,9 @@ class Eagle3Config:
 
     method = "eagle3"
 
-    def __post_init__(self) -> None:
-        _check_tree(self.num_steps, self.topk, self.num_draft_tokens)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["method"] = self.method
-        d["path"] = str(self.path)
-        return d
-
 
 @dataclass(frozen=True)
-class DraftModelConfig:
+class DraftModelConfig(_TreeDraft):
     """A small Llama-family model with the target's tokenizer as the draft: it drafts a chain
     (topk=1) or an EAGLE-2 tree from its own KV cache.
 
@@ -146,18 +145,9 @@ class DraftModelConfig:
 
     method = "draft_model"
 
-    def __post_init__(self) -> None:
-        _check_tree(self.num_steps, self.topk, self.num_draft_tokens)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["method"] = self.method
-        d["path"] = str(self.path)
-        return d
-
 
 @dataclass(frozen=True)
-class MultiLayerEagleConfig:
+class MultiLayerEagleConfig(_CheckpointDraft):
     """Multi-layer EAGLE: K independent draft layers, layer k drafts k+1 tokens ahead.
 
     Args:
@@ -177,12 +167,6 @@ class MultiLayerEagleConfig:
     @property
     def num_draft_tokens(self) -> int:
         return self.num_steps + 1
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["method"] = self.method
-        d["path"] = str(self.path)
-        return d
 
 
 DraftConfig = NgramConfig | EagleConfig | MultiLayerEagleConfig | Eagle3Config | DraftModelConfig
