@@ -36,7 +36,9 @@ BF16_TIE = 0.25  # logits of the demo model are O(10); bf16 keeps ~3 significant
 
 
 def draft_config(method: str, demo_dir):
+    """The default settings of each method on the demo model (none: plain decoding)."""
     return {
+        "none": None,
         "ngram": st.NgramConfig(num_draft_tokens=12),
         "eagle": st.EagleConfig(demo_dir / "eagle", num_steps=5, topk=4, num_draft_tokens=16),
         "multi_layer_eagle": st.MultiLayerEagleConfig(demo_dir / "multi_layer_eagle", num_steps=4),

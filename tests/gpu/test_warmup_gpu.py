@@ -9,6 +9,7 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
+from test_engine_gpu import draft_config  # noqa: E402
 from test_engine_support import cut_prompts, demo_token_streams  # noqa: E402
 
 import spectool as st  # noqa: E402
@@ -16,14 +17,6 @@ import spectool as st  # noqa: E402
 METHODS = ["none", "ngram", "eagle", "multi_layer_eagle"]
 MAX_NEW = 40
 
-
-def draft_config(method: str, demo_dir):
-    return {
-        "none": None,
-        "ngram": st.NgramConfig(num_draft_tokens=12),
-        "eagle": st.EagleConfig(demo_dir / "eagle", num_steps=5, topk=4, num_draft_tokens=16),
-        "multi_layer_eagle": st.MultiLayerEagleConfig(demo_dir / "multi_layer_eagle", num_steps=4),
-    }[method]
 
 
 @pytest.fixture(scope="module")
