@@ -46,8 +46,13 @@ class NgramReplay:
         self.match_len: list[int] = []
 
     def admit(self, reqs: list[Running]) -> None:
+        # As NgramDrafter does: the prompts when they are admitted, then each one's first token
+        # after the prefill (two puts: the recency order they leave is what BFS drafts by).
+        ids = [r.request_id for r in reqs]
         histories = [self._known[r.request_id][:r.history_len] for r in reqs]
-        self.corpus.batch_put(histories, req_ids=[r.request_id for r in reqs],
+        prompts = [h[:-1] for h in histories]
+        self.corpus.batch_put(prompts, req_ids=ids, total_lens=[len(p) for p in prompts])
+        self.corpus.batch_put([h[-self.depth:] for h in histories], req_ids=ids,
                               total_lens=[len(h) for h in histories])
         self.corpus.synchronize()
 
