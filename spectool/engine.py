@@ -452,12 +452,7 @@ class Engine:
         tree = self._step_tree(inputs)
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
         res = verify_greedy(tree, logits)
-        moved = None
-        if tree.num_nodes > 1:
-            moved = commit_kv(self.cache.k, self.cache.v, slots, tree.seq_lens, res.accept_path, res.accept_length,
-                              rows=record)
-        out = (hidden, res.status, res.accept_path, res.accept_length, res.bonus, res.target_argmax, res.coins,
-               _host_table(tree, res))
+        moved, out = self._commit(tree, res, hidden, slots, record)
         if not record:
             return out
         k = min(self.record_topk, logits.shape[-1])
@@ -468,6 +463,17 @@ class Engine:
         # Top-k and accept-path width follow from N; one layout object per N lets the recorder check it once.
         self._record_layouts.setdefault(("greedy", tree.num_nodes), packed.layout)
         return (*out, packed.data)
+
+    def _commit(self, tree: DraftTree, res: VerifyResult, hidden: torch.Tensor, slots: torch.Tensor,
+                record: bool) -> tuple:
+        """The KV commit of a verify step (the rows it moved when recording) and the step's outputs
+        before any trace fields, shared by the greedy and the sampling step."""
+        moved = None
+        if tree.num_nodes > 1:
+            moved = commit_kv(self.cache.k, self.cache.v, slots, tree.seq_lens, res.accept_path, res.accept_length,
+                              rows=record)
+        return moved, (hidden, res.status, res.accept_path, res.accept_length, res.bonus, res.target_argmax,
+                       res.coins, _host_table(tree, res))
 
     def _step_tree(self, inputs: dict) -> DraftTree:
         """The tree of a verify step's inputs: a tree's tensors, a MaskTree's (completed here), or
@@ -491,12 +497,7 @@ class Engine:
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
         coins = sampling_coins(self._sample_seed, self._slot_nonce[slots], tree.seq_lens, tree.num_nodes)
         res = verify_sampling(tree, logits, temperature, top_k, top_p, None, coins)
-        moved = None
-        if tree.num_nodes > 1:
-            moved = commit_kv(self.cache.k, self.cache.v, slots, tree.seq_lens, res.accept_path, res.accept_length,
-                              rows=record)
-        out = (hidden, res.status, res.accept_path, res.accept_length, res.bonus, res.target_argmax, res.coins,
-               _host_table(tree, res))
+        moved, out = self._commit(tree, res, hidden, slots, record)
         if not record:
             return out
         packed = self._pack_sampling_record(tree, res, moved)

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 from test_engine_gpu import draft_config  # noqa: E402
 from test_engine_support import cut_prompts, demo_token_streams  # noqa: E402
+from test_kernels_batch_invariant import tree_mask_of  # noqa: E402
 
 import spectool as st  # noqa: E402
 from spectool.graphs import GraphRunner  # noqa: E402
@@ -35,16 +36,6 @@ from spectool.kernels.gemv import gemv_triton  # noqa: E402
 from spectool.model.kv_cache import KVCache  # noqa: E402
 
 DT = torch.bfloat16
-
-
-def tree_mask_of(parents: list[int]) -> torch.Tensor:
-    n = len(parents)
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i, p in enumerate(parents):
-        mask[i, i] = True
-        if p >= 0:
-            mask[i] |= mask[p]
-    return mask
 
 
 # ---------------------------------------------------------------------------------
