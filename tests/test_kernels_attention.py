@@ -75,6 +75,19 @@ def test_matches_reference(B, T, Hq, Hkv, D, max_seq, with_mask, splits, dtype, 
 
 
 @in_interpreter
+def test_slots_and_starts_may_be_columns_of_a_table():
+    # Multi-layer EAGLE passes each layer's starts as one column of a [B, layers] table: a row's
+    # value sits `layers` elements after the previous row's, not next to it.
+    gen = torch.Generator().manual_seed(3)
+    q, kc, vc, slots, starts = make_case(3, 5, 4, 2, 64, 90, torch.float32, gen)
+    table = torch.stack([starts, starts + 7, starts // 2], 1)  # [B, 3]
+    slot_table = torch.stack([slots, slots.flip(0)], 1)
+    out = attn.cached_attention_triton(q, kc, vc, slot_table[:, 0], table[:, 2])
+    ref = attn.cached_attention_reference(q, kc, vc, slots, (starts // 2).contiguous())
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@in_interpreter
 def test_never_reads_past_the_live_length():
     # NaN everywhere past starts+T (and in other slots): one read of it would poison the output.
     gen = torch.Generator().manual_seed(1)

@@ -152,6 +152,20 @@ def test_attention_matches_reference(case, small_blocks, monkeypatch):
 
 
 @in_interpreter
+def test_attention_reads_slots_and_starts_given_as_table_columns(small_blocks):
+    # As multi-layer EAGLE passes them: each layer's starts are one column of a [B, layers] table.
+    gen = torch.Generator().manual_seed(5)
+    B, T, Hq, Hkv, D, max_seq = 2, 4, 4, 2, 16, 60
+    kc, vc = torch.randn(3, Hkv, max_seq, D, generator=gen), torch.randn(3, Hkv, max_seq, D, generator=gen)
+    q = torch.randn(B, T, Hq, D, generator=gen)
+    starts = torch.tensor([[40, 9, 1], [3, 9, 30]])
+    slots = torch.tensor([[2, 0], [0, 0]])
+    out = bi.attention_invariant(q, kc, vc, slots[:, 0], starts[:, 2])
+    ref = cached_attention_reference(q, kc, vc, torch.tensor([2, 0]), torch.tensor([1, 30]))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@in_interpreter
 def test_a_query_is_the_same_bits_in_prefill_decode_and_tree_verify(small_blocks, monkeypatch):
     """The oracle of deterministic mode at the attention: a token's output from a prefill (alone,
     or in a batch, or in slices), from a one-token decode (at any batch position) and from a tree

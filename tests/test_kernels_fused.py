@@ -117,6 +117,24 @@ def test_rope_write_kv(dtype, tol):
 
 
 @in_interpreter
+def test_rope_write_kv_reads_slots_and_starts_as_columns_of_a_table():
+    # As multi-layer EAGLE passes them: one column of a [B, layers] table per layer.
+    gen = torch.Generator().manual_seed(8)
+    B, T, Hq, Hkv, D, max_seq = 3, 4, 4, 2, 16, 16
+    q, k, v, cos, sin = rope_inputs(B, T, Hq, Hkv, D, torch.float32, gen)
+    starts = torch.tensor([[9, 0, 3], [1, 0, 7], [5, 0, 0]])
+    slots = torch.tensor([[2, 1], [0, 1], [3, 1]])
+    cache = torch.randn(4, Hkv, max_seq, D, generator=gen)
+    kc, vc, ref_kc, ref_vc = cache.clone(), cache.clone(), cache.clone(), cache.clone()
+    q_rot = fused.rope_write_kv_triton(q, k, v, cos, sin, kc, vc, slots[:, 0], starts[:, 2])
+    ref_q = fused.rope_write_kv_reference(q, k, v, cos, sin, ref_kc, ref_vc, slots[:, 0].contiguous(),
+                                          starts[:, 2].contiguous())
+    close(q_rot, ref_q, 1e-6)
+    close(kc, ref_kc, 1e-6)
+    assert torch.equal(vc, ref_vc)
+
+
+@in_interpreter
 @pytest.mark.parametrize("dtype,tol", DTYPES)
 def test_silu_mul(dtype, tol):
     gen = torch.Generator().manual_seed(7)

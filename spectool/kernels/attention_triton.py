@@ -196,6 +196,7 @@ def cached_attention_triton(
         [B, T, Hq, D] attention output in q's dtype.
     """
     check_attention_args(q, k_cache, v_cache, slots, starts, tree_mask)
+    slots, starts = slots.contiguous(), starts.contiguous()  # the kernel reads them at stride 1
     B, T, Hq, D = q.shape
     _, Hkv, max_seq_len, _ = k_cache.shape
     group = Hq // Hkv

@@ -181,6 +181,7 @@ def attention_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     calls (prefill) run in slices of queries. Returns [B, T, Hq, D] in q's dtype.
     """
     check_attention_args(q, k_cache, v_cache, slots, starts, tree_mask)
+    slots, starts = slots.contiguous(), starts.contiguous()  # the kernel reads them at stride 1
     B, T, Hq, D = q.shape
     Hkv = k_cache.shape[1]
     group = Hq // Hkv

@@ -201,7 +201,9 @@ def rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos:
     if slots.shape != (B,) or starts.shape != (B,):
         raise ValueError(f"slots and starts must be ({B},)")
     q_out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    _launch_rope(q, k, v, cos, sin, slots, starts, q_out, k_cache, v_cache, write_kv=True, fp_fusion=fp_fusion)
+    # The kernel reads slots and starts at stride 1; a column of a [B, K] table is not.
+    _launch_rope(q, k, v, cos, sin, slots.contiguous(), starts.contiguous(), q_out, k_cache, v_cache,
+                 write_kv=True, fp_fusion=fp_fusion)
     return q_out
 
 
