@@ -270,6 +270,25 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         see_new = torch.gather(tree_mask, 2, idx) | (rel[:, None, :] == t)
     in_new = (rel >= 0) & (rel < T)
     visible = (rel < 0)[:, None, :] | (in_new[:, None, :] & see_new)  # [B, T, L]
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=visible[:, None],
-                                         enable_gqa=k.shape[1] != Hq)
-    return out.transpose(1, 2)
+    return sdpa(q.transpose(1, 2), k, v, attn_mask=visible[:, None]).transpose(1, 2)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+         is_causal: bool = False) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` over [B, H, T, D] (k and v may have fewer heads: GQA).
+
+    On CUDA it never takes cuDNN's backend: that one builds an execution plan for every new
+    shape, about 0.3 s per layer for each prompt length not seen before, which a user's first
+    calls (and every replayed request) paid. Flash and memory-efficient attention have no
+    per-shape set-up; the key/value heads are repeated for them (GQA).
+    """
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                              enable_gqa=k.shape[1] != q.shape[1])
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)

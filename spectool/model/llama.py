@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from spectool.kernels import ops
@@ -90,11 +89,9 @@ class Attention(nn.Module):
         v = v.view(B, T, self.num_kv_heads, self.head_dim)
         if kv is None:
             q, k = ops.rope(q, k, cos, sin)
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                attn_mask=None if tree_mask is None else tree_mask[:, None],
-                is_causal=tree_mask is None, enable_gqa=self.num_heads != self.num_kv_heads,
-            ).transpose(1, 2)
+            out = ops.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                           attn_mask=None if tree_mask is None else tree_mask[:, None],
+                           is_causal=tree_mask is None).transpose(1, 2)
         else:
             q = ops.rope_write_kv(q, k, v, cos, sin, kv[0], kv[1], slots, starts)  # one launch on CUDA
             out = ops.cached_attention(q, kv[0], kv[1], slots, starts, tree_mask, kv_len)
