@@ -33,7 +33,7 @@ from spectool.stats import RunStats
 from spectool.timing import PhaseTimer
 from spectool.trace.recorder import PackedRows, Recorder, pack_rows
 from spectool.trace.select import Record
-from spectool.verify import VerifyResult, commit_kv, verify_greedy, verify_sampling
+from spectool.verify import VerifyResult, commit_kv, verify_greedy, verify_greedy_parts, verify_sampling
 
 
 @dataclass
@@ -264,7 +264,7 @@ class Engine:
                 if batch is None:
                     batch, lens_roots = self._batch(running)
                 event = self._iteration(began, iteration, running, batch, lens_roots, sampling, generator, stats,
-                                        recorder, timer, stops, _state is None)
+                                        recorder, bool(record), timer, stops, _state is None)
                 if event.finished:
                     done = [r for r in running if r.finish_reason is not None]
                     self._release(done, free_slots, recorder)
@@ -348,7 +348,7 @@ class Engine:
             self._prefill(reqs, sampling, generator, stats)
             batch, lens_roots = self._batch(reqs)
             self._iteration(time.perf_counter(), 0, reqs, batch, lens_roots, sampling, generator, stats, recorder,
-                            PhaseTimer(self.device), set(), False)
+                            record, PhaseTimer(self.device), set(), False)
         finally:
             self._next_draft = None
             self._release(reqs, [], recorder)
@@ -423,16 +423,36 @@ class Engine:
                 out[k] += runner.stats[k]
         return out
 
-    def _forward_step(self, tokens, positions, slots, starts, mask):
+    def _forward_step(self, tokens, positions, slots, starts, mask, gather: bool = True):
         """Target forward over a tree (or one token): the hidden states the drafter reads (the last
-        layer's, or the concatenated ``aux_layers``' outputs) and float32 logits."""
+        layer's, or the concatenated ``aux_layers``' outputs) and float32 logits (under tensor
+        parallelism with ``gather=False``, this rank's vocabulary slice)."""
         if self.aux_layers is None:
             hidden = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
                                 kv_len=self._kv_len, deterministic=self.deterministic)
-            return hidden, self.model.logits(hidden, deterministic=self.deterministic)
+            return hidden, self.model.logits(hidden, deterministic=self.deterministic, gather=gather)
         hidden, aux = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
                                  kv_len=self._kv_len, aux_layers=self.aux_layers, deterministic=self.deterministic)
-        return aux, self.model.logits(hidden, deterministic=self.deterministic)
+        return aux, self.model.logits(hidden, deterministic=self.deterministic, gather=gather)
+
+    def _verify_greedy(self, tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
+        """Greedy verify against the whole logits, or under tensor parallelism against this rank's
+        vocabulary slice: only every rank's best logit and its id are exchanged, never the logits."""
+        if self.tp is None:
+            return verify_greedy(tree, logits)
+        return verify_greedy_parts(tree, *self.tp.argmax_parts(logits))
+
+    def _target_topk(self, logits: torch.Tensor, argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recorded target top-k of a greedy step (ids led by the verifier's argmax) and their
+        probabilities; under tensor parallelism from the vocabulary slices (``TensorParallel.topk``,
+        whose ties go to the lowest id, as the verifier's)."""
+        k = min(self.record_topk, self.config.vocab_size)
+        if self.tp is not None:
+            top_p, top_i = self.tp.topk(logits, k, softmax=True)
+            return top_i, top_p
+        top_i = _led_by(logits.topk(k, dim=-1).indices, argmax)
+        # One fused softmax and a gather: logsumexp alone is about nine kernels.
+        return top_i, torch.softmax(logits, dim=-1).gather(-1, top_i)
 
     def _greedy_step(self, slots, record: bool = False, **inputs):
         """Forward, greedy verify and KV commit in one (graph-captured) step.
@@ -450,15 +470,13 @@ class Engine:
         between the replay and the sync.
         """
         tree = self._step_tree(inputs)
-        hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
-        res = verify_greedy(tree, logits)
+        hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask,
+                                            gather=False)
+        res = self._verify_greedy(tree, logits)
         moved, out = self._commit(tree, res, hidden, slots, record)
         if not record:
             return out
-        k = min(self.record_topk, logits.shape[-1])
-        top_i = _led_by(logits.topk(k, dim=-1).indices, res.target_argmax)
-        # One fused softmax and a gather: logsumexp alone is about nine kernels.
-        top_p = torch.softmax(logits, dim=-1).gather(-1, top_i)
+        top_i, top_p = self._target_topk(logits, res.target_argmax)
         packed = pack_rows(_record_tensors(tree, res, top_i, top_p, moved))
         # Top-k and accept-path width follow from N; one layout object per N lets the recorder check it once.
         self._record_layouts.setdefault(("greedy", tree.num_nodes), packed.layout)
@@ -494,6 +512,7 @@ class Engine:
         warm-up runs (which draw the same coins) change nothing.
         """
         tree = self._step_tree(inputs)
+        # The whole distribution: under tensor parallelism the logits are joined (one all-gather).
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
         coins = sampling_coins(self._sample_seed, self._slot_nonce[slots], tree.seq_lens, tree.num_nodes)
         res = verify_sampling(tree, logits, temperature, top_k, top_p, None, coins)
@@ -541,7 +560,7 @@ class Engine:
             self._slot_nonce[slots] = torch.tensor([r.request_id % 2**31 for r in group], device=dev)
             starts = torch.zeros(len(group), dtype=torch.long, device=dev)
             self._kv_len = t  # prompts are longer than the graphed attention takes: read t keys
-            hidden, logits = self._forward_step(tokens, positions, slots, starts, None)
+            hidden, logits = self._forward_step(tokens, positions, slots, starts, None, gather=False)
             last = torch.tensor(lens, device=dev) - 1
             rows = torch.arange(len(group), device=dev)
             res = self._verify(self._root_tree(tokens[rows, last], last), logits[rows, last][:, None],
@@ -581,23 +600,29 @@ class Engine:
         return chain_tree(roots[:, None], ones, seq_lens)
 
     def _verify(self, tree: DraftTree, logits: torch.Tensor, sampling: dict, generator):
+        """The first token's decision after a prefill; ``logits`` are this rank's vocabulary slice
+        under tensor parallelism (sampling joins the prompts' last rows alone)."""
         if sampling["temperature"] == 0.0:
-            return verify_greedy(tree, logits)
+            return self._verify_greedy(tree, logits)
+        if self.tp is not None:
+            logits = self.tp.gather_vocab(logits)
         return verify_sampling(tree, logits, sampling["temperature"], sampling["top_k"], sampling["top_p"],
                                generator)
 
     def _iteration(self, began: float, iteration: int, running: list[_Request], batch: Batch,
-                   lens_roots: torch.Tensor, sampling: dict, generator, stats: RunStats, recorder,
+                   lens_roots: torch.Tensor, sampling: dict, generator, stats: RunStats, recorder, record: bool,
                    timer: PhaseTimer, stops: set[int], live_records: bool) -> StepEvent:
         """One draft + verify + accept cycle; ``began`` is when its host work started and
-        ``lens_roots`` the [2, B] tensor behind ``batch.seq_lens`` and ``batch.roots``.
+        ``lens_roots`` the [2, B] tensor behind ``batch.seq_lens`` and ``batch.roots``. Under
+        tensor parallelism every rank runs the recording step when the run records (its top-k
+        takes part in a collective), and rank 0 alone has a ``recorder``.
 
         Its steps in order: draft (and index), verify (and commit), record, feed the drafter
         around the host sync, advance the requests, draft the next iteration early. Greedy and
         sampling differ only in the verify step object (``_verify_step``); drafters that work on
         the device or on the host differ only in when ``_feed_drafter`` calls them.
         """
-        step = self._verify_step(sampling, recorder is not None)
+        step = self._verify_step(sampling, record)
         tree, why = self._draft_tree(batch, step, timer)
         n = 1 if tree is None else tree.tokens.shape[1]
         self._kv_len = None if self.on_cuda else max(batch.seq_lens_host) + n

@@ -120,9 +120,34 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
 def verify_greedy_torch(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
     """Plain-torch reference of :func:`verify_greedy` (what the CPU runs)."""
     _check_logits(tree, logits)
-    n = tree.num_nodes
-    idx = torch.arange(n, device=tree.device)
-    argmax = logits.argmax(-1)
+    return _greedy_from_argmax(tree, logits.argmax(-1))
+
+
+def verify_greedy_parts(tree: DraftTree, vals: torch.Tensor, ids: torch.Tensor) -> VerifyResult:
+    """:func:`verify_greedy` from each node's per-part maxima instead of its logits: ``vals``
+    float32 [B, N, P] the largest logit of each part of the vocabulary and ``ids`` int64
+    [B, N, P] its token id (``TensorParallel.argmax_parts``: one part per rank of a target split
+    by vocabulary). A node's argmax is the id of its largest value, the lowest among equal ones:
+    what one argmax over the joined logits gives, without joining them."""
+    if vals.shape != ids.shape or vals.dim() != 3 or vals.shape[:2] != tree.tokens.shape:
+        raise ValueError(f"vals and ids must both be [B, N, P] with [B, N] = {tuple(tree.tokens.shape)}, "
+                         f"got {tuple(vals.shape)} and {tuple(ids.shape)}")
+    if vals.is_cuda or triton_on_cpu():
+        from spectool.kernels.verify_triton import verify_greedy_parts_triton
+
+        status, path, length, bonus, argmax = verify_greedy_parts_triton(
+            tree.tokens, tree.parents, tree.depth, tree.valid, tree.mask, vals, ids, tree.max_depth + 1)
+        coins = torch.full(tree.tokens.shape, math.nan, dtype=torch.float32, device=tree.device)
+        return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus, coins=coins,
+                            target_argmax=argmax)
+    best = vals.max(-1, keepdim=True).values
+    argmax = torch.where(vals == best, ids, torch.iinfo(torch.int64).max).min(-1).values
+    return _greedy_from_argmax(tree, argmax)
+
+
+def _greedy_from_argmax(tree: DraftTree, argmax: torch.Tensor) -> VerifyResult:
+    """The greedy decision given the target argmax [B, N] at every node."""
+    idx = torch.arange(tree.num_nodes, device=tree.device)
     good = tree.valid & (idx > 0) & (tree.tokens == argmax.gather(1, tree.parents.clamp(min=0)))
     _, status, path, length, last = _accept(tree, good)
     coins = torch.full(tree.tokens.shape, math.nan, dtype=torch.float32, device=tree.device)

@@ -75,8 +75,7 @@ class EagleDrafter:
         """The ``topk`` most probable next tokens and their probabilities, through the target's
         lm_head (only where they are needed: at a large vocabulary the head costs more than the
         draft layer); softmax and top-k are one launch on CUDA (kernels/topk.py)."""
-        logits = self.engine.model.head(normed)
-        return row_topk(logits, self.config.topk, softmax=True, out=out)
+        return self.engine.model.head_topk(normed, self.config.topk, out=out)
 
     # ------------------------------------------------------------ buffers
 

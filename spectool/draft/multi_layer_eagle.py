@@ -27,7 +27,6 @@ from spectool.config import MultiLayerEagleConfig
 from spectool.draft import Batch, accepted_inputs, prefill_groups
 from spectool.draft.tree import DraftTree, chain_tree
 from spectool.graphs import GraphRunner
-from spectool.kernels.topk import row_topk
 
 
 class MultiLayerEagleDrafter:
@@ -103,7 +102,7 @@ class MultiLayerEagleDrafter:
         out = normed.gather(1, last[:, None, None].expand(-1, 1, normed.shape[-1]))[:, 0]
         # Softmax and argmax in one launch on CUDA. NaN logits (a broken layer) count as -inf, so
         # the chain's scores stay valid; the target's verify rejects such drafts anyway.
-        p, draft = (t[:, 0] for t in row_topk(model.head(out), 1, softmax=True))
+        p, draft = (t[:, 0] for t in model.head_topk(out, 1))
         self.tokens[slots, draft_at] = draft
         return draft, p
 

@@ -105,12 +105,24 @@ def verify_greedy_triton(tokens: torch.Tensor, parents: torch.Tensor, depth: tor
     bonus int64 [B], target_argmax int64 [B, N])`` exactly as ``spectool.verify.verify_greedy``.
     """
     bs, n, vocab = logits.shape
-    dev = logits.device
     logits = logits.contiguous()
     chunk = min(CHUNK, triton.next_power_of_2(vocab))
     chunks = triton.cdiv(vocab, chunk)
-    vals = torch.empty(bs * n, chunks, dtype=torch.float32, device=dev)
-    idx = torch.empty(bs * n, chunks, dtype=torch.int64, device=dev)
+    vals = torch.empty(bs, n, chunks, dtype=torch.float32, device=logits.device)
+    idx = torch.empty(bs, n, chunks, dtype=torch.int64, device=logits.device)
+    if bs:
+        _argmax_chunks_kernel[(bs * n, chunks)](logits, vals, idx, vocab, chunks, CHUNK=chunk)
+    return verify_greedy_parts_triton(tokens, parents, depth, valid, mask, vals, idx, width)
+
+
+def verify_greedy_parts_triton(tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,
+                               valid: torch.Tensor, mask: torch.Tensor, vals: torch.Tensor, idx: torch.Tensor,
+                               width: int):
+    """The decision launch alone, from each node's per-part maxima ``vals`` float32 [B, N, P] and
+    their token ids ``idx`` int64 [B, N, P] (vocabulary chunks, or the ranks of a target split by
+    vocabulary); the same outputs as :func:`verify_greedy_triton`."""
+    bs, n, parts = vals.shape
+    dev = vals.device
     status = torch.empty(bs, n, dtype=torch.int8, device=dev)
     path = torch.empty(bs, width, dtype=torch.int64, device=dev)
     length = torch.empty(bs, dtype=torch.int64, device=dev)
@@ -118,11 +130,10 @@ def verify_greedy_triton(tokens: torch.Tensor, parents: torch.Tensor, depth: tor
     argmax = torch.empty(bs, n, dtype=torch.int64, device=dev)
     if bs == 0:
         return status, path, length, bonus, argmax
-    _argmax_chunks_kernel[(bs * n, chunks)](logits, vals, idx, vocab, chunks, CHUNK=chunk)
     block = max(16, triton.next_power_of_2(n))
     _greedy_decide_kernel[(bs,)](
-        vals, idx, tokens.contiguous(), parents.contiguous(), depth.contiguous(),
+        vals.contiguous(), idx.contiguous(), tokens.contiguous(), parents.contiguous(), depth.contiguous(),
         valid.contiguous().view(torch.uint8), mask.contiguous().view(torch.uint8),
-        status, path, length, bonus, argmax, n, chunks, width,
-        BLOCK=block, BLOCK_C=max(2, triton.next_power_of_2(chunks)), num_warps=4 if block <= 64 else 8)
+        status, path, length, bonus, argmax, n, parts, width,
+        BLOCK=block, BLOCK_C=max(2, triton.next_power_of_2(parts)), num_warps=4 if block <= 64 else 8)
     return status, path, length, bonus, argmax

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from spectool.kernels import ops
+from spectool.kernels.topk import row_topk
 from spectool.model.config import ModelConfig
 from spectool.model.kv_cache import KVCache
 from spectool.model.parallel import TensorParallel, shard_config
@@ -234,16 +235,28 @@ class Transformer(nn.Module):
                 return x + residual
             return x + residual, torch.cat([aux[i] for i in aux_layers], dim=-1)
 
-    def logits(self, hidden: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, deterministic: bool = False, gather: bool = True) -> torch.Tensor:
         """Final norm + lm_head, as float32 [B, T, V] (one launch at batch 1 on CUDA);
-        ``deterministic``: each row computed as it is alone, as in ``forward``."""
+        ``deterministic``: each row computed as it is alone, as in ``forward``. Under tensor
+        parallelism every rank's vocabulary slice joined, or with ``gather=False`` this rank's
+        slice [B, T, V / tp_size] (for ``TensorParallel.argmax_parts`` and ``topk``)."""
         with ops.deterministic() if deterministic else contextlib.nullcontext():
             out = ops.rms_norm_linear(hidden, None, self.norm.weight, self.norm.eps, self.lm_head.weight, None,
                                       torch.float32)[0]
-        return out if self.tp is None else self.tp.gather_vocab(out)
+        return out if self.tp is None or not gather else self.tp.gather_vocab(out)
 
-    def head(self, normed: torch.Tensor) -> torch.Tensor:
-        """The lm_head alone over already-normed states (the draft layers' shared head), [.., V]
-        in their dtype; under tensor parallelism every rank's vocabulary slice, joined."""
-        out = ops.linear(normed, self.lm_head.weight)
-        return out if self.tp is None else self.tp.gather_vocab(out)
+    def head_topk(self, normed: torch.Tensor, k: int,
+                  out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` most probable tokens of the lm_head over already-normed states (the draft
+        layers' shared head): ``(probabilities, ids)`` as ``row_topk(..., softmax=True)``, into
+        ``out`` when given. Under tensor parallelism from every rank's slice, without joining
+        the logits."""
+        logits = ops.linear(normed, self.lm_head.weight)
+        if self.tp is None:
+            return row_topk(logits, k, softmax=True, out=out)
+        probs, ids = self.tp.topk(logits, k, softmax=True)
+        if out is None:
+            return probs, ids
+        out[0].copy_(probs)
+        out[1].copy_(ids)
+        return out

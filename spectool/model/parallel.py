@@ -7,9 +7,18 @@ A target loaded with ``tp_size = N`` is split Megatron-style over N ranks of one
 - o and down are row-parallel: each rank multiplies its share of the inputs and one all-reduce
   sums the partial outputs;
 - the embedding and the lm_head are split by vocabulary: a rank looks up the ids it owns (zeros
-  elsewhere, then an all-reduce), and computes the logits of its ids; ``gather_vocab`` joins them.
-Every rank therefore holds the same hidden states, the same full logits and so takes the same
-decisions; draft layers are replicated and run on every rank.
+  elsewhere, then an all-reduce), and computes the logits of its ids.
+
+The whole logits are never joined on the greedy path: ``argmax_parts`` exchanges each rank's best
+logit and its id ([B, N, 2] per rank, against [B, N, V / N]) and the verifier picks among them
+(ties to the lowest id, as a single rank's argmax); ``topk`` exchanges each rank's k best and its
+log-sum-exp, for the recorded target top-k and the draft layers' softmax top-k. Sampling needs
+the whole distribution: it joins the logits (``gather_vocab``, one all-gather per step).
+
+Every rank takes the same decisions from the same bits: an all-reduce or an all-gather gives
+every rank the same result, so the hidden states, the exchanged maxima and the joined logits are
+equal everywhere, the replicated draft layers compute the same trees, and the sampling coins are
+counter-based (keyed by the seed and the request), not drawn from a per-process generator.
 """
 
 from __future__ import annotations
@@ -41,13 +50,64 @@ class TensorParallel:
         dist.all_reduce(x)
         return x
 
-    def gather_vocab(self, x: torch.Tensor) -> torch.Tensor:
-        """Concatenate every rank's shard of the last (vocabulary) dimension, in rank order."""
+    def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``x``, in rank order."""
         import torch.distributed as dist
 
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts, dim=-1)
+        return parts
+
+    def gather_vocab(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's shard of the last (vocabulary) dimension, in rank order."""
+        return torch.cat(self.all_gather(x), dim=-1)
+
+    def argmax_parts(self, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every rank's largest logit and its token id, from this rank's vocabulary slice
+        ``local`` [..., V / size]: ``(values float32 [..., size], ids int64 [..., size])``.
+
+        The argmax over the whole vocabulary is the id of the largest value, the lowest id among
+        equal ones (``spectool.verify.verify_greedy_parts``). NaN counts as the largest value, as
+        in ``torch.argmax``. One all-gather of two numbers per row.
+        """
+        x = local.float()
+        x = torch.where(x.isnan(), float("inf"), x)
+        i = x.argmax(-1, keepdim=True)  # the first maximum: the lowest id of this slice
+        # float64 holds a float32 value and a token id exactly: one collective for both.
+        mine = torch.cat([x.gather(-1, i).double(), (i + self.rank * local.shape[-1]).double()], dim=-1)
+        every = torch.stack(self.all_gather(mine), dim=-2)  # [..., size, 2]
+        return every[..., 0].float(), every[..., 1].long()
+
+    def topk(self, local: torch.Tensor, k: int, softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``spectool.kernels.topk.row_topk`` over the whole vocabulary from this rank's slice
+        ``local`` [..., V / size], with its semantics (NaN as -inf, ties to the lower id, under
+        softmax +inf as the largest float32): ``(values float32 [..., k], ids int64 [..., k])``.
+
+        Each rank's k best (value, id) and, for softmax, its log-sum-exp are exchanged in one
+        all-gather of 2k + 1 numbers per row; the probabilities are exp(value - log-sum-exp).
+        """
+        from spectool.kernels.topk import FLOAT32_MAX, row_topk
+
+        n = local.shape[-1]
+        kk = min(k, n)
+        values, ids = row_topk(local, kk)
+        # float64 holds float32 values and token ids exactly: one collective for all.
+        parts = [(values.clamp(max=FLOAT32_MAX) if softmax else values).double(), (ids + self.rank * n).double()]
+        if softmax:
+            clean = local.float().nan_to_num(nan=float("-inf"), posinf=FLOAT32_MAX, neginf=float("-inf"))
+            parts.append(torch.logsumexp(clean, dim=-1, keepdim=True).double())
+        every = self.all_gather(torch.cat(parts, dim=-1))
+        # Rank order = id order, and each rank's candidates come in row_topk's order: among equal
+        # values the lower position is the lower id, so row_topk's tie rule carries over.
+        cand = torch.cat([e[..., :kk] for e in every], dim=-1).float()
+        cand_ids = torch.cat([e[..., kk:2 * kk] for e in every], dim=-1).long()
+        best, pos = row_topk(cand, k)
+        top_ids = cand_ids.gather(-1, pos)
+        if not softmax:
+            return best, top_ids
+        lse = torch.logsumexp(torch.cat([e[..., -1:] for e in every], dim=-1), dim=-1, keepdim=True)
+        # A row with no entry above -inf has probability 0 everywhere, as in row_topk.
+        return torch.exp(best.double() - lse).float().nan_to_num(nan=0.0), top_ids
 
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Rank ``src``'s ``x`` on every rank (in place)."""
