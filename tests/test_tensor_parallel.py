@@ -18,8 +18,10 @@ import tp_worker
 
 import spectool as st
 from spectool.cli.launch import launch
+from spectool.kernels.topk import row_topk_torch
 from spectool.model.config import ModelConfig
 from spectool.model.parallel import check_divisible, shard_config
+from spectool.verify import verify_greedy_torch
 
 WORKER = Path(tp_worker.__file__)
 
@@ -57,14 +59,57 @@ def test_split_logits_equal_whole_logits_for_prefill_decode_and_verify(tmp_path)
 def test_greedy_speculative_output_at_tp2_equals_plain_output(tmp_path):
     assert run_ranks("generate", tmp_path) == 0
     r0, r1 = ranks(tmp_path, "generate")
+    whole = tp_worker.generate(1)
     plain = r0["none"]["tokens"]
-    assert plain == tp_worker.generate(1)["none"]["tokens"]  # TP 2 plain decoding = TP 1 plain decoding
+    assert plain == whole["none"]["tokens"]  # TP 2 plain decoding = TP 1 plain decoding
     for method in ("ngram", "eagle", "multi_layer_eagle"):
         assert r0[method]["tokens"] == plain, f"{method} at TP 2 differs from plain decoding"
         assert r1[method]["tokens"] == r0[method]["tokens"]  # both ranks took the same decisions
     for method, result in r0.items():  # rank 0 alone records, and says the target was split
         assert result["recorded"] and result["tp_size"] == 2, method
         assert not r1[method]["recorded"], method
+        # The trace is the whole target's but for the recorded tp size: the same trees, decisions and
+        # target top-k (merged from the slices), probabilities to float32 rounding.
+        assert {**result["model"], "tp_size": 1} == whole[method]["model"], method
+        assert_same_steps(result["steps"], whole[method]["steps"], method)
+
+
+FLOAT_COLUMNS = ("scores", "step_topk_probs", "target_argmax_prob", "target_topk_probs", "coins", "temperature",
+                 "child_probs", "bonus_cdf")
+
+
+def assert_same_steps(got: dict, want: dict, what: str) -> None:
+    assert got.keys() == want.keys() and got["iteration"], what
+    for name, column in want.items():
+        if name not in FLOAT_COLUMNS:
+            assert got[name] == column, f"{what}: column {name}"
+            continue
+        for g, w in zip(got[name], column, strict=True):
+            assert (g is None) == (w is None), f"{what}: column {name}"
+            if w is not None:
+                torch.testing.assert_close(torch.tensor(g), torch.tensor(w), atol=1e-6, rtol=1e-5, equal_nan=True,
+                                           msg=f"{what}: column {name}")
+
+
+def test_argmax_and_topk_from_the_slices_equal_those_of_the_whole_logits_without_joining_them(tmp_path):
+    assert run_ranks("exchange", tmp_path) == 0
+    r0, r1 = ranks(tmp_path, "exchange")
+    vocab = st.load(st.demo_model() / "target").config.vocab_size
+    logits = tp_worker.planted_logits(vocab, 2)
+    want = verify_greedy_torch(tp_worker.planted_tree(logits), logits)
+    for name, got in r0["decision"].items():  # ties go to the lowest id, as one argmax over the whole row
+        assert got == getattr(want, name).tolist(), name
+    for key, softmax in (("topk", True), ("raw_topk", False)):
+        values, ids = row_topk_torch(logits, 5, softmax=softmax)
+        assert r0[key][1] == ids.tolist(), key
+        torch.testing.assert_close(torch.tensor(r0[key][0]), values, atol=1e-6, rtol=1e-6)
+    assert r1["decision"] == r0["decision"] and r1["topk"] == r0["topk"]  # every rank decides the same
+
+    # Greedy decoding with EAGLE drafts and recording exchanges a few numbers per row (at most the 2k + 1
+    # of the recorded top-5), never a row of logits; sampling joins the logits, and the log shows it.
+    rows = [shape[-1] for shape in r0["greedy_gathers"]]
+    assert rows and max(rows) <= 2 * 5 + 1, rows
+    assert vocab // 2 in [shape[-1] for shape in r0["sampling_gathers"]]
 
 
 def test_a_failing_rank_ends_the_run_with_its_error(tmp_path, capfd):

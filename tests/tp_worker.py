@@ -2,6 +2,7 @@
 
     python tests/tp_worker.py logits OUT_DIR TP        # prefill / decode / tree-verify logits of the demo target
     python tests/tp_worker.py generate OUT_DIR TP      # greedy output of every draft method
+    python tests/tp_worker.py exchange OUT_DIR TP      # argmax / top-k from the vocabulary slices; all-gathers
     python tests/tp_worker.py fail OUT_DIR TP          # rank 1 raises after joining; rank 0 waits in a collective
 
 Every rank writes OUT_DIR/<mode>_rank<R>.json, so the test can also check that the ranks agree.
@@ -15,9 +16,12 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 import spectool as st
+from spectool.draft.tree import chain_tree
 from spectool.model.kv_cache import KVCache
+from spectool.verify import verify_greedy_parts
 
 PROMPTS = [[5, 17, 300, 41, 9, 77, 1000, 3], [12, 8, 800, 64, 2048, 31], [400, 401, 402, 400, 401]]
 
@@ -58,6 +62,71 @@ def generate(tp: int) -> dict:
         result = engine.generate(PROMPTS, max_new_tokens=24, record=True)
         out[name] = {"tokens": result.token_ids, "recorded": result.trace is not None,
                      "tp_size": None if result.trace is None else result.trace.run_info["model"]["tp_size"]}
+        if result.trace is not None:
+            out[name]["steps"] = trace_steps(result.trace)
+            out[name]["model"] = result.trace.run_info["model"]
+    return out
+
+
+def trace_steps(trace) -> dict:
+    """Every step column of a trace but the timings, as JSON-able lists."""
+    steps = trace.steps
+    cols = steps.drop_columns([c for c in steps.column_names if c.endswith("_us")]).to_pydict()
+    cols["mask_packed"] = [m.hex() for m in cols["mask_packed"]]
+    return cols
+
+
+def planted_logits(vocab: int, tp: int) -> torch.Tensor:
+    """[3, 4, vocab] random logits with ties planted across the slices of ``tp`` ranks and within one."""
+    logits = torch.randn(3, 4, vocab, generator=torch.Generator().manual_seed(0))
+    n = vocab // tp
+    logits[0, 0, [5, n + 5]] = 9.0  # the same best value on rank 0 and on rank 1
+    logits[0, 1, [n + 7, n + 3]] = 9.0  # twice on rank 1
+    logits[1, 2, [n - 1, n]] = 9.0  # on both sides of the boundary
+    logits[2, 3, [2, 40, n + 1, n + 2]] = 9.0  # top-k ranks four equal values
+    return logits
+
+
+def planted_tree(logits: torch.Tensor):
+    """A chain per row whose drafts follow the argmax for two nodes, then go astray."""
+    tokens = torch.randint(0, logits.shape[-1], logits.shape[:2], generator=torch.Generator().manual_seed(1))
+    tokens[:, 1:3] = logits.argmax(-1)[:, :2]
+    return chain_tree(tokens, torch.ones(tokens.shape), torch.tensor([10, 20, 30]))
+
+
+def exchange(tp: int) -> dict:
+    """From each rank's slice of the planted logits: the greedy decision and the top-5 (softmax and
+    raw); then the shape of every tensor all-gathered in a greedy run (EAGLE drafts, recording on)
+    and in a sampling run."""
+    target = demo_target(tp)
+    vocab, rank = target.config.vocab_size, target.tp.rank
+    logits = planted_logits(vocab, tp)
+    n = vocab // tp
+    local = logits[..., rank * n:(rank + 1) * n]
+    res = verify_greedy_parts(planted_tree(logits), *target.tp.argmax_parts(local))
+    probs, ids = target.tp.topk(local, 5, softmax=True)
+    raw, raw_ids = target.tp.topk(local, 5)
+    out = {"decision": {k: getattr(res, k).tolist() for k in ("status", "accept_path", "accept_length", "bonus",
+                                                              "target_argmax")},
+           "topk": [probs.tolist(), ids.tolist()], "raw_topk": [raw.tolist(), raw_ids.tolist()]}
+
+    gathered: list[list[int]] = []
+    all_gather = dist.all_gather
+
+    def logged(parts, tensor, *args, **kwargs):
+        gathered.append(list(tensor.shape))
+        return all_gather(parts, tensor, *args, **kwargs)
+
+    dist.all_gather = logged
+    try:
+        engine = st.Engine(target, draft=st.EagleConfig(st.demo_model() / "eagle", num_steps=3, topk=2,
+                                                        num_draft_tokens=6), max_batch_size=2, max_seq_len=64)
+        engine.generate(PROMPTS[:2], max_new_tokens=8, record=True)
+        out["greedy_gathers"], gathered[:] = list(gathered), []
+        engine.generate(PROMPTS[:2], max_new_tokens=4, temperature=1.0)
+        out["sampling_gathers"] = list(gathered)
+    finally:
+        dist.all_gather = all_gather
     return out
 
 
@@ -71,7 +140,7 @@ def fail(tp: int) -> dict:
 
 def main() -> None:
     mode, out, tp = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    result = {"logits": forward_logits, "generate": generate, "fail": fail}[mode](tp)
+    result = {"logits": forward_logits, "generate": generate, "exchange": exchange, "fail": fail}[mode](tp)
     rank = os.environ.get("RANK", "0")
     (out / f"{mode}_rank{rank}.json").write_text(json.dumps(result))
 
