@@ -4,6 +4,9 @@
     python benchmarks/decode.py --quick    # ~1 minute: fewer tokens, transformers 16 tokens
     python benchmarks/decode.py --shapes tiny --device cpu --quick   # smoke test without a GPU
     python benchmarks/decode.py --shapes 8B --batches 1 --no-hf --deterministic   # deterministic mode's cost
+    python benchmarks/decode.py --shapes 8B --tp 2 --quick     # split over 2 GPUs, and TP 1 on one GPU
+    python benchmarks/decode.py --shapes 70B --tp 2 --no-tp1   # a target no one GPU holds
+    python benchmarks/decode.py --shapes tiny --device cpu --quick --tp 2   # smoke test: 2 processes, gloo
 
 Random bf16 weights built from a config (no download). For each shape and batch:
 tokens/s of spectool eager, spectool with CUDA graphs (GraphRunner over one decode
@@ -13,6 +16,12 @@ weights read per step (batch x that for tokens/s), and peak GPU memory. With
 ``--deterministic`` also the same graphs in deterministic mode (batch-invariant kernels,
 docs/INTERNALS.md) and its rate as a share of the default mode's in the same run. Prints a
 table; writes JSON to $OUT/decode.json when $OUT is set.
+
+``--tp N`` splits the target over N processes (one GPU each; gloo on the CPU), started by the
+script as ``spectool record --tp`` does (or run it under ``torchrun --nproc-per-node N``, which
+reports the split run alone). Its floor is TP-N's: every GPU reads its 1/N of the weights per
+step at its copy bandwidth (the all-reduces' time is not in it). After the split run the script
+times the same shapes whole on one device (TP 1) unless ``--no-tp1``, and prints TP-N / TP-1.
 """
 
 from __future__ import annotations
@@ -21,16 +30,21 @@ import argparse
 import gc
 import json
 import os
+import sys
+import tempfile
 import time
 
 import torch
 
+from spectool.cli.launch import launch, launched
 from spectool.graphs import GraphRunner
 from spectool.kernels import ops
 from spectool.kernels.fused import argmax_reference, argmax_triton
+from spectool.model import parallel
 from spectool.model.config import ModelConfig
 from spectool.model.kv_cache import KVCache
 from spectool.model.llama import Transformer
+from spectool.model.parallel import TensorParallel
 
 SHAPES = {
     "1B": dict(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192,
@@ -42,6 +56,8 @@ SHAPES = {
                  vocab_size=4096, tie_word_embeddings=False),
     "113M": dict(hidden_size=512, num_layers=32, num_heads=8, num_kv_heads=2, intermediate_size=1792,
                  vocab_size=4096, tie_word_embeddings=False),
+    "70B": dict(hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8, intermediate_size=28672,
+                vocab_size=128256, tie_word_embeddings=False),
     "tiny": dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256,
                  vocab_size=1000, tie_word_embeddings=True),
 }
@@ -107,15 +123,18 @@ def spectool_decode(model: Transformer, cache: KVCache, prompt: torch.Tensor, ne
                     graphs: bool, deterministic: bool = False) -> tuple[float, torch.Tensor, dict]:
     """Prefill, then ``new_tokens`` greedy steps; returns (decode seconds, generated tokens, the
     graph captures and, with ``graphs``, eager steps inside the timed loop: both must be 0).
-    ``deterministic``: every forward (the prefill too) with deterministic mode's kernels."""
+    ``deterministic``: every forward (the prefill too) with deterministic mode's kernels. A split
+    model (``model.tp``) takes the argmax from the ranks' vocabulary slices, as the engine does."""
     B, L = prompt.shape
     device = prompt.device
     slots = torch.arange(B, device=device)
     argmax = argmax_triton if device.type == "cuda" else argmax_reference
+    if model.tp is not None:
+        argmax = model.tp.argmax
 
     def step(tokens, positions, slots, starts):
         hidden = model(tokens, positions, cache=cache, slots=slots, starts=starts, deterministic=deterministic)
-        return argmax(model.logits(hidden, deterministic=deterministic)[:, -1])
+        return argmax(model.logits(hidden, deterministic=deterministic, gather=False)[:, -1])
 
     runner = GraphRunner(step, buckets=(1, 2, 4, 8), enabled=graphs)
     with torch.inference_mode():
@@ -123,7 +142,7 @@ def spectool_decode(model: Transformer, cache: KVCache, prompt: torch.Tensor, ne
         zeros = torch.zeros(B, dtype=torch.long, device=device)
         hidden = model(prompt, positions, cache=cache, slots=slots, starts=zeros, kv_len=L,
                        deterministic=deterministic)
-        token = argmax(model.logits(hidden[:, -1:], deterministic=deterministic)[:, -1])
+        token = argmax(model.logits(hidden[:, -1:], deterministic=deterministic, gather=False)[:, -1])
         starts = torch.full((B,), L, dtype=torch.long, device=device)
         # Capture (or warm up) outside the timed loop, on a copy of the first step's inputs.
         runner.capture(B, tokens=token[:, None], positions=starts[:, None], slots=slots, starts=starts)
@@ -183,18 +202,20 @@ def transformers_decode(shape: str, batch: int, prompt_len: int, new_tokens: int
 
 def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, hf_tokens: int,
               device: torch.device, bandwidth: float, with_hf: bool, unfused: bool = False,
-              deterministic: bool = False) -> list[dict]:
+              deterministic: bool = False, tp: TensorParallel | None = None) -> list[dict]:
+    """The rows of one shape; under ``tp`` this rank's shard of it (same seed on every rank, so the
+    prompts agree) and the TP-N floor of one GPU reading its shard."""
     torch.manual_seed(0)
     cfg = model_config(shape, prompt_len + new_tokens + 64)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with torch.device(device):
-        model = Transformer(cfg).to(dtype).eval()
+        model = Transformer(cfg, tp).to(dtype).eval()
     wbytes = weight_bytes_per_step(model)
     rows = []
     for batch in batches:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        cache = KVCache.for_model(cfg, batch, prompt_len + new_tokens + 64, dtype, device)
+        cache = KVCache.for_model(model.local_config, batch, prompt_len + new_tokens + 64, dtype, device)
         prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), device=device)
         eager_s, eager_tokens, _ = spectool_decode(model, cache, prompt, new_tokens, graphs=False)
         graph_s, graph_tokens, faults = spectool_decode(model, cache, prompt, new_tokens,
@@ -214,8 +235,8 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
         peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
         del cache
         row = {
-            "shape": shape, "batch": batch, "prompt": prompt_len, "new_tokens": new_tokens,
-            "weight_gb": wbytes / 1e9, "copy_tb_s": bandwidth / 1e12,
+            "shape": shape, "tp": 1 if tp is None else tp.size, "batch": batch, "prompt": prompt_len,
+            "new_tokens": new_tokens, "weight_gb": wbytes / 1e9, "copy_tb_s": bandwidth / 1e12,
             "floor_tok_s": batch * bandwidth / wbytes,
             "spectool_eager_tok_s": batch * new_tokens / eager_s,
             "spectool_graphs_tok_s": batch * new_tokens / graph_s,
@@ -249,7 +270,60 @@ def fmt(v, spec: str = ".0f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def main() -> None:
+ROWS_ENV = "SPECTOOL_DECODE_ROWS"  # where rank 0 of a split run leaves its rows for the launching process
+
+
+def measure(args: argparse.Namespace, device: torch.device, tp: TensorParallel | None) -> list[dict]:
+    """Every (shape, batch) row of this process (one rank's view under ``tp``)."""
+    new_tokens = 64 if args.quick else args.new_tokens
+    hf_tokens = args.hf_tokens or (16 if args.quick else args.new_tokens)
+    bandwidth = copy_bandwidth(device)
+    rows = []
+    for shape in args.shapes.split(","):
+        batches = [int(b) for b in args.batches.split(",")]
+        rows += run_shape(shape, batches, args.prompt, new_tokens, hf_tokens, device, bandwidth,
+                          with_hf=not args.no_hf and tp is None, unfused=args.unfused,
+                          deterministic=args.deterministic, tp=tp)
+    return rows
+
+
+def report(rows: list[dict], args: argparse.Namespace, device: torch.device) -> None:
+    """The table (and TP-N / TP-1 where both ran), and $OUT/decode.json."""
+    head = (f"{'shape':>5} {'tp':>2} {'B':>2} {'floor':>7} {'eager':>7} {'graphs':>7} {'%floor':>6} {'hf':>6} "
+            f"{'hf-stat':>7} {'same':>5} {'peakGB':>6}")
+    bandwidth = rows[0]["copy_tb_s"] if rows else 0.0
+    print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}; "
+          f"copy bandwidth {bandwidth:.2f} TB/s per device; tokens/s, batch 1 and 8 count all rows; "
+          f"floor at TP N = each device reading its 1/N of the weights; "
+          f"a row whose timed graphed loop captured a graph or ran a step eagerly is refused")
+    print(head)
+    for r in rows:
+        if r["refused"]:
+            print(f"{r['shape']:>5} {r['tp']:>2} {r['batch']:>2} refused: {r['timed_graph_captures']} graph captures "
+                  f"and {r['timed_eager_steps']} eager steps inside the timed loop")
+            continue
+        print(f"{r['shape']:>5} {r['tp']:>2} {r['batch']:>2} {r['floor_tok_s']:7.0f} {r['spectool_eager_tok_s']:7.0f} "
+              f"{r['spectool_graphs_tok_s']:7.0f} {r['graphs_pct_floor']:6.1f} "
+              f"{fmt(r['hf_default_tok_s']):>6} {fmt(r['hf_static_tok_s']):>7} "
+              f"{str(r['eager_graph_same_tokens']):>5} {fmt(r['peak_gpu_gb'], '.1f'):>6}"
+              + (f"  unfused graphs {r['spectool_graphs_unfused_tok_s']:.0f}" if args.unfused else "")
+              + (f"  deterministic graphs {r['spectool_graphs_deterministic_tok_s']:.0f} "
+                 f"({100 * r['deterministic_vs_default']:.1f} % of default)" if args.deterministic else ""))
+    whole = {(r["shape"], r["batch"]): r for r in rows if r["tp"] == 1 and not r["refused"]}
+    for r in rows:
+        base = whole.get((r["shape"], r["batch"]))
+        if r["tp"] > 1 and base is not None and not r["refused"]:
+            r["vs_tp1"] = r["spectool_graphs_tok_s"] / base["spectool_graphs_tok_s"]
+            print(f"{r['shape']} batch {r['batch']}: TP {r['tp']} / TP 1 = {r['vs_tp1']:.2f}x tokens/s")
+    if os.environ.get("OUT"):
+        meta = {"torch": torch.__version__, "device": str(device), "quick": args.quick, "tp": args.tp,
+                "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}
+        with open(os.path.join(os.environ["OUT"], "decode.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="1B,8B")
     ap.add_argument("--batches", default="1,8")
@@ -264,41 +338,41 @@ def main() -> None:
     ap.add_argument("--deterministic", action="store_true",
                     help="also time the graphs in deterministic mode (batch-invariant kernels)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args()
+    ap.add_argument("--tp", type=int, default=1,
+                    help="split the target over this many processes (one GPU each; gloo on the CPU)")
+    ap.add_argument("--no-tp1", action="store_true",
+                    help="with --tp: skip the TP 1 run on one device (a target that does not fit one)")
+    args = ap.parse_args(argv)
     device = torch.device(args.device)
-    new_tokens = 64 if args.quick else args.new_tokens
-    hf_tokens = args.hf_tokens or (16 if args.quick else args.new_tokens)
-    bandwidth = copy_bandwidth(device)
-    rows = []
-    for shape in args.shapes.split(","):
-        batches = [int(b) for b in args.batches.split(",")]
-        rows += run_shape(shape, batches, args.prompt, new_tokens, hf_tokens, device, bandwidth,
-                          with_hf=not args.no_hf, unfused=args.unfused, deterministic=args.deterministic)
-
-    head = (f"{'shape':>5} {'B':>2} {'floor':>7} {'eager':>7} {'graphs':>7} {'%floor':>6} {'hf':>6} "
-            f"{'hf-stat':>7} {'same':>5} {'peakGB':>6}")
-    print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}; "
-          f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; tokens/s, batch 1 and 8 count all rows; "
-          f"a row whose timed graphed loop captured a graph or ran a step eagerly is refused")
-    print(head)
-    for r in rows:
-        if r["refused"]:
-            print(f"{r['shape']:>5} {r['batch']:>2} refused: {r['timed_graph_captures']} graph captures and "
-                  f"{r['timed_eager_steps']} eager steps inside the timed loop")
-            continue
-        print(f"{r['shape']:>5} {r['batch']:>2} {r['floor_tok_s']:7.0f} {r['spectool_eager_tok_s']:7.0f} "
-              f"{r['spectool_graphs_tok_s']:7.0f} {r['graphs_pct_floor']:6.1f} "
-              f"{fmt(r['hf_default_tok_s']):>6} {fmt(r['hf_static_tok_s']):>7} "
-              f"{str(r['eager_graph_same_tokens']):>5} {fmt(r['peak_gpu_gb'], '.1f'):>6}"
-              + (f"  unfused graphs {r['spectool_graphs_unfused_tok_s']:.0f}" if args.unfused else "")
-              + (f"  deterministic graphs {r['spectool_graphs_deterministic_tok_s']:.0f} "
-                 f"({100 * r['deterministic_vs_default']:.1f} % of default)" if args.deterministic else ""))
-    if os.environ.get("OUT"):
-        meta = {"torch": torch.__version__, "device": str(device), "quick": args.quick,
-                "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}
-        with open(os.path.join(os.environ["OUT"], "decode.json"), "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    if args.tp > 1 and not launched():  # start the ranks, collect rank 0's rows, then TP 1 here
+        with tempfile.TemporaryDirectory() as tmp:
+            rows_file = os.path.join(tmp, "rows.json")
+            os.environ[ROWS_ENV] = rows_file
+            code = launch([sys.executable, os.path.abspath(__file__), *argv], args.tp)
+            if code != 0:
+                return code
+            with open(rows_file) as f:
+                rows = json.load(f)
+        if not args.no_tp1:
+            rows += measure(args, device, None)
+        report(rows, args, device)
+        return 0
+    tp = None
+    if args.tp > 1:
+        tp = parallel.init(args.tp, device)
+        device = parallel.local_device(device, tp)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+    rows = measure(args, device, tp)
+    if tp is not None and tp.rank != 0:
+        return 0
+    if tp is not None and os.environ.get(ROWS_ENV):
+        with open(os.environ[ROWS_ENV], "w") as f:
+            json.dump(rows, f)
+        return 0
+    report(rows, args, device)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -3,6 +3,8 @@
     python benchmarks/speculative.py                       # H200: demo model, bf16, bs 1/4/16, 128 tokens
     python benchmarks/speculative.py --model /tmp/large/target --draft-dir /tmp/large
     python benchmarks/speculative.py --device cpu --quick  # smoke test: bs 1, 1 prompt, 4 tokens
+    python benchmarks/speculative.py --model /tmp/large/target --draft-dir /tmp/large --tp 2   # 2 GPUs
+    python benchmarks/speculative.py --device cpu --quick --tp 2   # smoke test: 2 processes, gloo
 
 For every workload (completion, editing: the "kind" of prompts.jsonl), batch size,
 temperature (``--temperatures``, greedy by default; sampled cells draw with the same seed)
@@ -23,6 +25,12 @@ CUDA-graph capture or an eager step is refused (printed as such, no figures).
 Prints a table; writes $OUT/speculative.json (or --out DIR). ``--budget-s`` skips the
 cells that would start after the budget (they are listed as skipped, never silently dropped).
 
+``--tp N`` splits the target over N processes (one GPU each; gloo on the CPU), started by the
+script as ``spectool record --tp`` does (or run it under ``torchrun --nproc-per-node N``); rank 0
+reports. Every row then carries the TP-N bandwidth floor of plain decoding (each GPU reads its
+1/N of the weights per step at its copy bandwidth: batch x bandwidth / bytes per rank) and its
+tokens/s as a share of it; a speculative row may pass 100 %, since a step yields more than one token.
+
 The other benchmark scripts import the helpers below (they run from benchmarks/).
 """
 
@@ -32,12 +40,15 @@ import argparse
 import json
 import os
 import random
+import sys
 import time
 from pathlib import Path
 
 import torch
+from decode import copy_bandwidth, weight_bytes_per_step
 
 import spectool as st
+from spectool.cli.launch import launch, launched
 from spectool.prompts import load_prompts
 
 METHODS = ("plain", "ngram", "eagle", "multi_layer_eagle", "eagle3")
@@ -57,10 +68,11 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_target(model_dir: str | Path, device: str):
-    """The target in bf16 on CUDA, float32 on CPU (CPU bf16 matmuls are slow)."""
+def load_target(model_dir: str | Path, device: str, tp_size: int = 1):
+    """The target in bf16 on CUDA, float32 on CPU (CPU bf16 matmuls are slow); split over
+    ``tp_size`` processes when > 1 (this one's shard)."""
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    return st.load(model_dir, device=device, dtype=dtype)
+    return st.load(model_dir, device=device, dtype=dtype, tp_size=tp_size)
 
 
 def workload_prompts(target, path: str | Path, kind: str, count: int, max_tokens: int | None = None
@@ -238,9 +250,12 @@ def print_table(rows: list[dict], args: argparse.Namespace, new_tokens: int) -> 
           f"{new_tokens} new tokens per request; e2e = end to end (prefill included), decode = iterations only; "
           f"prefill = a one-token call of the same prompts; a cell with a graph capture or an eager step "
           f"inside its timed region is refused" + ("; deterministic mode" if args.deterministic else ""))
+    floor = rows[0]["floor_tok_s"] / rows[0]["batch"] if rows else 0.0
+    print(f"TP {args.tp}: floor of plain decoding {floor:.1f} tok/s per request (each device reads its "
+          f"1/{args.tp} of the target's weights per step at its copy bandwidth); %fl = decode tok/s / floor")
     phases = ("draft_us", "index_us", "verify_us", "commit_us", "trie_get_us", "trie_put_us")
-    print(f"{'workload':<10} {'bs':>3} {'temp':>4} {'method':<18} {'e2e tok/s':>9} {'decode':>9} {'e2e x':>6} "
-          f"{'dec x':>6} {'impl x':>6} {'accept':>6} {'ttft ms':>7} {'prefill':>7} {'pf x':>5} "
+    print(f"{'workload':<10} {'bs':>3} {'temp':>4} {'method':<18} {'e2e tok/s':>9} {'decode':>9} {'%fl':>5} "
+          f"{'e2e x':>6} {'dec x':>6} {'impl x':>6} {'accept':>6} {'ttft ms':>7} {'prefill':>7} {'pf x':>5} "
           + " ".join(f"{name.removesuffix('_us'):>8}" for name in phases) + f" {'same':>5}   (µs/iteration)")
     for r in rows:
         head = f"{r['workload']:<10} {r['batch']:>3} {r['temperature']:>4g} {r['method']:<18}"
@@ -248,7 +263,7 @@ def print_table(rows: list[dict], args: argparse.Namespace, new_tokens: int) -> 
             print(f"{head} refused: {r['refused']}")
             continue
         ph = r["phase_us"]
-        print(f"{head} {r['end_to_end_tokens_per_s']:>9.1f} {r['tokens_per_s']:>9.1f} "
+        print(f"{head} {r['end_to_end_tokens_per_s']:>9.1f} {r['tokens_per_s']:>9.1f} {r['pct_floor']:>5.1f} "
               f"{fmt(r['end_to_end_speedup'], '.2f'):>6} {fmt(r['speedup'], '.2f'):>6} "
               f"{fmt(r['implied_speedup'], '.2f'):>6} {r['mean_accept_length']:>6.2f} "
               f"{r['time_to_first_token_ms']:>7.1f} {r['prefill_ms']:>7.1f} {fmt(r['prefill_vs_plain'], '.2f'):>5} "
@@ -262,6 +277,7 @@ def print_table(rows: list[dict], args: argparse.Namespace, new_tokens: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(p)
     p.add_argument("--batches", default="1,4,16")
@@ -278,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="override one field of a method's config, e.g. eagle.num_draft_tokens=8 (repeatable)")
     p.add_argument("--deterministic", action="store_true",
                    help="every engine (plain too) in deterministic mode: batch-invariant target kernels")
+    p.add_argument("--tp", type=int, default=1,
+                   help="split the target over this many processes (one GPU each; gloo on the CPU); rank 0 reports")
     args = p.parse_args(argv)
+    if args.tp > 1 and not launched():  # one process per rank, this script in each
+        return launch([sys.executable, os.path.abspath(__file__), *argv], args.tp)
     try:
         overrides = parse_overrides(args.set)
     except ValueError as e:
@@ -292,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         batches, new_tokens, max_prompt = [1], 3, 16
     seed_all(args.seed)
-    target = load_target(args.model, args.device)
+    target = load_target(args.model, args.device, args.tp)
+    # Plain decoding's floor per request: one step reads this rank's weights once.
+    floor = copy_bandwidth(target.device) / weight_bytes_per_step(target.model)
     # Bad method or field names fail here, before any decoding.
     try:
         configs = {m: draft_config(m, args.draft_dir, **overrides.get(m, {})) for m in methods}
@@ -319,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
                                 min(max_seq_len, max(map(len, prompts)) + new_tokens + 8), args.seed, batch,
                                 temperature, args.deterministic)
                     tokens = r.pop("token_ids")
-                    row = {**cell, **r, "new_tokens": new_tokens, "refused": refused(r, args.device)}
+                    row = {**cell, **r, "tp": args.tp, "new_tokens": new_tokens, "refused": refused(r, args.device),
+                           "floor_tok_s": batch * floor, "pct_floor": 100 * r["tokens_per_s"] / (batch * floor)}
                     if method == "plain":
                         base, base_tokens = row, tokens
                     ok = base is not None and not base["refused"] and not row["refused"]
@@ -333,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
                         same_tokens_as_plain=tokens == base_tokens if base and temperature == 0 else None)
                     rows.append(row)
     add_implied_speedups(rows)
+    if target.tp is not None and target.tp.rank != 0:
+        return 0  # every rank measured the same run; rank 0 reports it
     print_table(rows, args, new_tokens)
     big = max(batches)
     keep = [f"{r['method']}/{r['workload']}/t{r['temperature']:g}" for r in rows

@@ -118,6 +118,7 @@ class Engine:
         self.deterministic = bool(deterministic)
         self.prefill_budget = 8192  # padded tokens per prefill forward
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.tp = getattr(target, "tp", None)  # this rank's place when the target is split (drafters read it)
         self.drafter = make_drafter(draft, self)
         # The target layers whose outputs the drafter reads in place of the last hidden state (EAGLE-3).
         self.aux_layers: tuple[int, ...] | None = getattr(self.drafter, "aux_layers", None)
@@ -131,7 +132,6 @@ class Engine:
         # Under tensor parallelism the cache holds this rank's KV heads (local_config).
         self.cache = KVCache.for_model(self.model.local_config, self.num_slots, self.cache_len, target.dtype,
                                        self.device)
-        self.tp = getattr(target, "tp", None)
         # On CUDA the attention kernel reads the live lengths on the device (graph safe);
         # the CPU path slices the cache to a host-known length instead.
         self.on_cuda = self.device.type == "cuda"

@@ -22,6 +22,7 @@ import torch
 from spectool.draft.tree import DraftTree
 from spectool.kernels.gather import commit_kv_torch, commit_kv_triton
 from spectool.kernels.tree_indices import triton_on_cpu
+from spectool.model.parallel import argmax_of_parts
 
 NOT_VISITED, ACCEPTED, REJECTED = 0, 1, 2
 
@@ -140,9 +141,7 @@ def verify_greedy_parts(tree: DraftTree, vals: torch.Tensor, ids: torch.Tensor) 
         coins = torch.full(tree.tokens.shape, math.nan, dtype=torch.float32, device=tree.device)
         return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus, coins=coins,
                             target_argmax=argmax)
-    best = vals.max(-1, keepdim=True).values
-    argmax = torch.where(vals == best, ids, torch.iinfo(torch.int64).max).min(-1).values
-    return _greedy_from_argmax(tree, argmax)
+    return _greedy_from_argmax(tree, argmax_of_parts(vals, ids))
 
 
 def _greedy_from_argmax(tree: DraftTree, argmax: torch.Tensor) -> VerifyResult:

@@ -65,6 +65,7 @@ def test_greedy_speculative_output_at_tp2_equals_plain_output(tmp_path):
     for method in ("ngram", "eagle", "multi_layer_eagle"):
         assert r0[method]["tokens"] == plain, f"{method} at TP 2 differs from plain decoding"
         assert r1[method]["tokens"] == r0[method]["tokens"]  # both ranks took the same decisions
+    assert r0["ngram"]["has_corpus"] and not r1["ngram"]["has_corpus"]  # rank 1 drafts rank 0's broadcast trees
     for method, result in r0.items():  # rank 0 alone records, and says the target was split
         assert result["recorded"] and result["tp_size"] == 2, method
         assert not r1[method]["recorded"], method

@@ -62,6 +62,7 @@ def generate(tp: int) -> dict:
         result = engine.generate(PROMPTS, max_new_tokens=24, record=True)
         out[name] = {"tokens": result.token_ids, "recorded": result.trace is not None,
                      "tp_size": None if result.trace is None else result.trace.run_info["model"]["tp_size"]}
+        out[name]["has_corpus"] = getattr(engine.drafter, "corpus", None) is not None
         if result.trace is not None:
             out[name]["steps"] = trace_steps(result.trace)
             out[name]["model"] = result.trace.run_info["model"]

@@ -26,8 +26,10 @@ def free_port() -> int:
 
 
 def launched() -> bool:
-    """Whether this process is one of the ranks a launcher started."""
-    return os.environ.get(CHILD_ENV) == "1"
+    """Whether this process is one of the ranks a launcher started: :func:`launch`, or torchrun
+    (which sets RANK), so that ``torchrun ... spectool record --tp N`` runs as those ranks instead
+    of starting N more processes per rank."""
+    return os.environ.get(CHILD_ENV) == "1" or "RANK" in os.environ
 
 
 def launch(cmd: list[str], nproc: int, poll_s: float = 0.05) -> int:

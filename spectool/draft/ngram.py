@@ -4,6 +4,11 @@ The corpus is fed each prompt at prefill and the accepted tokens after every
 verify (with request ids, so n-gram counts stay true); ``batch_get`` returns the
 tree as tokens + mask (a ``MaskTree``), and the index kernel turns the mask into
 positions and retrieve_* arrays inside the engine's verify step.
+
+Under tensor parallelism the corpus lives on rank 0 alone: it drafts, and broadcasts each
+iteration's trees (the staged bytes, with the node count in a header) to the other ranks, which
+keep no corpus and put nothing. On CUDA the broadcast goes through the host group (gloo): the
+trees are host data, and a receiving rank needs the node count on the host anyway.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ if TYPE_CHECKING:
 
 
 PUT_LOG_TOKENS = 1 << 18  # tokens of corpus puts an engine keeps for its traces
+HEADER = 4  # staging bytes before the trees: the node count (int32), for the ranks that receive them
 
 
 class NgramDrafter:
@@ -38,6 +44,15 @@ class NgramDrafter:
         self.device = engine.device
         self.max_batch_size = engine.max_batch_size
         self.num_draft_tokens = config.num_draft_tokens
+        self.tp = getattr(engine, "tp", None)
+        # For the trace: tokens of each request given to the corpus so far, and every put since the
+        # engine was made (a trace then holds what earlier runs left in the corpus), up to a budget.
+        self._put_len: dict[int, int] = {}
+        self.put_log: list | None = []
+        self._logged_tokens = 0
+        if self.tp is not None and self.tp.rank != 0:
+            self.corpus = None  # rank 0 drafts and broadcasts the trees
+            return
         self.corpus = NgramCorpus(
             max_trie_depth=config.max_trie_depth, min_bfs_breadth=config.min_bfs_breadth,
             max_bfs_breadth=config.max_bfs_breadth, num_draft_tokens=config.num_draft_tokens,
@@ -46,13 +61,10 @@ class NgramDrafter:
             chunks = [engine.target.encode(text) for text in read_corpus_texts(config.external_corpus)]
             self.corpus.add_external_corpus(str(config.external_corpus), chunks,
                                             config.external_corpus_max_tokens)
-        # For the trace: tokens of each request given to the corpus so far, and every put since the
-        # engine was made (a trace then holds what earlier runs left in the corpus), up to a budget.
-        self._put_len: dict[int, int] = {}
-        self.put_log: list | None = []
-        self._logged_tokens = 0
 
     def _put(self, kind: str, windows: list[list[int]], req_ids: list[int], total_lens: list[int]) -> None:
+        if self.corpus is None:
+            return
         self.corpus.batch_put(windows, req_ids=req_ids, total_lens=total_lens)
         self._put_len.update(zip(req_ids, total_lens))
         if self.put_log is not None:
@@ -76,7 +88,7 @@ class NgramDrafter:
         """
         n, b = self.num_draft_tokens, self.max_batch_size
         self._nbytes_per_row = 9 * n + n * n
-        self._staging = torch.zeros(b * self._nbytes_per_row, dtype=torch.uint8,
+        self._staging = torch.zeros(HEADER + b * self._nbytes_per_row, dtype=torch.uint8,
                                     pin_memory=self.device.type == "cuda")
         self._device_buf = (torch.empty_like(self._staging, device=self.device)
                             if self.device.type == "cuda" else None)
@@ -92,7 +104,7 @@ class NgramDrafter:
             dtypes = ((np.int32, torch.int32), (np.float32, torch.float32), (np.bool_, torch.bool),
                       (np.bool_, torch.bool))
             sizes = [int(np.prod(shape)) * np.dtype(d).itemsize for shape, (d, _) in zip(shapes, dtypes)]
-            ends = np.cumsum(sizes)
+            ends = HEADER + np.cumsum(sizes)
             host = self._staging.numpy()
             staged = [host[end - size:end].view(d).reshape(shape)
                       for shape, (d, _), size, end in zip(shapes, dtypes, sizes, ends)]
@@ -117,11 +129,18 @@ class NgramDrafter:
         self._put("prefill", [h[-depth:] for h in batch.histories], batch.request_ids,
                   [len(h) for h in batch.histories])
         # Wait here, in the prefill, rather than in the first decode iteration's get.
-        self.corpus.synchronize()
+        if self.corpus is not None:
+            self.corpus.synchronize()
 
     def draft(self, batch: Batch, timer) -> tuple[MaskTree, dict]:
-        depth = self.config.max_trie_depth
         out, on_device = self._buffers(len(batch.request_ids))
+        if self.corpus is None:  # another rank than 0 of a split target: rank 0's trees
+            with timer("trie_get"):
+                n = int(self._broadcast_trees(len(batch.request_ids)))
+            with timer("index"):
+                tokens, scores, mask, valid = self._to_device(on_device, n)
+            return MaskTree(tokens, scores, mask, valid, batch.seq_lens, max_depth=n - 1), {}
+        depth = self.config.max_trie_depth
         with timer("trie_get"):
             self.corpus.synchronize()
             got = self.corpus.batch_get(batch.request_ids, [h[-depth:] for h in batch.histories],
@@ -130,6 +149,8 @@ class NgramDrafter:
             # No row matched anything: verify the roots alone, a plain decoding step, instead of N
             # nodes of padding (a third of the iterations on free completion; valid nodes come first).
             n = self.num_draft_tokens if got.valid[:, 1:].any() else 1
+            if self.tp is not None:
+                self._broadcast_trees(len(batch.request_ids), n)
             tokens, scores, mask, valid = self._to_device(on_device, n)
             tree = MaskTree(tokens, scores, mask, valid, batch.seq_lens, max_depth=n - 1)
         # Copies: the arrays are rewritten by the next get, and the recorder keeps these.
@@ -137,13 +158,23 @@ class NgramDrafter:
         return tree, {"ngram_match_len": got.match_len.copy(), "ngram_breadth": got.breadth.copy(),
                       "ngram_put_len": put_len}
 
+    def _broadcast_trees(self, b: int, n: int = 0) -> int:
+        """Rank 0's staged trees of ``b`` rows and their node count ``n`` on every rank (one
+        broadcast of the staging buffer's used part); the node count."""
+        used = self._staging[:HEADER + b * self._nbytes_per_row]
+        count = used[:HEADER].view(torch.int32)
+        if self.tp.rank == 0:
+            count.fill_(n)
+        self.tp.broadcast_host(used)
+        return int(count[0])
+
     def _to_device(self, on_device: tuple[torch.Tensor, ...], n: int) -> tuple[torch.Tensor, ...]:
         """(tokens, scores, mask, valid) of the staged trees on the engine's device, cut to their
         first n nodes. On CUDA one asynchronous copy fills the device twin: the staging buffer
         is rewritten only after the engine's next host sync, by which time the copy and the
         verify reading the twin are done. On the CPU the trees are cloned, since the buffer is
         shared by every iteration."""
-        nbytes = self._nbytes_per_row * on_device[0].shape[0]
+        nbytes = HEADER + self._nbytes_per_row * on_device[0].shape[0]
         if self._device_buf is not None:
             self._device_buf[:nbytes].copy_(self._staging[:nbytes], non_blocking=True)
         else:
@@ -164,7 +195,8 @@ class NgramDrafter:
                       [len(h) + len(a) for h, a in zip(batch.histories, accepted)])
 
     def release(self, batch: Batch) -> None:
-        self.corpus.erase_match_state(batch.request_ids)
+        if self.corpus is not None:
+            self.corpus.erase_match_state(batch.request_ids)
         for r in batch.request_ids:
             self._put_len.pop(r, None)
 

@@ -24,7 +24,7 @@ counter-based (keyed by the seed and the request), not drawn from a per-process 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -42,6 +42,9 @@ class TensorParallel:
 
     rank: int
     size: int
+    # Host tensors (the N-gram trees rank 0 drafts) travel over gloo: a group of its own beside NCCL,
+    # None when the default group is gloo already.
+    host_group: object = field(default=None, compare=False, repr=False)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of ``x`` over the ranks (in place)."""
@@ -77,6 +80,10 @@ class TensorParallel:
         mine = torch.cat([x.gather(-1, i).double(), (i + self.rank * local.shape[-1]).double()], dim=-1)
         every = torch.stack(self.all_gather(mine), dim=-2)  # [..., size, 2]
         return every[..., 0].float(), every[..., 1].long()
+
+    def argmax(self, local: torch.Tensor) -> torch.Tensor:
+        """The argmax over the whole vocabulary [...] int64, from this rank's slice ``local``."""
+        return argmax_of_parts(*self.argmax_parts(local))
 
     def topk(self, local: torch.Tensor, k: int, softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``spectool.kernels.topk.row_topk`` over the whole vocabulary from this rank's slice
@@ -115,6 +122,20 @@ class TensorParallel:
 
         dist.broadcast(x, src)
         return x
+
+    def broadcast_host(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Rank ``src``'s host tensor ``x`` on every rank (in place), over gloo."""
+        import torch.distributed as dist
+
+        dist.broadcast(x, src, group=self.host_group)
+        return x
+
+
+def argmax_of_parts(vals: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The id of the largest of ``vals`` [..., P] (``ids`` [..., P] their token ids), the lowest
+    id among equal values: one argmax over the joined parts."""
+    best = vals.max(-1, keepdim=True).values
+    return torch.where(vals == best, ids, torch.iinfo(torch.int64).max).min(-1).values
 
 
 def check_divisible(cfg: ModelConfig, tp_size: int) -> None:
@@ -169,7 +190,8 @@ def init(tp_size: int, device: str | torch.device) -> TensorParallel:
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
-    return TensorParallel(rank=dist.get_rank(), size=dist.get_world_size())
+    host_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+    return TensorParallel(rank=dist.get_rank(), size=dist.get_world_size(), host_group=host_group)
 
 
 def local_device(device: str | torch.device, tp: TensorParallel | None) -> torch.device:
