@@ -83,6 +83,17 @@ def random_target(shape: str, device: str, max_pos: int):
                   name=f"random-{shape}", model_hash="random", eos_token_ids=[])
 
 
+def random_model(cfg: ModelConfig, dtype: torch.dtype, tp: TensorParallel | None = None) -> Transformer:
+    """``Transformer(cfg, tp)`` (on the current device) with its default random init made in
+    ``dtype`` directly: a float32 copy first would not fit a GPU for a 70B shard."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        return Transformer(cfg, tp).eval()
+    finally:
+        torch.set_default_dtype(old)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -209,7 +220,7 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
     cfg = model_config(shape, prompt_len + new_tokens + 64)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with torch.device(device):
-        model = Transformer(cfg, tp).to(dtype).eval()
+        model = random_model(cfg, dtype, tp)
     wbytes = weight_bytes_per_step(model)
     rows = []
     for batch in batches:

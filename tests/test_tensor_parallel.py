@@ -7,6 +7,7 @@ ranks of tests/tp_worker.py through spectool's own launcher, as `spectool record
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ import torch
 import tp_worker
 
 import spectool as st
-from spectool.cli.launch import launch
+from spectool.cli.launch import CHILD_ENV, launch, launched
 from spectool.kernels.topk import row_topk_torch
 from spectool.model.config import ModelConfig
 from spectool.model.parallel import check_divisible, shard_config
@@ -55,6 +56,23 @@ def test_split_logits_equal_whole_logits_for_prefill_decode_and_verify(tmp_path)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"{phase} logits at TP 2")
 
 
+def test_split_logits_equal_whole_logits_for_every_supported_family(tmp_path):
+    from test_model_support import save_hf_model
+
+    # Mistral (its own head_dim), Qwen2 (q/k/v biases, tied head) and Qwen3 (per-head q/k norms).
+    paths = []
+    for family in ("mistral", "qwen2", "qwen3"):
+        save_hf_model(family, tmp_path / family, seed=5)
+        paths.append(str(tmp_path / family))
+    assert run_ranks("families", tmp_path, SPECTOOL_TEST_MODELS=json.dumps(paths)) == 0
+    for rank_result in ranks(tmp_path, "families"):
+        for path in paths:
+            whole = tp_worker.forward_logits(1, path)
+            for phase in ("prefill", "decode", "verify"):
+                torch.testing.assert_close(torch.tensor(rank_result[path][phase]), torch.tensor(whole[phase]),
+                                           atol=1e-5, rtol=1e-5, msg=f"{Path(path).name} {phase} logits at TP 2")
+
+
 @pytest.mark.slow
 def test_greedy_speculative_output_at_tp2_equals_plain_output(tmp_path):
     assert run_ranks("generate", tmp_path) == 0
@@ -62,7 +80,7 @@ def test_greedy_speculative_output_at_tp2_equals_plain_output(tmp_path):
     whole = tp_worker.generate(1)
     plain = r0["none"]["tokens"]
     assert plain == whole["none"]["tokens"]  # TP 2 plain decoding = TP 1 plain decoding
-    for method in ("ngram", "eagle", "multi_layer_eagle"):
+    for method in ("ngram", "eagle", "multi_layer_eagle", "eagle3"):
         assert r0[method]["tokens"] == plain, f"{method} at TP 2 differs from plain decoding"
         assert r1[method]["tokens"] == r0[method]["tokens"]  # both ranks took the same decisions
     assert r0["ngram"]["has_corpus"] and not r1["ngram"]["has_corpus"]  # rank 1 drafts rank 0's broadcast trees
@@ -142,6 +160,34 @@ def test_load_with_tp_outside_a_launch_says_how_to_launch(monkeypatch):
         st.load(st.demo_model() / "target", tp_size=3)
 
 
+def edited_target(dst: Path, **config) -> Path:
+    """The demo target with some config fields changed (its weights linked, never read: the
+    tensor-parallel checks come first)."""
+    src = st.demo_model() / "target"
+    dst.mkdir()
+    (dst / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()), **config}))
+    (dst / "model.safetensors").symlink_to(src / "model.safetensors")
+    return dst
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="asks for more GPUs than this machine has")
+def test_bad_tp_input_is_refused_on_every_rank_before_any_work(tmp_path):
+    demo = str(st.demo_model() / "target")
+    kv1 = str(edited_target(tmp_path / "kv1", num_key_value_heads=1))
+    odd_vocab = str(edited_target(tmp_path / "odd_vocab", vocab_size=4095))
+    heads8 = str(edited_target(tmp_path / "heads8", num_attention_heads=8, num_key_value_heads=4))
+    loads = [[kv1, "cpu", 2], [odd_vocab, "cpu", 2], [heads8, "cpu", 4], [demo, "cuda", 2]]
+    want = [r"tp_size 2 does not divide the model's key/value heads \(1\)",
+            r"tp_size 2 does not divide the model's vocabulary size \(4095\)",
+            r"tp_size 4 does not match the launched world size 2",
+            rf"tp_size 2 needs 2 GPUs; this machine has {torch.cuda.device_count()}"]
+    assert run_ranks("refuse", tmp_path, SPECTOOL_TEST_LOADS=json.dumps(loads)) == 0
+    for rank in ranks(tmp_path, "refuse"):
+        for got, pattern in zip(rank["loads"], want, strict=True):
+            assert got["error"] is not None and re.search(pattern, got["error"]), (got, pattern)
+            assert not got["group"]  # refused before joining the process group: no rank waits
+
+
 def test_mismatched_world_size_is_refused_on_every_rank(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
@@ -160,3 +206,11 @@ def test_record_tp2_writes_the_trace_once(tmp_path):
     assert proc.stdout.count("trace written") == 1
     trace = st.Trace.load(out)
     assert trace.run_info["model"]["tp_size"] == 2 and trace.requests.num_rows == 2
+
+
+def test_ranks_started_by_torchrun_run_as_those_ranks(monkeypatch):
+    monkeypatch.delenv(CHILD_ENV, raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    assert not launched()  # `spectool record --tp 2` alone: it starts the ranks
+    monkeypatch.setenv("RANK", "1")  # under torchrun: this process is rank 1 and starts nothing
+    assert launched()

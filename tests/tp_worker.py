@@ -1,11 +1,14 @@
 """One rank of a tensor-parallel test run (started by spectool.cli.launch.launch from test_tensor_parallel.py).
 
     python tests/tp_worker.py logits OUT_DIR TP        # prefill / decode / tree-verify logits of the demo target
+    python tests/tp_worker.py families OUT_DIR TP      # the same for each checkpoint in $SPECTOOL_TEST_MODELS (JSON)
     python tests/tp_worker.py generate OUT_DIR TP      # greedy output of every draft method
     python tests/tp_worker.py exchange OUT_DIR TP      # argmax / top-k from the vocabulary slices; all-gathers
     python tests/tp_worker.py fail OUT_DIR TP          # rank 1 raises after joining; rank 0 waits in a collective
+    python tests/tp_worker.py refuse OUT_DIR TP        # the errors of the loads in $SPECTOOL_TEST_LOADS (JSON)
 
 Every rank writes OUT_DIR/<mode>_rank<R>.json, so the test can also check that the ranks agree.
+$SPECTOOL_TEST_DEVICE picks the device (default cpu; cuda for the GPU tests).
 """
 
 from __future__ import annotations
@@ -26,27 +29,36 @@ from spectool.verify import verify_greedy_parts
 PROMPTS = [[5, 17, 300, 41, 9, 77, 1000, 3], [12, 8, 800, 64, 2048, 31], [400, 401, 402, 400, 401]]
 
 
-def demo_target(tp: int):
-    return st.load(st.demo_model() / "target", device="cpu", dtype=torch.float32, tp_size=tp)
+def demo_target(tp: int, model: str | Path | None = None):
+    return st.load(model or st.demo_model() / "target", device=os.environ.get("SPECTOOL_TEST_DEVICE", "cpu"),
+                   dtype=torch.float32, tp_size=tp)
 
 
-def forward_logits(tp: int) -> dict:
+def forward_logits(tp: int, checkpoint: str | Path | None = None) -> dict:
     """Logits of a prefill, a one-token decode and a 4-node tree verify through the static cache."""
-    target = demo_target(tp)
-    model = target.model
-    cache = KVCache.for_model(model.local_config, 2, 64, torch.float32, "cpu")
-    prompt = torch.tensor([PROMPTS[0]])
+    target = demo_target(tp, checkpoint)
+    model, dev = target.model, target.device
+    cache = KVCache.for_model(model.local_config, 2, 64, torch.float32, dev)
+    prompt = torch.tensor([PROMPTS[0]], device=dev) % target.config.vocab_size
     L = prompt.shape[1]
-    slots, zero = torch.tensor([0]), torch.tensor([0])
+
+    def t(rows):
+        return torch.tensor(rows, device=dev)
+
+    slots, zero = t([0]), t([0])
     with torch.no_grad():
-        prefill = model.logits(model(prompt, torch.arange(L)[None], cache, slots, zero, None, kv_len=L))
-        decode = model.logits(model(torch.tensor([[7]]), torch.tensor([[L]]), cache, slots, torch.tensor([L]),
-                                    None, kv_len=L + 1))
+        prefill = model.logits(model(prompt, torch.arange(L, device=dev)[None], cache, slots, zero, None, kv_len=L))
+        decode = model.logits(model(t([[7]]), t([[L]]), cache, slots, t([L]), None, kv_len=L + 1))
         # Tree [root, a, b, a->c]: parents [-1, 0, 0, 1].
-        mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)[None]
-        verify = model.logits(model(torch.tensor([[9, 11, 13, 15]]), torch.tensor([[L + 1, L + 2, L + 2, L + 3]]),
-                                    cache, slots, torch.tensor([L + 1]), mask, kv_len=L + 5))
+        mask = t([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]).bool()[None]
+        verify = model.logits(model(t([[9, 11, 13, 15]]), t([[L + 1, L + 2, L + 2, L + 3]]), cache, slots, t([L + 1]),
+                                    mask, kv_len=L + 5))
     return {name: t.tolist() for name, t in (("prefill", prefill), ("decode", decode), ("verify", verify))}
+
+
+def families(tp: int) -> dict:
+    """forward_logits of each checkpoint in $SPECTOOL_TEST_MODELS."""
+    return {path: forward_logits(tp, path) for path in json.loads(os.environ["SPECTOOL_TEST_MODELS"])}
 
 
 def generate(tp: int) -> dict:
@@ -55,7 +67,8 @@ def generate(tp: int) -> dict:
     target = demo_target(tp)
     drafts = {"none": None, "ngram": st.NgramConfig(num_draft_tokens=8),
               "eagle": st.EagleConfig(root / "eagle", num_steps=3, topk=2, num_draft_tokens=6),
-              "multi_layer_eagle": st.MultiLayerEagleConfig(root / "multi_layer_eagle", num_steps=3)}
+              "multi_layer_eagle": st.MultiLayerEagleConfig(root / "multi_layer_eagle", num_steps=3),
+              "eagle3": st.Eagle3Config(root / "eagle3", num_steps=3, topk=2, num_draft_tokens=6)}
     out = {}
     for name, draft in drafts.items():
         engine = st.Engine(target, draft=draft, max_batch_size=2, max_seq_len=128)
@@ -131,6 +144,19 @@ def exchange(tp: int) -> dict:
     return out
 
 
+def refuse(tp: int) -> dict:
+    """Each load of $SPECTOOL_TEST_LOADS ([[checkpoint, device, tp_size], ...]): its error, and
+    whether a process group existed by then (none may: the check comes before any work)."""
+    out = []
+    for model, device, tp_size in json.loads(os.environ["SPECTOOL_TEST_LOADS"]):
+        try:
+            st.load(model, device=device, tp_size=tp_size)
+            out.append({"error": None})
+        except ValueError as e:
+            out.append({"error": str(e), "group": dist.is_initialized()})
+    return {"loads": out}
+
+
 def fail(tp: int) -> dict:
     target = demo_target(tp)
     if target.tp.rank == 1:
@@ -141,7 +167,9 @@ def fail(tp: int) -> dict:
 
 def main() -> None:
     mode, out, tp = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    result = {"logits": forward_logits, "generate": generate, "exchange": exchange, "fail": fail}[mode](tp)
+    modes = {"logits": forward_logits, "families": families, "generate": generate, "exchange": exchange,
+             "refuse": refuse, "fail": fail}
+    result = modes[mode](tp)
     rank = os.environ.get("RANK", "0")
     (out / f"{mode}_rank{rank}.json").write_text(json.dumps(result))
 
