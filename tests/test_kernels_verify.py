@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_verify import random_batch
 
-from spectool.verify import verify_greedy, verify_greedy_torch
+from spectool.verify import verify_greedy, verify_greedy_parts, verify_greedy_torch
 
 
 def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
@@ -35,3 +35,43 @@ def test_greedy_verify_kernels_match_reference():
             w, t = getattr(want, name), getattr(got, name)
             assert w.dtype == t.dtype and torch.equal(w, t), (seed, name, w, t)
         assert got.coins.isnan().all()
+
+
+def slice_maxima(logits: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each of ``parts`` equal vocabulary slices' largest logit and its first id (NaN as the largest),
+    what the ranks of a target split by vocabulary exchange."""
+    n = logits.shape[-1] // parts
+    x = logits.float()
+    x = torch.where(x.isnan(), float("inf"), x)
+    vals, ids = [], []
+    for r in range(parts):
+        i = x[..., r * n:(r + 1) * n].argmax(-1)
+        vals.append(x[..., r * n:(r + 1) * n].gather(-1, i[..., None])[..., 0])
+        ids.append(i + r * n)
+    return torch.stack(vals, -1), torch.stack(ids, -1)
+
+
+def _check_parts_decision(tree, logits, parts):
+    want = verify_greedy_torch(tree, logits)
+    got = verify_greedy_parts(tree, *slice_maxima(logits, parts))
+    for name in ("status", "accept_path", "accept_length", "bonus", "target_argmax"):
+        w, t = getattr(want, name), getattr(got, name)
+        assert w.dtype == t.dtype and torch.equal(w, t), (parts, name, w, t)
+
+
+def _parts_cases():
+    # Rounded logits over small vocabularies: ties within a slice and across slices are common.
+    for seed, (bs, n, vocab, parts) in enumerate([(20, 8, 6, 2), (10, 16, 12, 4), (6, 33, 40, 8), (4, 1, 8, 2)]):
+        tree, g = random_batch(bs, n, vocab, seed)
+        yield tree, (torch.randn(bs, n, vocab, generator=g) * 2).round(), parts
+
+
+def test_greedy_verify_from_slice_maxima_equals_verify_of_the_joined_logits():
+    for tree, logits, parts in _parts_cases():
+        _check_parts_decision(tree, logits, parts)
+
+
+@pytest.mark.triton_interpreter
+def test_greedy_decide_kernel_from_slice_maxima_equals_the_reference():
+    for tree, logits, parts in _parts_cases():  # TRITON_INTERPRET=1: verify_greedy_parts takes the kernel
+        _check_parts_decision(tree, logits, parts)
