@@ -129,6 +129,8 @@ def test_argmax_and_topk_from_the_slices_equal_those_of_the_whole_logits_without
     rows = [shape[-1] for shape in r0["greedy_gathers"]]
     assert rows and max(rows) <= 2 * 5 + 1, rows
     assert vocab // 2 in [shape[-1] for shape in r0["sampling_gathers"]]
+    # Sampling decides the same on every rank (joined logits, counter-based coins) and as the whole target.
+    assert r0["sampled"] == r1["sampled"] == tp_worker.sample(tp_worker.eagle_engine(tp_worker.demo_target(1)))
 
 
 def test_a_failing_rank_ends_the_run_with_its_error(tmp_path, capfd):

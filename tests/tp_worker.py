@@ -108,6 +108,16 @@ def planted_tree(logits: torch.Tensor):
     return chain_tree(tokens, torch.ones(tokens.shape), torch.tensor([10, 20, 30]))
 
 
+def sample(engine) -> list[list[int]]:
+    """A short sampled run of EAGLE drafts (seeded)."""
+    return engine.generate(PROMPTS[:2], max_new_tokens=4, temperature=1.0, seed=3).token_ids
+
+
+def eagle_engine(target):
+    return st.Engine(target, draft=st.EagleConfig(st.demo_model() / "eagle", num_steps=3, topk=2,
+                                                  num_draft_tokens=6), max_batch_size=2, max_seq_len=64)
+
+
 def exchange(tp: int) -> dict:
     """From each rank's slice of the planted logits: the greedy decision and the top-5 (softmax and
     raw); then the shape of every tensor all-gathered in a greedy run (EAGLE drafts, recording on)
@@ -133,11 +143,10 @@ def exchange(tp: int) -> dict:
 
     dist.all_gather = logged
     try:
-        engine = st.Engine(target, draft=st.EagleConfig(st.demo_model() / "eagle", num_steps=3, topk=2,
-                                                        num_draft_tokens=6), max_batch_size=2, max_seq_len=64)
+        engine = eagle_engine(target)
         engine.generate(PROMPTS[:2], max_new_tokens=8, record=True)
         out["greedy_gathers"], gathered[:] = list(gathered), []
-        engine.generate(PROMPTS[:2], max_new_tokens=4, temperature=1.0)
+        out["sampled"] = sample(engine)
         out["sampling_gathers"] = list(gathered)
     finally:
         dist.all_gather = all_gather
