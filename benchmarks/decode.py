@@ -15,7 +15,7 @@ static cache; "n/a" if transformers is missing), the floor = copy bandwidth / by
 weights read per step (batch x that for tokens/s), and peak GPU memory. With
 ``--deterministic`` also the same graphs in deterministic mode (batch-invariant kernels,
 docs/INTERNALS.md) and its rate as a share of the default mode's in the same run. Prints a
-table; writes JSON to $OUT/decode.json when $OUT is set.
+table; writes JSON to $OUT/decode.json (or --out DIR).
 
 ``--tp N`` splits the target over N processes (one GPU each; gloo on the CPU), started by the
 script as ``spectool record --tp`` does (or run it under ``torchrun --nproc-per-node N``, which
@@ -326,10 +326,11 @@ def report(rows: list[dict], args: argparse.Namespace, device: torch.device) -> 
         if r["tp"] > 1 and base is not None and not r["refused"]:
             r["vs_tp1"] = r["spectool_graphs_tok_s"] / base["spectool_graphs_tok_s"]
             print(f"{r['shape']} batch {r['batch']}: TP {r['tp']} / TP 1 = {r['vs_tp1']:.2f}x tokens/s")
-    if os.environ.get("OUT"):
+    folder = args.out or os.environ.get("OUT")
+    if folder:
         meta = {"torch": torch.__version__, "device": str(device), "quick": args.quick, "tp": args.tp,
                 "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}
-        with open(os.path.join(os.environ["OUT"], "decode.json"), "w") as f:
+        with open(os.path.join(folder, "decode.json"), "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
@@ -349,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deterministic", action="store_true",
                     help="also time the graphs in deterministic mode (batch-invariant kernels)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", help="directory for the JSON (default: $OUT)")
     ap.add_argument("--tp", type=int, default=1,
                     help="split the target over this many processes (one GPU each; gloo on the CPU)")
     ap.add_argument("--no-tp1", action="store_true",

@@ -174,3 +174,18 @@ def test_trace_scale_writes_a_consistent_trace_and_times_it(tmp_path):
     data = json.loads((tmp_path / "trace_scale.json").read_text())
     assert data["records"] == 3008 and data["check_rc"] == 0  # whole iterations of 16; the checker agrees
     assert 0 < data["bytes_per_record"] < 1500 and 0 < data["mean_accept_length"] < 15
+
+
+@pytest.mark.slow
+def test_decode_and_speculative_split_over_two_processes(tmp_path):
+    data = run_script("decode", tmp_path, "--shapes", "tiny", "--batches", "1", "--tp", "2")
+    by_tp = {r["tp"]: r for r in data["rows"]}
+    assert set(by_tp) == {1, 2}  # the split run, then the whole target in the same call
+    # The TP 2 floor: each rank reads about half the weights (norms are replicated) at its bandwidth.
+    assert 1.8 < by_tp[1]["weight_gb"] / by_tp[2]["weight_gb"] <= 2.0
+    assert by_tp[2]["floor_tok_s"] == pytest.approx(by_tp[2]["copy_tb_s"] * 1e3 / by_tp[2]["weight_gb"])
+    assert by_tp[2]["vs_tp1"] == pytest.approx(by_tp[2]["spectool_graphs_tok_s"] / by_tp[1]["spectool_graphs_tok_s"])
+    data = run_script("speculative", tmp_path, "--tp", "2", "--methods", "ngram,eagle", "--workloads", "completion")
+    for r in data["rows"]:
+        assert r["tp"] == 2 and r["pct_floor"] == pytest.approx(100 * r["tokens_per_s"] / r["floor_tok_s"])
+        assert r["method"] == "plain" or r["same_tokens_as_plain"] is True
