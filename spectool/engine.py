@@ -449,7 +449,10 @@ class Engine:
         k = min(self.record_topk, self.config.vocab_size)
         if self.tp is not None:
             top_p, top_i = self.tp.topk(logits, k, softmax=True)
-            return top_i, top_p
+            # Only NaN logits part the two (the verifier counts NaN as the largest, the top-k as -inf):
+            # the trace's argmax is its top-1, so it leads, with no probability known for it.
+            led = _led_by(top_i, argmax)
+            return led, torch.where(led == top_i, top_p, float("nan"))
         top_i = _led_by(logits.topk(k, dim=-1).indices, argmax)
         # One fused softmax and a gather: logsumexp alone is about nine kernels.
         return top_i, torch.softmax(logits, dim=-1).gather(-1, top_i)
