@@ -391,6 +391,17 @@ def frequent_ids_offsets(tokens: torch.Tensor, vocab_size: int, draft_vocab_size
     return ids - torch.arange(draft_vocab_size)
 
 
+@torch.no_grad()
+def init_head_from_target(draft: Eagle3Draft, target: Target) -> None:
+    """Start an EAGLE-3 draft's output where the target's is: its ``lm_head`` rows are the target's
+    rows of the draft vocabulary and its final norm the target's. EAGLE reuses the target's head
+    as it is; a head learnt from random rows spends much of a short training on what the target
+    already knows (the rows for its own ids)."""
+    layer = draft.layer
+    layer.lm_head.weight.copy_(target.model.lm_head.weight[draft_ids(layer).to(target.device)])
+    layer.norm.weight.copy_(target.model.norm.weight)
+
+
 def estimate_prompts(target: Target, corpus: str | Path, eval_tokens: torch.Tensor, recipe: DraftRecipe,
                      stdlib: str | Path | None = None) -> tuple[list[list[int]], str]:
     """(token-id prompts, what they are) for the accept-length estimate.
@@ -492,6 +503,7 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
         init_weights(draft, 1)
         draft.layer.d2t.copy_(frequent_ids_offsets(train_tokens, target.config.vocab_size,
                                                    draft.layer.draft_vocab_size))
+        init_head_from_target(draft, target)
     else:
         draft = DraftModel(cfg, recipe.layers, recipe.method, rope=target.model.rope, chained=recipe.chained)
         init_weights(draft, 1)
