@@ -28,11 +28,13 @@ from spectool.model.eagle3 import load_eagle3
 from spectool.train.draft import draft_chain, greedy_accept_estimate, predicted_ids, target_view
 
 TIE = 1e-3
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                reason="needs a GPU"))]
 
 
 def teacher_forced(target, draft, seq: list[int], steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """([steps, T] predicted target ids, [steps, T] top-2 logit gaps); row k, index i predicts x[i+k+2]."""
-    tokens = torch.tensor([seq])
+    tokens = torch.tensor([seq], device=target.device)
     T = len(seq)
     preds = torch.full((steps, T), -1, dtype=torch.long)
     gaps = torch.full((steps, T), float("inf"))
@@ -40,24 +42,25 @@ def teacher_forced(target, draft, seq: list[int], steps: int) -> tuple[torch.Ten
         view = target_view(target, tokens, draft.aux_layers)
         for k, _, logits in draft_chain(draft, target, view, steps):
             top = logits[0].topk(2, dim=-1)
-            preds[k, : T - k - 1] = predicted_ids(draft, logits)[0]
-            gaps[k, : T - k - 1] = top.values[:, 0] - top.values[:, 1]
+            preds[k, : T - k - 1] = predicted_ids(draft, logits)[0].cpu()
+            gaps[k, : T - k - 1] = (top.values[:, 0] - top.values[:, 1]).cpu()
     return preds, gaps
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("steps,batch_size", [(5, 1), (3, 2)])
-def test_engine_chain_is_the_teacher_forced_chain(demo_model_dir, steps, batch_size):
-    target = st.load(demo_model_dir / "target", device="cpu", dtype=torch.float32)
+def test_engine_chain_is_the_teacher_forced_chain(demo_model_dir, device, steps, batch_size):
+    target = st.load(demo_model_dir / "target", device=device, dtype=torch.float32)
     path = demo_model_dir / "eagle3"
     draft = load_eagle3(path, target)
     prompts = cut_prompts(demo_token_streams(target, demo_model_dir), 3, seed=steps, min_len=30, max_len=120,
                           repetitive_every=3)
     max_new = 40
-    plain = st.Engine(target, draft=None, max_batch_size=1, max_seq_len=512, cuda_graphs=False)
+    plain = st.Engine(target, draft=None, max_batch_size=1, max_seq_len=512, cuda_graphs=device == "cuda")
     reference = plain.generate(prompts, max_new_tokens=max_new + steps + 1, ignore_eos=True,
                                record=False).token_ids
     engine = st.Engine(target, draft=st.Eagle3Config(path, num_steps=steps, topk=1, num_draft_tokens=steps + 1),
-                       max_batch_size=batch_size, max_seq_len=512, cuda_graphs=False)
+                       max_batch_size=batch_size, max_seq_len=512, cuda_graphs=device == "cuda")
     drafts = spy_on_drafts(engine)
     result = engine.generate(prompts, max_new_tokens=max_new, ignore_eos=True, record=False)
 
