@@ -26,7 +26,6 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
@@ -122,16 +121,15 @@ class Eagle3Layer(nn.Module):
         k = a.k_norm(k.view(B, n, a.num_kv_heads, a.head_dim))
         q, k = ops.rope(q, k, cos, sin)
         past.append((k, v.view(B, n, a.num_kv_heads, a.head_dim)))
-        # Heads repeated by hand: the masked kernels need as many key heads as query heads.
-        rep = a.num_heads // a.num_kv_heads
-        keys = torch.cat([pk[:, :n] for pk, _ in past], dim=1).repeat_interleave(rep, dim=2)
-        values = torch.cat([pv[:, :n] for _, pv in past], dim=1).repeat_interleave(rep, dim=2)
+        keys = torch.cat([pk[:, :n] for pk, _ in past], dim=1)
+        values = torch.cat([pv[:, :n] for _, pv in past], dim=1)
         steps = len(past) - 1
+        mask = None
         if steps:
             causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
             mask = torch.cat([causal, *[torch.eye(n, dtype=torch.bool, device=q.device)] * steps], dim=1)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                             attn_mask=mask if steps else None, is_causal=not steps)
+        out = ops.sdpa(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask,
+                       is_causal=not steps)
         return ops.linear(out.transpose(1, 2).reshape(B, n, -1), a.o_proj.weight)
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
