@@ -47,12 +47,17 @@ SHARES = {"target": 0.44, "eagle": 0.19, "multi_layer_eagle": 0.23, "eagle3": 0.
 
 
 def eagle3_recipe(eagle: DraftRecipe, tiny: bool) -> DraftRecipe:
-    """EAGLE-3 with the EAGLE recipe's optimisation and shape, over a draft vocabulary of the
-    corpus's most frequent half of the tokens, reading the target's first, middle and last layers
-    (the demo's 5 layers are too few for SGLang's default choice)."""
+    """EAGLE-3 with the EAGLE recipe's optimisation, reading the target's first, middle and last
+    layers (the demo's 5 layers are too few for SGLang's default choice).
+
+    Its draft vocabulary is the corpus's 3072 most frequent tokens: they cover 99% of the
+    target's greedy tokens on the held-out prompts (the most frequent 2048, 94.5%, left a
+    quarter of 5-token chains with a token the draft could never propose). The larger head is
+    paid for by a narrower MLP (384), so the bundle stays within its weight limit."""
     if tiny:
         return dataclasses.replace(eagle, method="eagle3", draft_vocab_size=160, aux_layers=(0, 1, 1))
-    return dataclasses.replace(eagle, method="eagle3", draft_vocab_size=2048, aux_layers=(0, 2, 4))
+    return dataclasses.replace(eagle, method="eagle3", draft_vocab_size=3072, aux_layers=(0, 2, 4),
+                               intermediate_size=384)
 
 
 def recipes(tiny: bool, seed: int) -> tuple[TargetRecipe, DraftRecipe, DraftRecipe]:
@@ -261,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"weights {weight_bytes / 1e6:.2f} MB (limit {MAX_WEIGHT_BYTES / 1e6:.0f} MB); "
           f"total {metrics['seconds']:.0f}s; written to {out}")
     if weight_bytes > MAX_WEIGHT_BYTES:
-        print("ERROR: the demo weights exceed the 16 MB limit", file=sys.stderr)
+        print(f"ERROR: the demo weights exceed the {MAX_WEIGHT_BYTES / 1e6:.0f} MB limit", file=sys.stderr)
         return 1
     return 0
 

@@ -175,8 +175,11 @@ def draft_from_vllm_config(config: Mapping) -> DraftConfig | None:
     for key in list(cfg):
         _warn(f"speculative_config {key}={cfg.pop(key)!r} has no spectool counterpart and is not mapped")
     if method == "ngram":
-        lookup_max = lookup_max if lookup_max is not None else lookup_min if lookup_min is not None else 5
-        lookup_min = lookup_min if lookup_min is not None else 1
+        # vLLM's defaults: 5 and 5 when neither is given, else the one given for both.
+        if lookup_min is None and lookup_max is None:
+            lookup_min = lookup_max = 5
+        lookup_min = lookup_max if lookup_min is None else lookup_min
+        lookup_max = lookup_min if lookup_max is None else lookup_max
         if not 1 <= lookup_min <= lookup_max:
             raise ValueError(f"prompt_lookup_min ({lookup_min}) must be in [1, prompt_lookup_max ({lookup_max})]")
         _warn("vLLM's n-gram proposer matches the request's own tokens (the longest suffix of "

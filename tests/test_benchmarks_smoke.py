@@ -141,12 +141,26 @@ def test_vs_transformers_pairs(tmp_path):
 def test_accept_lengths_cover_every_method_and_workload(tmp_path):
     rows = run_script("accept_lengths", tmp_path)["rows"]
     assert {(r["workload"], r["method"]) for r in rows} == {
-        (w, m) for w in ("completion", "editing") for m in ("ngram", "eagle", "multi_layer_eagle")}
+        (w, m) for w in ("completion", "editing") for m in ("ngram", "eagle", "multi_layer_eagle", "eagle3")}
     for r in rows:
-        # a chain of 4 (multi-layer) or a tree of depth 5 (EAGLE) or 11 (N-gram) bounds the mean
-        depth = {"ngram": 11, "eagle": 5, "multi_layer_eagle": 4}[r["method"]]
+        # a chain of 4 (multi-layer) or a tree of depth 5 (EAGLE, EAGLE-3) or 11 (N-gram) bounds the mean
+        depth = {"ngram": 11, "eagle": 5, "multi_layer_eagle": 4, "eagle3": 5}[r["method"]]
         assert 0 <= r["per_prompt_min"] <= r["per_prompt_mean"] <= r["per_prompt_max"] <= depth
         assert r["per_prompt_min"] <= r["mean_accept_length"] <= r["per_prompt_max"]
+
+
+def test_accept_lengths_takes_a_method_subset_and_refuses_unknown_ones(tmp_path, capsys):
+    rows = run_script("accept_lengths", tmp_path, "--methods", "eagle3")["rows"]
+    assert [(r["workload"], r["method"]) for r in rows] == [("completion", "eagle3"), ("editing", "eagle3")]
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        module = importlib.import_module("accept_lengths")
+        with pytest.raises(SystemExit) as exit_info:
+            module.main(["--device", "cpu", "--quick", "--methods", "eagle,eagle4"])
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert exit_info.value.code == 2
+    assert "unknown method(s) eagle4" in capsys.readouterr().err
 
 
 def test_draft_model_benchmark_with_the_target_as_its_own_draft(tmp_path):

@@ -76,6 +76,15 @@ def test_vllm_ngram_is_a_chain_and_says_so():
     assert cfg == st.NgramConfig(max_bfs_breadth=1, min_bfs_breadth=1, max_trie_depth=10, num_draft_tokens=5)
 
 
+@pytest.mark.parametrize("lookup, window, depth", [({}, "5..5", 8), ({"prompt_lookup_max": 4}, "4..4", 7),
+                                                   ({"prompt_lookup_min": 2}, "2..2", 5)])
+def test_vllm_ngram_lookup_defaults_are_vllms(lookup, window, depth):
+    """vLLM sets both to 5 when neither is given, else the given one for both."""
+    with pytest.warns(DeploymentWarning, match=f"suffix of {window} tokens"):
+        cfg = st.draft_from_vllm_config({"method": "ngram", "num_speculative_tokens": 3, **lookup})
+    assert cfg.max_trie_depth == depth
+
+
 def test_vllm_settings_without_counterpart_are_stated():
     with pytest.warns(DeploymentWarning) as record:
         st.draft_from_vllm_config({"method": "eagle3", "model": "/d", "num_speculative_tokens": 3,

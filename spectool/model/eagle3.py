@@ -79,19 +79,58 @@ class Eagle3Layer(nn.Module):
     def forward(self, tok_emb: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache: KVCache | None = None, slots: torch.Tensor | None = None,
                 starts: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
-                kv_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                kv_len: int | None = None, past: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(feature [B,T,H] before the final norm, normed [B,T,H]) from the token embeddings and
-        ``hidden`` (fc's output or a parent's feature); cache/slots/... as Transformer.forward."""
+        ``hidden`` (fc's output or a parent's feature); cache/slots/... as Transformer.forward.
+
+        ``past`` (training only, without a cache): the earlier draft steps' keys and values, for
+        the attention of the training-time test (``_training_time_attention``); this step's are
+        appended to it.
+        """
         both = ops.rms_norm_pair(tok_emb, self.input_layernorm.weight, hidden, self.hidden_norm.weight,
                                  self.input_layernorm.eps)
         cos, sin = self.rope(positions, hidden.dtype)
         qkv = ops.linear(both, self.self_attn.qkv_proj.weight)
-        attn = self.self_attn(qkv, cos, sin, None if cache is None else cache.layer(0), slots, starts, tree_mask,
-                              kv_len)
+        if past is not None:
+            attn = self._training_time_attention(qkv, cos, sin, past)
+        else:
+            attn = self.self_attn(qkv, cos, sin, None if cache is None else cache.layer(0), slots, starts,
+                                  tree_mask, kv_len)
         gate_up, h = ops.rms_norm_linear(attn, hidden, self.post_attention_layernorm.weight,
                                          self.post_attention_layernorm.eps, self.mlp.gate_up_proj.weight, None)
         normed, feature = ops.add_rms_norm(self.mlp(gate_up), h, self.norm.weight, self.norm.eps)
         return feature, normed
+
+    def _training_time_attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                                 past: list) -> torch.Tensor:
+        """Attention of draft step s = len(past) over a teacher-forced sequence, as the engine's step s sees it.
+
+        Step s at index i drafts the token at position i+s+1. In the engine that query attends
+        to the committed prefix, whose cache entries the root step wrote (from the target's
+        layers through ``fc``), and to the draft path it extends, one entry per earlier step. So
+        it attends here to the root step's keys at indices <= i and to steps 1..s's keys at index
+        i alone (EAGLE-3's training-time test), not to step s's keys at earlier indices: those
+        stand for features the engine never holds in its cache. ``past``: the earlier steps'
+        (k, v) [B, T_step, kv_heads, D], RoPE applied, each step one index shorter; this step's
+        are appended.
+        """
+        a = self.self_attn
+        B, n, _ = qkv.shape
+        q, k, v = qkv.split(a.split, dim=-1)
+        q = a.q_norm(q.view(B, n, a.num_heads, a.head_dim))
+        k = a.k_norm(k.view(B, n, a.num_kv_heads, a.head_dim))
+        q, k = ops.rope(q, k, cos, sin)
+        past.append((k, v.view(B, n, a.num_kv_heads, a.head_dim)))
+        keys = torch.cat([pk[:, :n] for pk, _ in past], dim=1)
+        values = torch.cat([pv[:, :n] for _, pv in past], dim=1)
+        steps = len(past) - 1
+        mask = None
+        if steps:
+            causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            mask = torch.cat([causal, *[torch.eye(n, dtype=torch.bool, device=q.device)] * steps], dim=1)
+        out = ops.sdpa(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask,
+                       is_causal=not steps)
+        return ops.linear(out.transpose(1, 2).reshape(B, n, -1), a.o_proj.weight)
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of the normed output (index them to target ids with ``d2t``)."""

@@ -11,8 +11,10 @@ Alignment is the engine's (docs/INTERNALS.md), with h = target hidden before the
 - EAGLE-3: as EAGLE, but step 1 reads fc(three target layers' outputs at i) in place of h[i], its
   head covers a reduced vocabulary (the ``draft_vocab_size`` most frequent target ids of the
   training tokens, mapped by d2t), its labels are the target's distribution renormalised over
-  that vocabulary, and there is no feature regression (EAGLE-3 drops it: its features need not
-  imitate a target layer).
+  that vocabulary (at positions whose target top-1 lies in it), and there is no feature
+  regression (EAGLE-3 drops it: its features need not imitate a target layer). Instead each
+  step s > 1 attends as it does in the engine, to step 1's entries of the prefix and to its own
+  path's entries (EAGLE-3's training-time test), so the engine drafts what training taught.
 
 Labels are the target's own next-token distributions (self-distillation): acceptance, not corpus
 likelihood, is what the loss optimises.
@@ -181,29 +183,28 @@ def draft_chain(draft: DraftModel | Eagle3Draft, target: Target, view: TargetVie
     """Run the draft over a batch for ``depth`` steps; yields (step s, feature, logits) per step.
 
     Step s (0-based) covers indices i = 0 .. T-s-2 and predicts the target's prediction at i+s+1
-    (compare with ``view.argmax[:, s+1:]``). Logits are over the target's vocabulary (an EAGLE-3
-    draft's are -inf outside its own).
+    (compare ``predicted_ids(draft, logits)`` with ``view.argmax[:, s+1:]``). Logits are over the
+    target's vocabulary, an EAGLE-3 draft's over its own (``predicted_ids`` maps them). An
+    EAGLE-3 step s > 0 attends as the engine's does (``Eagle3Layer._training_time_attention``).
     """
     T = view.hidden.shape[1]
     feature = None
     eagle3 = isinstance(draft, Eagle3Draft)
+    past: list = []  # EAGLE-3: every step's keys and values
     for s in range(depth):
         n = T - s - 1
         positions = torch.arange(s + 1, T, device=view.hidden.device).expand(view.hidden.shape[0], n)
         if eagle3:
             layer = draft.layer
             hidden = feature[:, :n] if feature is not None else layer.project(view.aux[:, :n])
-        else:
-            own = feature is not None and (draft.kind == "eagle" or draft.chained)
-            layer = draft.layers[s] if draft.kind == "multi_layer_eagle" else draft.layers[0]
-            hidden = feature[:, :n] if own else view.hidden[:, :n]
-        feature, normed = layer(view.emb[:, s + 1:], hidden, positions)
-        if not eagle3:
-            yield s, feature, target.model.lm_head(normed).float()
+            feature, normed = layer(view.emb[:, s + 1:], hidden, positions, past=past)
+            yield s, feature, layer.logits(normed).float()
             continue
-        own_logits = layer.logits(normed).float()
-        logits = own_logits.new_full((*own_logits.shape[:-1], target.config.vocab_size), float("-inf"))
-        yield s, feature, logits.index_copy(-1, draft_ids(layer), own_logits)
+        own = feature is not None and (draft.kind == "eagle" or draft.chained)
+        layer = draft.layers[s] if draft.kind == "multi_layer_eagle" else draft.layers[0]
+        hidden = feature[:, :n] if own else view.hidden[:, :n]
+        feature, normed = layer(view.emb[:, s + 1:], hidden, positions)
+        yield s, feature, target.model.lm_head(normed).float()
 
 
 def draft_ids(layer) -> torch.Tensor:
@@ -211,17 +212,34 @@ def draft_ids(layer) -> torch.Tensor:
     return torch.arange(layer.draft_vocab_size, device=layer.d2t.device) + layer.d2t
 
 
+def predicted_ids(draft: DraftModel | Eagle3Draft, logits: torch.Tensor) -> torch.Tensor:
+    """The target id each of ``draft_chain``'s logits rows drafts (its top-1)."""
+    top = logits.argmax(-1)
+    return draft_ids(draft.layer)[top] if isinstance(draft, Eagle3Draft) else top
+
+
 def draft_loss(draft: DraftModel | Eagle3Draft, target: Target, view: TargetView, recipe: DraftRecipe) -> torch.Tensor:
-    """Mean over steps of soft cross-entropy to the target (+ EAGLE feature regression)."""
+    """Mean over steps of soft cross-entropy to the target (+ EAGLE feature regression).
+
+    EAGLE-3 learns the target's distribution renormalised over its draft vocabulary, at the
+    positions whose target top-1 it can draft (elsewhere no draft of it is ever accepted).
+    """
     total = 0.0
+    if isinstance(draft, Eagle3Draft):
+        ids = draft_ids(draft.layer)
+        probs_all = view.probs[..., ids]
+        probs_all = probs_all / probs_all.sum(-1, keepdim=True).clamp(min=1e-12)
+        in_vocab = torch.zeros(view.probs.shape[-1], dtype=torch.bool, device=ids.device)
+        in_vocab[ids] = True
+        draftable = in_vocab[view.argmax].float()
     for s, feature, logits in draft_chain(draft, target, view, recipe.depth):
+        if isinstance(draft, Eagle3Draft):
+            ce = -(probs_all[:, s + 1:] * logits.log_softmax(-1)).sum(-1)
+            keep = draftable[:, s + 1:]
+            total = total + (ce * keep).sum() / keep.sum().clamp(min=1.0)
+            continue
         probs = view.probs[:, s + 1:]
-        if isinstance(draft, Eagle3Draft):  # the target's distribution over the draft vocabulary
-            ids = draft_ids(draft.layer)
-            logits, probs = logits[..., ids], probs[..., ids]
-            probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-12)
-        ce = -(probs * logits.log_softmax(-1)).sum(-1).mean()
-        total = total + ce
+        total = total - (probs * logits.log_softmax(-1)).sum(-1).mean()
         if recipe.method == "eagle" and recipe.feature_weight > 0:
             # The step-s feature at i stands in for h[i+s+1]; compare scale-free (per-token RMS of h).
             h = view.hidden[:, s + 1:].float()
@@ -332,8 +350,9 @@ def greedy_accept_estimate(draft: DraftModel, target: Target, prompts: Sequence[
     steps that equal the target's tokens is taken. ``greedy_accept_length`` walks those counts
     the way the engine's iterations do (``iteration_accepts``) for ``new_tokens`` output tokens,
     as in ``Engine.generate(prompts, max_new_tokens=new_tokens, ignore_eos=True)``: exact for
-    multi-layer EAGLE (tests/test_mle_alignment.py), an estimate for EAGLE, whose steps read
-    their own features and whose engine tree (top-k) accepts more than a chain.
+    multi-layer EAGLE and for EAGLE-3's top-1 chain (tests/test_mle_alignment.py,
+    tests/test_eagle3_alignment.py), an estimate for EAGLE, whose training steps attend to
+    their own step's features; an engine tree (top-k) accepts more than a chain.
     ``greedy_accept_length_per_position`` is the plain mean over positions (higher: it counts
     easy, repetitive stretches once per token instead of once per iteration).
     """
@@ -353,7 +372,7 @@ def greedy_accept_estimate(draft: DraftModel, target: Target, prompts: Sequence[
         run = torch.ones(idx.shape, dtype=torch.bool, device=device)
         accepted = torch.zeros(idx.shape, dtype=torch.long, device=device)
         for s, _, logits in draft_chain(draft, target, view, depth):
-            run &= logits.argmax(-1).gather(1, idx) == view.argmax.gather(1, idx + s + 1)
+            run &= predicted_ids(draft, logits).gather(1, idx) == view.argmax.gather(1, idx + s + 1)
             accepted += run
     walks = [a for row in accepted.tolist() for a in iteration_accepts(row)]
     return {"greedy_accept_length": sum(walks) / len(walks),
@@ -370,6 +389,17 @@ def frequent_ids_offsets(tokens: torch.Tensor, vocab_size: int, draft_vocab_size
     order = torch.argsort(-counts + torch.arange(vocab_size) / (2 * vocab_size))  # stable ties
     ids = order[:draft_vocab_size].sort().values
     return ids - torch.arange(draft_vocab_size)
+
+
+@torch.no_grad()
+def init_head_from_target(draft: Eagle3Draft, target: Target) -> None:
+    """Start an EAGLE-3 draft's output where the target's is: its ``lm_head`` rows are the target's
+    rows of the draft vocabulary and its final norm the target's. EAGLE reuses the target's head
+    as it is; a head learnt from random rows spends much of a short training on what the target
+    already knows (the rows for its own ids)."""
+    layer = draft.layer
+    layer.lm_head.weight.copy_(target.model.lm_head.weight[draft_ids(layer).to(target.device)])
+    layer.norm.weight.copy_(target.model.norm.weight)
 
 
 def estimate_prompts(target: Target, corpus: str | Path, eval_tokens: torch.Tensor, recipe: DraftRecipe,
@@ -411,7 +441,7 @@ def evaluate_draft(draft: DraftModel, target: Target, eval_tokens: torch.Tensor,
         with autocast(device):
             view = view_of(draft, target, w.to(device))
             for s, _, logits in draft_chain(draft, target, view, depth):
-                hits[s] += float((logits.argmax(-1) == view.argmax[:, s + 1:]).sum())
+                hits[s] += float((predicted_ids(draft, logits) == view.argmax[:, s + 1:]).sum())
                 counts[s] += logits.shape[0] * logits.shape[1]
     estimate = greedy_accept_estimate(draft, target, prompts, recipe.gen_tokens, depth, device)
     return {"agreement": [h / max(1, c) for h, c in zip(hits, counts)],
@@ -473,6 +503,7 @@ def train_draft(target_dir: str | Path, corpus: str | Path, out_dir: str | Path,
         init_weights(draft, 1)
         draft.layer.d2t.copy_(frequent_ids_offsets(train_tokens, target.config.vocab_size,
                                                    draft.layer.draft_vocab_size))
+        init_head_from_target(draft, target)
     else:
         draft = DraftModel(cfg, recipe.layers, recipe.method, rope=target.model.rope, chained=recipe.chained)
         init_weights(draft, 1)
