@@ -322,8 +322,9 @@ class Engine:
             self.drafter = _NotLearning(drafter)
         try:
             for bucket in reversed(self.graph_buckets):
-                for temperature, rec in modes:
-                    self._warm_iteration(min(bucket, self.max_batch_size), temperature, rec)
+                for k, (temperature, rec) in enumerate(modes):
+                    # Prompt lengths of both kinds Triton specialises a kernel for: a multiple of 16 and not.
+                    self._warm_iteration(min(bucket, self.max_batch_size), temperature, rec, (32, 17)[k % 2])
         finally:
             self.drafter = drafter
             self._next_draft = None
@@ -331,10 +332,10 @@ class Engine:
             torch.cuda.synchronize(self.device)
         return {"seconds": time.perf_counter() - started, "captures": self.graph_stats()["captures"] - before}
 
-    def _warm_iteration(self, b: int, temperature: float, record: bool) -> None:
-        """Prefill ``b`` dummy requests in slots 0..b-1 and run one iteration (``warmup``)."""
+    def _warm_iteration(self, b: int, temperature: float, record: bool, length: int) -> None:
+        """Prefill ``b`` dummy requests of ``length`` tokens in slots 0..b-1 and run one iteration (``warmup``)."""
         vocab = self.config.vocab_size
-        length = max(1, min(32, self.max_seq_len - 2))  # a multiple of 16, like most kernel specialisations
+        length = max(1, min(length, self.max_seq_len - 2))
         reqs = [_Request(i, [(7 * i + j) % vocab for j in range(length)], "", self.max_seq_len, slot=i)
                 for i in range(b)]
         for req in reqs:
