@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "greedy_replay.h"
 #include "ngram_corpus.h"
 
 namespace py = pybind11;
@@ -243,6 +244,51 @@ void add_external_corpus(NgramCorpus& self, const std::string& corpus_id, py::ha
     bad("external corpus '" + corpus_id + "' already exists; remove it first");
 }
 
+template <class T>
+py::array_t<T> to_array(const std::vector<T>& v) {
+  py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), a.mutable_data());
+  return a;
+}
+
+py::dict replay_greedy(NgramCorpus& self, py::handle request_ids, py::handle knowns, py::handle prompt_lens,
+                       py::handle ends, int max_batch_size, bool keep_trees) {
+  if (max_batch_size < 1) bad("max_batch_size must be >= 1, got " + std::to_string(max_batch_size));
+  TokenBatch rows = parse_batch(knowns, "knowns", false);
+  auto ids = parse_ints(request_ids, "request_ids", rows.size(), false);
+  auto plens = parse_ints(prompt_lens, "prompt_lens", rows.size(), true);
+  auto stops = parse_ints(ends, "ends", rows.size(), true);
+  std::vector<spectool::ReplayRequest> requests;
+  for (int64_t i = 0; i < rows.size(); ++i) {
+    const size_t at = static_cast<size_t>(i);
+    if (plens[at] < 1 || stops[at] <= plens[at] || stops[at] > rows.len(i))
+      bad(where("ends", i) + ": a request needs 1 <= prompt_len < end <= len(known)");
+    requests.push_back({ids[at], std::vector<int32_t>(rows.data(i), rows.data(i) + rows.len(i)), plens[at],
+                        stops[at]});
+  }
+  spectool::ReplayRows out;
+  {
+    py::gil_scoped_release release;
+    spectool::replay_greedy(self, requests, max_batch_size, keep_trees, out);
+  }
+  py::dict d;
+  d["iteration"] = to_array(out.iteration);
+  d["request_id"] = to_array(out.request_id);
+  d["seq_len"] = to_array(out.seq_len);
+  d["accept_length"] = to_array(out.accept_length);
+  d["censored"] = to_array(out.censored).attr("astype")("bool");
+  d["match_len"] = to_array(out.match_len);
+  d["batch_size"] = to_array(out.batch_size);
+  d["num_nodes"] = to_array(out.num_nodes);
+  if (keep_trees) {
+    d["tree_tokens"] = to_array(out.tree_tokens);
+    d["tree_parents"] = to_array(out.tree_parents);
+    d["tree_valid"] = to_array(out.tree_valid).attr("astype")("bool");
+    d["tree_offsets"] = to_array(out.tree_offsets);
+  }
+  return d;
+}
+
 }  // namespace
 
 // pybind11 3 warns under -Wpedantic unless the module options are spelled out.
@@ -265,6 +311,8 @@ PYBIND11_MODULE(_native, m) {
              py::gil_scoped_release release;
              self.erase_match_state(ids);
            })
+      .def("replay_greedy", &replay_greedy, py::arg("request_ids"), py::arg("knowns"), py::arg("prompt_lens"),
+           py::arg("ends"), py::arg("max_batch_size"), py::arg("keep_trees"))
       .def("reset", &NgramCorpus::reset, py::call_guard<py::gil_scoped_release>())
       .def("add_external_corpus", &add_external_corpus, py::arg("corpus_id"), py::arg("token_chunks"),
            py::arg("max_tokens"))

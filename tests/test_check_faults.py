@@ -286,13 +286,13 @@ def test_eagle_tree_growth_fault(target, prompts, monkeypatch):
     # is still made of drafted tokens (lossless), but not the one EAGLE-2 grows.
     from spectool.draft import eagle
 
-    source = textwrap.dedent(inspect.getsource(eagle.EagleDrafter._draft_step))
+    source = textwrap.dedent(inspect.getsource(eagle.EagleDrafter._draft_candidates))
     assert "torch.mul(chosen_p[:, s - 1, :, None], p," in source
     namespace = dict(vars(eagle))
     exec(source.replace("torch.mul(chosen_p[:, s - 1, :, None], p,", "torch.mul(chosen_p[:, 0, :, None], p,"),
          namespace)
     clean = run(target, prompts, "eagle")
-    monkeypatch.setattr(eagle.EagleDrafter, "_draft_step", namespace["_draft_step"])
+    monkeypatch.setattr(eagle.EagleDrafter, "_draft_candidates", namespace["_draft_candidates"])
     broken = run(target, prompts, "eagle")
     assert check_trace(broken) is None
     want = first_difference(clean, broken, ["step_topk_tokens", "step_topk_probs", "tokens"])

@@ -184,7 +184,15 @@ class EagleDrafter:
         return tree, {"step_topk_tokens": out[-2], "step_topk_probs": out[-1]}
 
     def _draft_step(self, slots, seq_lens, roots):
-        """Grow the tree (all steps) and return its tensors plus the per-step top-k.
+        """Grow the tree (all steps) and return its tensors plus the per-step top-k."""
+        cand_tok, cand_score, cand_parent, chosen_tok, chosen_p = self._draft_candidates(slots, seq_lens, roots)
+        tree = eagle_tree_from_candidates(cand_tok, cand_score, cand_parent, self.num_draft_tokens, seq_lens,
+                                          max_depth=self.config.num_steps)
+        return (*tree.tensors(), chosen_tok, chosen_p)
+
+    def _draft_candidates(self, slots, seq_lens, roots):
+        """Every step's candidates, flat and root first (tokens, scores, parents [B, 1 + C], see
+        eagle_tree_from_candidates), and the per-step chosen frontier (tokens, probabilities [B, S, k]).
 
         Every step's results go straight into buffers sized for the whole draft (the fed
         frontier, its mask, the flat candidate list) instead of being concatenated step by
@@ -233,6 +241,4 @@ class EagleDrafter:
                              out=fed_hidden[:, n:n + k])
                 fed_mask[:, n:n + k].bitwise_or_(fed_mask.gather(1, parent[..., None].expand(-1, -1, fed)))
             block += kk
-        tree = eagle_tree_from_candidates(cand_tok, cand_score, cand_parent, self.num_draft_tokens, seq_lens,
-                                          max_depth=steps)
-        return (*tree.tensors(), chosen_tok, chosen_p)
+        return cand_tok, cand_score, cand_parent, chosen_tok, chosen_p

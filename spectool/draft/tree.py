@@ -495,6 +495,16 @@ def eagle_tree_from_candidates(
     then a fixed, small number of kernels (the index arrays come from the mask through
     the tree-index kernel).
     """
+    node_tokens, node_parents, node_scores, valid = eagle_select(tokens, scores, parents, num_nodes)
+    mask = parents_to_mask(node_parents, max_depth)
+    return DraftTree.from_mask(node_tokens, mask, node_scores, seq_lens, valid, max_depth=max_depth,
+                               check=False)
+
+
+def eagle_select(tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor, num_nodes: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The nodes :func:`eagle_tree_from_candidates` keeps, without the mask and index arrays:
+    (tokens, parents, scores, valid) [B, num_nodes] in topological order, padding last."""
     bs, total = tokens.shape
     keep = min(num_nodes, total)  # root included
     key = scores.float().clone()
@@ -518,6 +528,4 @@ def eagle_tree_from_candidates(
         node_scores = torch.cat([node_scores, torch.zeros(bs, pad, device=dev)], 1)
         valid = torch.ones(bs, num_nodes, dtype=torch.bool, device=dev)
         valid[:, keep:] = False
-    mask = parents_to_mask(node_parents, max_depth)
-    return DraftTree.from_mask(node_tokens, mask, node_scores, seq_lens, valid, max_depth=max_depth,
-                               check=False)
+    return node_tokens, node_parents, node_scores, valid

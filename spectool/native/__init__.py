@@ -136,6 +136,20 @@ class NgramCorpus:
         """
         return NgramDraft(*self._c.batch_get(req_ids, tails, total_lens, None if out is None else tuple(out)))
 
+    def replay_greedy(self, request_ids: Sequence[int], knowns: Sequence, prompt_lens: Sequence[int],
+                      ends: Sequence[int], max_batch_size: int, keep_trees: bool = True) -> dict[str, np.ndarray]:
+        """Replays a recorded greedy workload through this (fresh) corpus, all in C++: the engine's
+        batch schedule over ``max_batch_size`` slots, the N-gram drafter's puts and gets, and the
+        greedy verifier with each request's known tokens (``knowns[i]``: prompt + output + any
+        verified past it) standing in for the target; request i finishes at length ``ends[i]``.
+
+        Returns numpy arrays: per row (iteration x running request) ``iteration``, ``request_id``,
+        ``seq_len``, ``accept_length``, ``censored``, ``match_len``; per iteration ``batch_size`` and
+        ``num_nodes``; with ``keep_trees``, row r's tree as ``tree_tokens`` / ``tree_parents`` /
+        ``tree_valid`` [``tree_offsets[r]``: ``tree_offsets[r + 1]``].
+        """
+        return self._c.replay_greedy(request_ids, knowns, prompt_lens, ends, int(max_batch_size), bool(keep_trees))
+
     def erase_match_state(self, req_ids: Sequence[int]) -> None:
         """Forgets the match state and put progress of ``req_ids``; unknown ids are ignored."""
         self._c.erase_match_state(req_ids)

@@ -6,7 +6,7 @@ state there. So one target forward over a request's known tokens (prompt + outpu
 every hidden state the engine would have fed its draft layers, and a draft at any
 ``seq_len`` L is a function of L alone: the drafter's own draft computation over the
 teacher-forced draft cache truncated at L. The replay runs the drafters' own steps
-(``EagleDrafter._run`` / ``_top_children`` / ``_draft_step`` and
+(``EagleDrafter._run`` / ``_top_children`` / ``_draft_candidates`` and
 ``MultiLayerEagleDrafter._layer_step``) on a host that stands in for the engine, with one
 slot per (request, configuration) *lane* holding that request's teacher-forced state; each
 round drafts every unfinished lane at its own L in one batch, then puts back the few cache
@@ -154,9 +154,8 @@ class EagleLanes(_Lanes):
             d.feature[lane], d.root_p[lane], d.root_i[lane] = feature[L - 1], root_p[L - 1], root_i[L - 1]
         roots = torch.stack([self.known[rid][L] for rid, L in zip(rids, seq_lens)])
         d._kv_len = max(seq_lens)
-        out = d._draft_step(slots, torch.tensor(seq_lens, device=self.device), roots)
-        # With N = every candidate the selection keeps them all, sorted back to flat order.
-        got = [(tok, score, par) for tok, score, par in zip(out[0].clone(), out[3].clone(), out[1].clone())]
+        tok, score, par = d._draft_candidates(slots, torch.tensor(seq_lens, device=self.device), roots)[:3]
+        got = list(zip(tok, score, par))
         fed = (self.max_steps - 1) * self.topk
         if fed:  # the fed frontier overwrote teacher-forced entries from index L on
             self._restore(lanes, seq_lens, [L + fed for L in seq_lens])
@@ -261,15 +260,13 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
 
 def eagle_accepts(known: dict[int, list[int]]):
     """accept_rows for EAGLE: each configuration's EAGLE-2 selection over the S_max candidates."""
-    from spectool.draft.tree import eagle_tree_from_candidates
+    from spectool.draft.tree import eagle_select
 
     def accept_rows(config: EagleConfig, rids, seq_lens, drafts):
         k, s = config.topk, config.num_steps
         nc = 1 + k + (s - 1) * k * k
         tok, score, par = (torch.stack([d[f][:nc] for d in drafts]) for f in range(3))
-        tree = eagle_tree_from_candidates(tok, score, par, config.num_draft_tokens,
-                                          torch.tensor(seq_lens, device=tok.device), max_depth=s)
-        tokens, parents, valid = tree.tokens.tolist(), tree.parents.tolist(), tree.valid.tolist()
+        tokens, parents, _, valid = (t.tolist() for t in eagle_select(tok, score, par, config.num_draft_tokens))
         return [(*accept_against(tokens[b], parents[b], valid[b], known[rid], L), (tokens[b], parents[b], valid[b]))
                 for b, (rid, L) in enumerate(zip(rids, seq_lens))]
 

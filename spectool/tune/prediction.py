@@ -10,6 +10,7 @@ acceptance plots read (``iteration``, ``request_id``, ``seq_len``, ``num_nodes``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,7 +36,7 @@ class Prediction:
     num_nodes: np.ndarray
     output_tokens: int
     extra: dict = field(default_factory=dict)
-    trees: list | None = None  # per row: (tokens, parents, valid) of the tree that iteration verifies
+    trees: Sequence | None = None  # per row: (tokens, parents, valid) of the tree that iteration verifies
 
     @property
     def num_iterations(self) -> int:
@@ -72,6 +73,27 @@ class Prediction:
         return pd.DataFrame({"iteration": self.iteration, "request_id": self.request_id, "seq_len": self.seq_len,
                              "num_nodes": self.num_nodes[self.iteration], "accept_length": self.accept_length,
                              "censored": self.censored, "method": self.method})
+
+
+class FlatTrees(Sequence):
+    """Per-row trees kept as flat arrays (row r = [offsets[r], offsets[r + 1])), made lists only when read:
+    a sweep keeps every configuration's trees, and most are never looked at."""
+
+    def __init__(self, tokens: np.ndarray, parents: np.ndarray, valid: np.ndarray, offsets: np.ndarray) -> None:
+        self.tokens, self.parents, self.valid, self.offsets = tokens, parents, valid, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, r):
+        if isinstance(r, slice):
+            return [self[i] for i in range(*r.indices(len(self)))]
+        if r < 0:
+            r += len(self)
+        if not 0 <= r < len(self):
+            raise IndexError(r)
+        lo, hi = self.offsets[r], self.offsets[r + 1]
+        return self.tokens[lo:hi].tolist(), self.parents[lo:hi].tolist(), self.valid[lo:hi].tolist()
 
 
 class RowLog:
