@@ -2,23 +2,28 @@
 
     python benchmarks/tune_accuracy.py --profile $OUT/demo-h200.json                # H200, demo model
     python benchmarks/tune_accuracy.py --model /tmp/large/target --draft-dir /tmp/large \
-        --prompts /tmp/large/prompts.jsonl --profile $OUT/large-h200.json          # the trained larger target
+        --prompts /tmp/large/prompts.jsonl --batch-sizes 1,4 --max-configs 4 \
+        --num-prompts 4 --new-tokens 96 --repeats 2                               # the trained larger target
     python benchmarks/tune_accuracy.py --device cpu --quick                         # smoke test
 
 Per draft method: one greedy trace is recorded with the method's default settings (batch
-``--batch-size``, ``--new-tokens`` tokens per prompt, ignore_eos), ``spectool.tune`` predicts
-8 other configurations from it (accept lengths from the trace; tokens/s from the profile,
-measured first with ``spectool.tune.calibrate`` when ``--profile`` is not a file), then each
-configuration is decoded for real (a warm-up run, then the best of ``--repeats``) and the
-relative errors are reported: of the mean accept length (exact in float32 on the CPU; in bf16
-the teacher-forced and incremental forwards round differently) and of tokens/s (the profile's
-model of an iteration against the engine's measured iterations). Prints a table; writes
-$OUT/tune_accuracy.json (or --out).
+the largest of ``--batch-sizes``, ``--new-tokens`` tokens per prompt, ignore_eos),
+``spectool.tune`` predicts up to ``--max-configs`` other configurations from it at every
+batch size of ``--batch-sizes`` (a point = configuration x batch size: multi-layer EAGLE has
+only its num_steps to vary), then each point is decoded for real (a warm-up run, then the best
+of ``--repeats``) and the relative errors are reported: of the mean accept length (exact in
+float32 on the CPU; in bf16 the teacher-forced and incremental forwards round differently,
+spectool/tune/eagle_whatif.py) and of tokens/s (the profile's model of an iteration against the engine's
+measured iterations). Tokens/s come from ``--profile``; when that is not a file it is
+measured first, in the same run, by ``spectool.tune.calibrate`` on exactly the batch sizes,
+tree sizes, top-k and steps the points use (and written to ``--profile`` when given). Prints
+a table and the seconds each phase took; writes $OUT/tune_accuracy.json (or --out).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from speculative import add_common_arguments, load_target, run_meta, write_json
@@ -32,7 +37,7 @@ from spectool.tune.recommend import tune
 WORKLOAD = {"ngram": "editing", "eagle": "completion", "multi_layer_eagle": "completion"}
 
 
-def configs(method: str, draft_dir: str, quick: bool) -> list:
+def configs(method: str, draft_dir: str, quick: bool, most: int) -> list:
     if method == "ngram":
         grid = [(1, 4), (2, 8), (4, 8), (4, 12), (8, 16), (10, 12), (1, 24), (16, 32)]
         out = [st.NgramConfig(max_bfs_breadth=b, num_draft_tokens=n) for b, n in grid]
@@ -41,70 +46,107 @@ def configs(method: str, draft_dir: str, quick: bool) -> list:
         out = [st.EagleConfig(f"{draft_dir}/eagle", num_steps=s, topk=k, num_draft_tokens=n) for s, k, n in grid]
     else:
         out = [st.MultiLayerEagleConfig(f"{draft_dir}/multi_layer_eagle", num_steps=s) for s in (1, 2, 3, 4)]
-    return out[:3] if quick else out
+    out = out[:3] if quick else out
+    if len(out) > most:  # spread over the grid, not its first entries
+        out = [out[round(i * (len(out) - 1) / (most - 1))] for i in range(most)] if most > 1 else out[:1]
+    return out
+
+
+def calibration_grid(points: dict[str, list], batch_sizes: list[int]) -> dict:
+    """What calibrate must measure for these configurations: their batch sizes, tree sizes, top-k, steps."""
+    eagle = points.get("eagle", [])
+    mle = points.get("multi_layer_eagle", [])
+    nodes = {1} | {c.num_draft_tokens for cs in points.values() for c in cs}
+    return dict(batch_sizes=sorted(set(batch_sizes) | {1}), num_nodes=sorted(nodes),
+                topks=sorted({c.topk for c in eagle}) or [1],
+                eagle_steps=sorted({c.num_steps for c in eagle} | {c.num_steps for c in mle}) or [1],
+                ngram="ngram" in points)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(p)
-    p.add_argument("--profile", help="cost profile JSON (measured here and written beside the results if absent)")
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--profile", help="cost profile JSON (measured here and written there if it is not a file)")
+    p.add_argument("--batch-sizes", default="4", help="comma list: every configuration is predicted and run at each")
+    p.add_argument("--max-configs", type=int, default=8, help="configurations per method (spread over its grid)")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--calibration-repeats", type=int, default=10, help="timed repeats per calibration point")
     p.add_argument("--methods", default="ngram,eagle,multi_layer_eagle")
     args = p.parse_args(argv)
+    t_start = time.perf_counter()
     target = load_target(args.model, args.device)
     new_tokens = 12 if args.quick else args.new_tokens
     n_prompts = 2 if args.quick else args.num_prompts
+    batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",") if b.strip()})
+    if not batch_sizes or batch_sizes[0] < 1 or args.max_configs < 1:
+        p.error("--batch-sizes needs sizes >= 1 and --max-configs >= 1")
+    methods = args.methods.split(",")
+    points = {m: configs(m, args.draft_dir, args.quick, args.max_configs) for m in methods}
+    seconds = {}
+    t0 = time.perf_counter()
     if args.profile and Path(args.profile).is_file():
         profile = CostProfile.load(args.profile)
     else:
-        grid = dict(batch_sizes=(1, 2), num_nodes=(1, 4, 8), topks=(1, 2), eagle_steps=(1, 3), repeats=2,
-                    context=32) if args.quick else {}
-        profile = calibrate(target, eagle_path=f"{args.draft_dir}/eagle",
-                            multi_layer_path=f"{args.draft_dir}/multi_layer_eagle", **grid)
+        grid = calibration_grid(points, batch_sizes)
+        has = {m: m in points for m in ("eagle", "multi_layer_eagle")}
+        profile = calibrate(target, eagle_path=f"{args.draft_dir}/eagle" if has["eagle"] else None,
+                            multi_layer_path=f"{args.draft_dir}/multi_layer_eagle" if has["multi_layer_eagle"]
+                            else None, repeats=2 if args.quick else args.calibration_repeats,
+                            context=32 if args.quick else 256, **grid)
         if args.profile:
             profile.save(args.profile)
+    seconds["calibrate"] = time.perf_counter() - t0
     rows = []
-    for method in args.methods.split(","):
+    t0 = time.perf_counter()
+    for method in methods:
         prompts = [target.encode(t)[-256:] for t in load_prompts(args.prompts, WORKLOAD[method])[:n_prompts]]
-        cfgs = configs(method, args.draft_dir, args.quick)
+        cfgs = points[method]
         base = cfgs[len(cfgs) // 2]
-        engine_kwargs = dict(max_batch_size=args.batch_size, max_seq_len=2048)
-        recorded = st.Engine(target, draft=base, **engine_kwargs).generate(
+        recorded = st.Engine(target, draft=base, max_batch_size=batch_sizes[-1], max_seq_len=2048).generate(
             prompts, max_new_tokens=new_tokens, ignore_eos=True).trace
-        result = tune(recorded, grid=cfgs, profile=profile, target=target, allow_other_model=True,
-                      progress=False)
-        for cfg, pred in zip(cfgs, result.predictions):
-            engine = st.Engine(target, draft=cfg, **engine_kwargs)
-            engine.generate(prompts[:1], max_new_tokens=8, record=False, ignore_eos=True)  # graphs, warm-up
-            runs = []
-            for _ in range(max(1, args.repeats)):
-                if method == "ngram":  # the trie outlives a generate call: each run starts from an empty one
-                    engine.drafter.corpus.reset()
-                runs.append(engine.generate(prompts, max_new_tokens=new_tokens, record=False, ignore_eos=True).stats)
-            best = max(runs, key=lambda s: s.tokens_per_s)
-            pt = result.tokens_per_s(pred)
-            rows.append({"method": method, "config": cfg.to_dict(), "workload": WORKLOAD[method],
-                         "predicted_accept_length": pred.mean_accept_length,
-                         "measured_accept_length": best.mean_accept_length,
-                         "accept_error": pred.mean_accept_length / best.mean_accept_length - 1
-                         if best.mean_accept_length else None,
-                         "predicted_tokens_per_s": pt, "measured_tokens_per_s": best.tokens_per_s,
-                         "tokens_per_s_error": pt / best.tokens_per_s - 1})
-    print(f"{'method':<18} {'config':<28} {'accept pred':>11} {'meas':>6} {'err':>6} "
+        for bs in batch_sizes:
+            result = tune(recorded, grid=cfgs, profile=profile, batch_size=bs, target=target,
+                          allow_other_model=True, progress=False)
+            for cfg, pred in zip(cfgs, result.predictions):
+                engine = st.Engine(target, draft=cfg, max_batch_size=bs, max_seq_len=2048)
+                engine.generate(prompts[:1], max_new_tokens=8, record=False, ignore_eos=True)  # graphs, warm-up
+                runs = []
+                for _ in range(max(1, args.repeats)):
+                    if method == "ngram":  # the trie outlives a generate call: each run starts from an empty one
+                        engine.drafter.corpus.reset()
+                    runs.append(engine.generate(prompts, max_new_tokens=new_tokens, record=False,
+                                                ignore_eos=True).stats)
+                best = max(runs, key=lambda s: s.tokens_per_s)
+                pt = result.tokens_per_s(pred)
+                rows.append({"method": method, "config": cfg.to_dict(), "batch_size": bs,
+                             "workload": WORKLOAD[method],
+                             "predicted_accept_length": pred.mean_accept_length,
+                             "measured_accept_length": best.mean_accept_length,
+                             "accept_error": pred.mean_accept_length / best.mean_accept_length - 1
+                             if best.mean_accept_length else None,
+                             "predicted_tokens_per_s": pt, "measured_tokens_per_s": best.tokens_per_s,
+                             "tokens_per_s_error": pt / best.tokens_per_s - 1})
+    seconds["record, predict and run"] = time.perf_counter() - t0
+    print(f"{'method':<18} {'config':<28} {'bs':>3} {'accept pred':>11} {'meas':>6} {'err':>6} "
           f"{'tok/s pred':>10} {'meas':>8} {'err':>6}")
     for r in rows:
         c = r["config"]
         short = ",".join(f"{k[:4]}={c[k]}" for k in ("num_steps", "topk", "max_bfs_breadth", "num_draft_tokens")
                          if k in c)
         acc_err = "n/a" if r["accept_error"] is None else f"{r['accept_error']:+.1%}"
-        print(f"{r['method']:<18} {short:<28} {r['predicted_accept_length']:>11.2f} "
+        print(f"{r['method']:<18} {short:<28} {r['batch_size']:>3} {r['predicted_accept_length']:>11.2f} "
               f"{r['measured_accept_length']:>6.2f} {acc_err:>6} {r['predicted_tokens_per_s']:>10.1f} "
               f"{r['measured_tokens_per_s']:>8.1f} {r['tokens_per_s_error']:>+6.1%}")
+    within = {m: sum(abs(r["tokens_per_s_error"]) <= 0.10 for r in rows if r["method"] == m) for m in methods}
+    print("points with tokens/s within 10 %: " + ", ".join(
+        f"{m} {within[m]}/{sum(r['method'] == m for r in rows)}" for m in methods))
+    seconds["total"] = time.perf_counter() - t_start
+    print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
     write_json("tune_accuracy.json", {"meta": {**run_meta(args), "profile": profile.source,
-                                               "profile_device": profile.device}, "rows": rows}, args.out)
+                                               "profile_device": profile.device, "seconds": seconds},
+                                      "rows": rows}, args.out)
     return 0
 
 

@@ -14,6 +14,7 @@ Plain decoding (``draft=None``) is the same loop with a one-node tree.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -28,6 +29,7 @@ from spectool.config import DraftConfig
 from spectool.draft import Batch, make_drafter, prefill_groups
 from spectool.draft.tree import DraftTree, MaskTree, chain_tree
 from spectool.graphs import GraphRunner
+from spectool.kernels import ops
 from spectool.kernels.sampling import sampling_coins
 from spectool.stats import RunStats
 from spectool.timing import PhaseTimer
@@ -93,11 +95,11 @@ class Engine:
             once for max_batch_size × max_seq_len (plus room for one draft tree).
         cuda_graphs: capture and replay the per-iteration forwards on CUDA.
         record_topk: how many of the target's top tokens to record per node.
-        deterministic: the target's forwards use batch-invariant kernels on CUDA, so a token's
-            logits are the same bits in a prefill, a decode or a tree verify at any batch size,
-            and greedy speculative output equals plain greedy output in any dtype (a difference
-            is a bug). On the CPU it changes nothing (float32 there is exact already). See
-            docs/INTERNALS.md, "Deterministic mode".
+        deterministic: the target's and the draft layers' forwards use batch-invariant kernels on
+            CUDA, so a token's logits are the same bits in a prefill, a decode or a tree verify at
+            any batch size, greedy speculative output equals plain greedy output in any dtype (a
+            difference is a bug), and so is a draft wherever it is computed. On the CPU it changes
+            nothing (float32 there is exact already). See docs/INTERNALS.md, "Deterministic mode".
     """
 
     def __init__(self, target, draft: DraftConfig | None = None, max_batch_size: int = 8,
@@ -577,7 +579,14 @@ class Engine:
             stats.prefill_tokens += sum(lens)
             stats.generated_tokens += len(group)
         if self.drafter is not None:
-            self.drafter.on_prefill(self._batch(reqs)[0], hiddens)
+            with self._drafting():
+                self.drafter.on_prefill(self._batch(reqs)[0], hiddens)
+
+    def _drafting(self):
+        """The context of the drafter's forwards: in deterministic mode the batch-invariant kernels too,
+        so a draft is the same bits at any batch and in any forward that computes it (what the what-if
+        tuner's teacher-forced replay of a deterministic trace relies on)."""
+        return ops.deterministic() if self.deterministic else contextlib.nullcontext()
 
     def _batch(self, reqs: list[_Request]) -> tuple[Batch, torch.Tensor]:
         """The requests as a Batch, and the [2, B] device tensor whose rows are its seq_lens and roots.
@@ -759,14 +768,16 @@ class Engine:
     def _draft(self, batch: Batch, timer: PhaseTimer) -> tuple[DraftTree | MaskTree, dict]:
         if self.drafter is None:
             return self._root_tree(batch.roots, batch.seq_lens), {}
-        return self.drafter.draft(batch, timer)
+        with self._drafting():
+            return self.drafter.draft(batch, timer)
 
     def _after_verify(self, batch: Batch, verified: _Verified, accepted: list[list[int]] | None,
                       lens_roots: torch.Tensor, timer: PhaseTimer) -> None:
         """The drafter's on_verify, then the running batch's seq_lens and roots move on to the next
         iteration (after on_verify, which reads the old ones)."""
         if self.drafter is not None:
-            self.drafter.on_verify(batch, verified.tree, verified.result, verified.hidden, accepted, timer)
+            with self._drafting():
+                self.drafter.on_verify(batch, verified.tree, verified.result, verified.hidden, accepted, timer)
         lens_roots.copy_(verified.table[:, :2].T)
 
     def _append_output(self, req: _Request, new: list[int], stops: set[int]) -> list[int]:

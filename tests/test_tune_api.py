@@ -56,6 +56,8 @@ def test_refusals_are_one_line(target, prompts, ngram_trace, profile, demo_model
                                  progress=False)),
         "is not a directory": (lambda: tune(ngram_trace, method="eagle", draft_path=tmp_path / "missing",
                                             target=target, progress=False)),
+        "draft checkpoint": (lambda: tune(ngram_trace, grid=[st.EagleConfig(tmp_path / "gone")], target=target,
+                                          progress=False)),
         "needs the target": (lambda: tune(ngram_trace, method="eagle", draft_path=demo_model_dir / "eagle",
                                           progress=False)),
         "not a ngram setting": (lambda: tune(ngram_trace, grid={"topk": [1]}, progress=False)),
@@ -180,3 +182,20 @@ def test_iteration_gains_line_runs_up_by_output_position(ngram_trace):
     assert (worse["delta"].dropna() <= 0).all() and (worse["delta"] < 0).any()  # one draft token never gains more
     better = iteration_gains(small, ngram_trace)
     assert better["saved"].sum() > 0
+
+
+def test_compare_view_shows_a_predicted_run_beside_the_recorded_one(ngram_trace):
+    pytest.importorskip("ipywidgets")
+    from spectool.widgets import CompareView
+
+    small = tune(ngram_trace, grid=[st.NgramConfig(num_draft_tokens=2)], progress=False).predictions[0]
+    cmp = CompareView(ngram_trace, small)  # the Prediction is shown as the run it predicts
+    assert cmp.labels[1].startswith("B: predicted ngram") and "num_draft_tokens=2" in cmp.labels[1]
+    rid = cmp.request
+    side = cmp.sides[1]
+    # Oracle: the predicted rows of that request, each covering its accepted drafts and a bonus.
+    covering = [-1]
+    for it, a in zip(small.iteration[small.request_id == rid], small.accept_length[small.request_id == rid]):
+        covering += [int(it)] * (int(a) + 1)
+    assert side["iteration"].tolist() == covering[:len(side["tokens"])]
+    assert cmp.sides[0]["tokens"].tolist() == side["tokens"].tolist()  # greedy: the same output

@@ -34,7 +34,8 @@ def side_label(trace: Any) -> str:
     method = draft.get("method") or info.get("method", "?")
     settings = ", ".join(f"{k}={v}" for k, v in draft.items()
                          if k not in ("method", "path") and not isinstance(v, (dict, list)))
-    return f"{method} ({settings})" if settings else str(method)
+    name = f"{method} ({settings})" if settings else str(method)
+    return f"predicted {name}" if info.get("predicted") else name
 
 
 def aligned(trace: Any, request: int) -> dict[str, np.ndarray]:
@@ -73,6 +74,10 @@ class CompareView(widgets.VBox):
 
         CompareView(trace_a, trace_b)                          # Traces or paths; sides named by method
         CompareView(trace_a, trace_b, labels=("ngram", "eagle"))
+        CompareView(trace, result.prediction(config))          # the recorded run against a predicted one
+
+    A side may be a ``spectool.tune`` Prediction made from the other side's trace: it is shown as the
+    run that configuration would have recorded (``Prediction.to_trace``).
     """
 
     def __init__(self, trace_a: Any, trace_b: Any, labels: tuple[str, str] | None = None,
@@ -83,7 +88,11 @@ class CompareView(widgets.VBox):
         self.fig = go.FigureWidget(layout=dict(template=TEMPLATE))
         self.traces: list[Any] = []
         errors = []
-        for side, source in zip("AB", (trace_a, trace_b)):
+        sources = [trace_a, trace_b]
+        for i in (0, 1):  # a Prediction becomes a trace of the other side's requests
+            if hasattr(sources[i], "to_trace") and hasattr(sources[1 - i], "steps"):
+                sources[i] = sources[i].to_trace(sources[1 - i])
+        for side, source in zip("AB", sources):
             trace, error = open_trace(source)
             self.traces.append(trace)
             if error:

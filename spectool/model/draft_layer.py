@@ -79,7 +79,7 @@ class DraftLayer(nn.Module):
             both = ops.rms_norm_pair(tok_emb, self.enorm.weight, target_hidden, self.hnorm.weight, self.enorm.eps)
         else:
             both = torch.cat([tok_emb, target_hidden], dim=-1)
-        x = self.eh_proj(both)
+        x = ops.linear(both, self.eh_proj.weight, self.eh_proj.bias)  # the batch-invariant kernel in deterministic mode
         cos, sin = self.rope(positions, x.dtype)
         mlp_out, h = self.block.forward_residual(x, None, cos, sin, None if cache is None else cache.layer(0),
                                                  slots, starts, tree_mask, kv_len)

@@ -19,9 +19,14 @@ entries a draft overwrote:
 - multi-layer EAGLE: layer k drafts from the drafts of layers < k, so one chain of S_max
   drafts serves every num_steps.
 
-Equal to the engine's accept lengths in float32 (the test runs both); in bf16 the
-teacher-forced and the engine's incremental forwards round differently, so a near-tie
-between two draft tokens can go either way.
+Equal to the engine's accept lengths in float32 (the test runs both). In bf16 with the
+default kernels the teacher-forced forward (one prefill over the whole request) and the
+engine's (prefill, then verifies of N-node trees at its batch size) pick different GEMM and
+attention reductions, so hidden states, draft caches and draft scores differ in their last
+bits, and a near-tie between two draft tokens can go either way (a few percent of the mean
+accept length). A trace recorded with ``Engine(deterministic=True)`` is replayed with the
+same batch-invariant kernels (target and draft layers): every forward computes a token's
+bits as the engine did, so the replay is exact in any dtype.
 """
 
 from __future__ import annotations
@@ -52,8 +57,9 @@ class DrafterHost:
 
 
 @torch.no_grad()
-def target_hidden(target, known: torch.Tensor) -> torch.Tensor:
-    """The target's hidden states [T, H] (before its final norm) over ``known`` [T], teacher-forced."""
+def target_hidden(target, known: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+    """The target's hidden states [T, H] (before its final norm) over ``known`` [T], teacher-forced
+    (``deterministic``: with the batch-invariant kernels, the bits a deterministic engine fed its drafter)."""
     from spectool.model.kv_cache import KVCache
 
     t = known.shape[0]
@@ -61,7 +67,7 @@ def target_hidden(target, known: torch.Tensor) -> torch.Tensor:
     cache = KVCache.for_model(getattr(target.model, "local_config", target.config), 1, t, target.dtype, dev)
     zero = torch.zeros(1, dtype=torch.long, device=dev)
     hidden = target.model(known[None], torch.arange(t, device=dev)[None], cache=cache, slots=zero, starts=zero,
-                          tree_mask=None, kv_len=t)
+                          tree_mask=None, kv_len=t, deterministic=deterministic)
     return hidden[0]
 
 

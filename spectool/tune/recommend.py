@@ -193,12 +193,24 @@ def plain_prediction(workload: Workload) -> Prediction:
 
 def _predict_eagle_family(method: str, configs: list, workload: Workload, target, bar) -> list[Prediction]:
     """Every EAGLE / multi-layer config over every request: one lane each, batched per drafter."""
+    if target is None:
+        raise TuneError(f"{method} what-if needs the target (pass target=st.load(..., dtype=torch.float32))")
+    from spectool.kernels import ops
+
+    # A deterministic trace is replayed with the kernels it was recorded with (eagle_whatif docstring).
+    deterministic = bool((workload.run_info.get("engine") or {}).get("deterministic"))
+    with ops.deterministic(deterministic):
+        return _eagle_family_rows(method, configs, workload, target, bar, deterministic)
+
+
+def _eagle_family_rows(method: str, configs: list, workload: Workload, target, bar, deterministic: bool
+                       ) -> list[Prediction]:
     import torch
 
     from spectool.tune import eagle_whatif as ew
 
-    if target is None:
-        raise TuneError(f"{method} what-if needs the target (pass target=st.load(..., dtype=torch.float32))")
+    for path in dict.fromkeys(str(c.path) for c in configs):  # a grid of configs skipped _base_config's check
+        ew.check_checkpoint(path, method)
     dev = torch.device(target.device)
     works = workload.requests
     capacity = max(len(r.known) for r in works) + 8
@@ -208,7 +220,7 @@ def _predict_eagle_family(method: str, configs: list, workload: Workload, target
     known = {w.request_id: w.known.tolist() for w in works}
     hidden = {}
     for w in works:
-        hidden[w.request_id] = ew.target_hidden(target, torch.as_tensor(w.known, device=dev))
+        hidden[w.request_id] = ew.target_hidden(target, torch.as_tensor(w.known, device=dev), deterministic)
     rows: dict[tuple[int, int], list] = {}
     for (path, k), idx in groups.items():
         lane_of = [(wi, ci) for wi in range(len(works)) for ci in idx]
