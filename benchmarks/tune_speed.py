@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import time
 
 import pyarrow as pa
@@ -81,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     n_configs, e_configs = (10, 4) if args.quick else (100, 20)
 
     trace = token_trace(target, args.prompts, n_tokens, 1250)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ngram = tune(trace, grid=ngram_grid(n_configs), progress=False)
-    ngram_s = time.perf_counter() - t0
+    ngram_s, ngram_cpu = time.perf_counter() - t0, time.process_time() - c0
 
     per_request = e_tokens // 4
     prompts = [target.encode(t)[-64:] for t in load_prompts(args.prompts, "completion")[:4]]
@@ -92,13 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     recorded = st.Engine(target, draft=st.EagleConfig(eagle_path), max_batch_size=4, max_seq_len=1024).generate(
         prompts, max_new_tokens=per_request, ignore_eos=True).trace
     record_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     eagle = tune(recorded, grid=eagle_grid(eagle_path, e_configs), target=target, progress=False)
-    eagle_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    eagle_s, eagle_cpu = time.perf_counter() - t0, time.process_time() - c0
+    t0, c0 = time.perf_counter(), time.process_time()
     mle = tune(recorded, method="multi_layer_eagle", draft_path=f"{args.draft_dir}/multi_layer_eagle",
                target=target, progress=False)
-    mle_s = time.perf_counter() - t0
+    mle_s, mle_cpu = time.perf_counter() - t0, time.process_time() - c0
 
     editing = [target.encode(t)[-128:] for t in load_prompts(args.prompts, "editing")[:4]]
     panel_trace = st.Engine(target, draft=st.NgramConfig(), max_batch_size=4, max_seq_len=1024).generate(
@@ -113,15 +114,20 @@ def main(argv: list[str] | None = None) -> int:
         slider_ms.append((time.perf_counter() - t0) * 1e3)
 
     rows = [
-        {"sweep": "ngram", "configs": len(ngram.predictions), "output_tokens": n_tokens, "seconds": ngram_s},
-        {"sweep": "eagle", "configs": len(eagle.predictions), "output_tokens": per_request * 4, "seconds": eagle_s},
+        {"sweep": "ngram", "configs": len(ngram.predictions), "output_tokens": n_tokens, "seconds": ngram_s,
+         "cpu_seconds": ngram_cpu},
+        {"sweep": "eagle", "configs": len(eagle.predictions), "output_tokens": per_request * 4, "seconds": eagle_s,
+         "cpu_seconds": eagle_cpu},
         {"sweep": "multi_layer_eagle", "configs": len(mle.predictions), "output_tokens": per_request * 4,
-         "seconds": mle_s},
+         "seconds": mle_s, "cpu_seconds": mle_cpu},
     ]
-    print(f"{'sweep':<18} {'configs':>7} {'tokens':>7} {'seconds':>8} {'ms/config':>9}")
+    # CPU seconds (this process, all threads) as well as wall: on a shared machine the wall time
+    # counts the other work too.
+    print(f"{'sweep':<18} {'configs':>7} {'tokens':>7} {'seconds':>8} {'cpu s':>8} {'ms/config':>9}")
     for r in rows:
         print(f"{r['sweep']:<18} {r['configs']:>7} {r['output_tokens']:>7} {r['seconds']:>8.2f} "
-              f"{r['seconds'] / r['configs'] * 1e3:>9.1f}")
+              f"{r['cpu_seconds']:>8.2f} {r['seconds'] / r['configs'] * 1e3:>9.1f}")
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print(f"what-if panel, slider move to prediction: median {sorted(slider_ms)[len(slider_ms) // 2]:.0f} ms, "
           f"max {max(slider_ms):.0f} ms over {len(slider_ms)} moves")
     print(f"(recording the EAGLE trace took {record_s:.1f} s; torch threads {torch.get_num_threads()})")

@@ -116,6 +116,9 @@ class TuneResult:
         if not all(p.exact for p in self.predictions):
             lines.append("note: some last iterations needed tokens past the recorded output; their accept length "
                          "is a lower bound (record with a larger max_new_tokens and tune with a smaller one)")
+        rounding = next((p.extra["rounding"] for p in self.predictions if p.extra.get("rounding")), None)
+        if rounding:
+            lines.append(f"note: {rounding}")
         lines += [f"skipped: {s}" for s in self.skipped]
         return "\n".join(lines)
 
@@ -237,13 +240,33 @@ def _eagle_family_rows(method: str, configs: list, workload: Workload, target, b
         rows.update(ew.sweep_lanes(lanes, works, configs, lane_of, accept_rows))
         del lanes
         bar.update(len(idx))
+    rounding = _rounding_note(workload, target, deterministic)
     preds = []
     for ci, c in enumerate(configs):
         log = RowLog()
         replay(workload, _Precomputed({w.request_id: rows[(w.request_id, ci)] for w in works}, c.num_draft_tokens),
                log)
-        preds.append(log.finish(c, method, workload.output_tokens))
+        preds.append(log.finish(c, method, workload.output_tokens, rounding=rounding))
     return preds
+
+
+def _rounding_note(workload: Workload, target, deterministic: bool) -> str | None:
+    """Why a replay's float forwards may not be the engine's bits, or None when they are (a float32
+    CPU trace replayed on the CPU in float32; a deterministic trace replayed in its dtype on CUDA)."""
+    import torch
+
+    recorded = (workload.run_info.get("model") or {}).get("dtype")
+    device = str(workload.run_info.get("device") or "cpu")
+    dtype = str(target.dtype).replace("torch.", "")
+    on_cuda = torch.device(target.device).type == "cuda"
+    if not on_cuda and dtype == recorded == "float32" and device.startswith("cpu"):
+        return None
+    if deterministic and on_cuda and dtype == recorded and device.startswith("cuda"):
+        return None
+    return (f"a {recorded or 'unknown'}-dtype trace from {device} replayed in {dtype} on {target.device}"
+            f"{'' if deterministic else ' without deterministic mode'}: near-ties between draft tokens can round "
+            "differently from the engine's, so accept lengths may be off by a few percent (exact: record with "
+            "deterministic=True and tune on the same GPU and dtype, or record and tune in float32 on the CPU)")
 
 
 def tune(trace, grid: dict | list | None = None, profile: str | Path | CostProfile | None = None,
