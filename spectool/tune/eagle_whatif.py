@@ -12,13 +12,12 @@ slot per (request, configuration) *lane* holding that request's teacher-forced s
 round drafts every unfinished lane at its own L in one batch, then puts back the few cache
 entries a draft overwrote:
 
-- EAGLE: the tree of S steps is the candidate prefix of the tree of more steps (each
-  step depends only on earlier ones), so one draft per (request, L), with the most steps
-  any configuration of that top-k standing there needs, serves every num_steps and
-  num_draft_tokens; the EAGLE-2 selection (``tree.eagle_select``) then picks each
-  configuration's N nodes.
-- multi-layer EAGLE: layer k drafts from the drafts of layers < k, so one chain of the
-  most steps needed serves every num_steps.
+- EAGLE: the tree of S steps is the candidate prefix of the tree of S_max steps (each
+  step depends only on earlier ones), so one draft with S_max steps per lane serves every
+  num_steps and num_draft_tokens of that top-k; the EAGLE-2 selection
+  (``eagle_tree_from_candidates``) then picks each configuration's N nodes.
+- multi-layer EAGLE: layer k drafts from the drafts of layers < k, so one chain of S_max
+  drafts serves every num_steps.
 
 Equal to the engine's accept lengths in float32 (the test runs both). In bf16 with the
 default kernels the teacher-forced forward (one prefill over the whole request) and the
@@ -32,7 +31,6 @@ bits as the engine did, so the replay is exact in any dtype.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -133,20 +131,6 @@ class EagleLanes(_Lanes):
         super().__init__(EagleDrafter(cfg, host), lane_requests)
         self.features: dict[int, tuple[torch.Tensor, ...]] = {}
         self.known: dict[int, torch.Tensor] = {}
-        self._constants: dict[int, tuple] = {}
-
-    def _use_steps(self, steps: int) -> None:
-        """Make the drafter draft ``steps`` steps (its buffers are sized for max_steps): the constants
-        _make_draft_constants derives from (num_steps, topk), kept per steps."""
-        d = self.drafter
-        names = ("_fed_depth", "_fed_eye", "_parent_fed", "_num_candidates", "_flat_parents")
-        if steps not in self._constants:
-            d.config = replace(d.config, num_steps=steps, num_draft_tokens=1 + self.topk)
-            d._make_draft_constants()
-            self._constants[steps] = (d.config, *(getattr(d, n) for n in names))
-        d.config, *values = self._constants[steps]
-        for n, v in zip(names, values):
-            setattr(d, n, v)
 
     def _state(self) -> list[torch.Tensor]:
         c = self.drafter.cache
@@ -165,11 +149,10 @@ class EagleLanes(_Lanes):
         self.known[rid] = known
 
     @torch.no_grad()
-    def draft(self, lanes: list[int], seq_lens: list[int], steps: int) -> list[tuple[torch.Tensor, ...]]:
-        """Per lane, (tokens, scores, parents) [C] of every candidate of its ``steps``-step draft at its
+    def draft(self, lanes: list[int], seq_lens: list[int]) -> list[tuple[torch.Tensor, ...]]:
+        """Per lane, (tokens, scores, parents) [C] of every candidate of its S_max-step draft at its
         seq_len, in the drafter's flat order (root first)."""
         d = self.drafter
-        self._use_steps(steps)
         rids = [self.lane_requests[i] for i in lanes]
         slots = torch.tensor(lanes, device=self.device)
         for lane, rid, L in zip(lanes, rids, seq_lens):
@@ -179,7 +162,7 @@ class EagleLanes(_Lanes):
         d._kv_len = max(seq_lens)
         tok, score, par = d._draft_candidates(slots, torch.tensor(seq_lens, device=self.device), roots)[:3]
         got = list(zip(tok, score, par))
-        fed = (steps - 1) * self.topk
+        fed = (self.max_steps - 1) * self.topk
         if fed:  # the fed frontier overwrote teacher-forced entries from index L on
             self._restore(lanes, seq_lens, [L + fed for L in seq_lens])
         return got
@@ -219,9 +202,9 @@ class MultiLayerLanes(_Lanes):
         d.tokens[lane, -1] = 0
 
     @torch.no_grad()
-    def draft(self, lanes: list[int], seq_lens: list[int], steps: int) -> list[list[int]]:
-        """The drafts d_1 .. d_steps of each lane's chain at its seq_len (root = known[seq_len])."""
-        d, s = self.drafter, steps
+    def draft(self, lanes: list[int], seq_lens: list[int]) -> list[list[int]]:
+        """The drafts d_1 .. d_{S_max} of each lane's draft at its seq_len (root = known[seq_len])."""
+        d, s = self.drafter, self.max_steps
         slots = torch.tensor(lanes, device=self.device)
         lens = torch.tensor(seq_lens, device=self.device)
         top = max(seq_lens)
@@ -238,13 +221,11 @@ class MultiLayerLanes(_Lanes):
 
 def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of: list[tuple[int, int]],
                 accept_rows) -> dict[tuple[int, int], list[tuple[int, int, bool]]]:
-    """Walk every lane (request, config) from its prompt length, one batched draft per round and steps.
+    """Walk every lane (request, config) from its prompt length, one batched draft per round.
 
     ``lane_of[i]`` = (index into works, index into configs) of lane i. A draft depends only on
-    (request, L), and a draft of S steps is the prefix of one of more steps, so each round drafts
-    only the (request, L) not drafted before with as many steps as the lanes standing there need
-    (in the slot of one of them; most of a sweep's positions are reached only by configurations
-    of few steps), and a configuration's accept length at (request, L) is worked out once.
+    (request, L), so each round drafts only the (request, L) no lane drafted before (in the slot of
+    one lane standing there), and a configuration's accept length at (request, L) is worked out once.
     ``accept_rows(config, request_ids, seq_lens, drafts)`` gives (accept length, censored, tree) per
     row. Returns each lane's iterations as (seq_len, accept length, censored, tree) rows, keyed by
     (request id, config index).
@@ -252,23 +233,18 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
     seq = [works[w].prompt_len for w, _ in lane_of]
     rid_of = [works[w].request_id for w, _ in lane_of]
     rows: dict[tuple[int, int], list] = {(works[w].request_id, c): [] for w, c in lane_of}
-    drafts: dict[tuple[int, int], tuple[int, object]] = {}  # (request, L) -> (steps, draft)
+    drafts: dict[tuple[int, int], object] = {}
     accepts: dict[tuple[int, int, int], tuple[int, bool, tuple]] = {}
     active = [i for i, (w, _) in enumerate(lane_of) if seq[i] + 1 < works[w].end]
     while active:
-        need: dict[tuple[int, int], tuple[int, int]] = {}  # (request, L) -> (steps, a lane there)
+        todo: dict[tuple[int, int], int] = {}
         for i in active:
-            key, steps = (rid_of[i], seq[i]), configs[lane_of[i][1]].num_steps
-            if key in drafts and drafts[key][0] >= steps:
-                continue
-            if key not in need or need[key][0] < steps:
-                need[key] = (steps, i)
-        by_steps: dict[int, list[tuple[int, int]]] = {}
-        for key, (steps, _) in need.items():
-            by_steps.setdefault(steps, []).append(key)
-        for steps, keys in by_steps.items():
-            for key, got in zip(keys, lanes.draft([need[k][1] for k in keys], [k[1] for k in keys], steps)):
-                drafts[key] = (steps, got)
+            key = (rid_of[i], seq[i])
+            if key not in drafts and key not in todo:
+                todo[key] = i
+        if todo:
+            for key, got in zip(todo, lanes.draft(list(todo.values()), [k[1] for k in todo])):
+                drafts[key] = got
         by_config: dict[int, list[tuple[int, int]]] = {}
         for i in active:
             c = lane_of[i][1]
@@ -277,8 +253,7 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
                 if (rid_of[i], seq[i]) not in by_config[c]:
                     by_config[c].append((rid_of[i], seq[i]))
         for c, keys in by_config.items():
-            results = accept_rows(configs[c], [k[0] for k in keys], [k[1] for k in keys],
-                                  [drafts[k][1] for k in keys])
+            results = accept_rows(configs[c], [k[0] for k in keys], [k[1] for k in keys], [drafts[k] for k in keys])
             for key, res in zip(keys, results):
                 accepts[(c, *key)] = res
         for i in active:
