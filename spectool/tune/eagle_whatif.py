@@ -220,14 +220,15 @@ class MultiLayerLanes(_Lanes):
 
 
 def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of: list[tuple[int, int]],
-                accept_rows) -> dict[tuple[int, int], list[tuple[int, int, bool]]]:
+                accept_rows, on_tokens=None) -> dict[tuple[int, int], list[tuple[int, int, bool]]]:
     """Walk every lane (request, config) from its prompt length, one batched draft per round.
 
     ``lane_of[i]`` = (index into works, index into configs) of lane i. A draft depends only on
     (request, L), so each round drafts only the (request, L) no lane drafted before (in the slot of
     one lane standing there), and a configuration's accept length at (request, L) is worked out once.
     ``accept_rows(config, request_ids, seq_lens, drafts)`` gives (accept length, censored, tree) per
-    row. Returns each lane's iterations as (seq_len, accept length, censored, tree) rows, keyed by
+    row. ``on_tokens(n)``, if given, hears after each round how many output tokens the lanes
+    advanced (a progress bar). Returns each lane's iterations as (seq_len, accept length, censored, tree) rows, keyed by
     (request id, config index).
     """
     seq = [works[w].prompt_len for w, _ in lane_of]
@@ -237,6 +238,7 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
     accepts: dict[tuple[int, int, int], tuple[int, bool, tuple]] = {}
     active = [i for i, (w, _) in enumerate(lane_of) if seq[i] + 1 < works[w].end]
     while active:
+        before = [seq[i] + 1 for i in active]
         todo: dict[tuple[int, int], int] = {}
         for i in active:
             key = (rid_of[i], seq[i])
@@ -260,6 +262,8 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
             a, cut, tree = accepts[(lane_of[i][1], rid_of[i], seq[i])]
             rows[(rid_of[i], lane_of[i][1])].append((seq[i], a, cut, tree))
             seq[i] += a + 1
+        if on_tokens is not None:
+            on_tokens(sum(min(seq[i] + 1, works[lane_of[i][0]].end) - L for i, L in zip(active, before)))
         active = [i for i in active if seq[i] + 1 < works[lane_of[i][0]].end]
     return rows
 

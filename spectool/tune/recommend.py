@@ -225,6 +225,10 @@ def _eagle_family_rows(method: str, configs: list, workload: Workload, target, b
     for w in works:
         hidden[w.request_id] = ew.target_hidden(target, torch.as_tensor(w.known, device=dev), deterministic)
     rows: dict[tuple[int, int], list] = {}
+    # The bar counts output tokens replayed (configurations x requests x tokens): a group of
+    # configurations sharing drafts can take most of a sweep.
+    bar.reset(total=len(configs) * sum(max(w.end - w.prompt_len - 1, 0) for w in works))
+    bar.unit = "tok"
     for (path, k), idx in groups.items():
         lane_of = [(wi, ci) for wi in range(len(works)) for ci in idx]
         lane_requests = [works[wi].request_id for wi, _ in lane_of]
@@ -237,9 +241,8 @@ def _eagle_family_rows(method: str, configs: list, workload: Workload, target, b
             accept_rows = ew.multi_layer_accepts(known)
         for w in works:
             lanes.load(w.request_id, torch.as_tensor(w.known, device=dev), hidden[w.request_id])
-        rows.update(ew.sweep_lanes(lanes, works, configs, lane_of, accept_rows))
+        rows.update(ew.sweep_lanes(lanes, works, configs, lane_of, accept_rows, bar.update))
         del lanes
-        bar.update(len(idx))
     rounding = _rounding_note(workload, target, deterministic)
     preds = []
     for ci, c in enumerate(configs):
