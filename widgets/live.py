@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from .saved import StaticOutput
+
 # One colour per draft depth 1..8, then hues that none of those take; the bonus token stays uncoloured.
 DEPTH_COLOURS = ["#4e79a7", "#59a14f", "#f28e2b", "#b07aa1", "#e15759", "#76b7b2", "#edc948", "#9c755f"]
 # The legend names this many depths at most (deeper accepted drafts still get their own colour).
@@ -73,7 +75,7 @@ def _method_of(engine) -> str:
     return "none"
 
 
-class LiveDecode(widgets.VBox):
+class LiveDecode(StaticOutput, widgets.VBox):
     """Stream an engine's output into the notebook while it decodes.
 
     Args:
@@ -202,6 +204,10 @@ class LiveDecode(widgets.VBox):
         return fig
 
     # ----- internals --------------------------------------------------------------------
+
+    def static_html(self) -> str:
+        """The stats line, any message and the text decoded so far (escaped, coloured by depth)."""
+        return f'<div class="spectool-live-static">{self.stats_label.value}{self.message.value}{self.text.value}</div>'
 
     def _check_input(self) -> str | None:
         if not self.prompts:
