@@ -74,7 +74,7 @@ def test_notebook_is_stored_with_its_pictures(path):
     assert views, f"{path.name} shows no view"
     for data in views:
         assert WIDGET_VIEW not in data  # no reopened notebook can show a live model
-        assert re.search(r'<img class="spectool-snapshot"[^>]* src="data:image/svg\+xml;base64,|'
+        assert re.search(r'<img[^>]* class="spectool-snapshot"[^>]* src="data:image/svg\+xml;base64,|'
                          r'class="spectool-(live|tuning)-static"', data.get("text/html", "")), data.get("text/plain")
     # Nothing in the outputs reaches for the network: the pictures are inline.
     outputs = json.dumps([c.outputs for c in code])

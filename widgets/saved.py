@@ -38,21 +38,28 @@ class StaticOutput:
         return ""
 
     def _repr_mimebundle_(self, **kwargs: Any):
-        data, metadata = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]
+        bundle = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]
+        data = bundle[0] if isinstance(bundle, tuple) else bundle  # ipywidgets gives data alone
         picture = self.static_html()
         if picture:
             data["text/html"] = picture
-        return data, metadata
+        return bundle
 
 
 def keep_static(nb: dict) -> dict:
     """`nb` (a notebook dict, changed in place) with each output that holds a picture reduced to it."""
     live = set()
+    # JupyterLab's "Save Widget State Automatically" saves each model as it stands; a TraceViewer's
+    # model holds the picture of the step the page last showed, newer than the one in its output.
+    state = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     for cell in nb.get("cells", []):
         for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
             data = out.get("data", {})
             if WIDGET_VIEW not in data:
                 continue
+            latest = state.get(data[WIDGET_VIEW].get("model_id"), {}).get("state", {}).get("snapshot")
+            if isinstance(latest, str) and latest.startswith("<svg"):
+                data["text/html"] = snapshot_html(latest)
             if any(t in data for t in STATIC_TYPES):
                 del data[WIDGET_VIEW]
             else:
