@@ -157,6 +157,8 @@ class LiveDecode(StaticOutput, widgets.VBox):
         finally:
             self._render()
             self._set_running(False)
+            if threading.current_thread() is threading.main_thread():
+                self.refresh_picture()
         return self.stats
 
     def stop(self) -> None:
@@ -170,6 +172,8 @@ class LiveDecode(StaticOutput, widgets.VBox):
         """Block until a ``start()``-ed decode ends; False if it is still running after ``timeout``."""
         if self._thread is not None:
             self._thread.join(timeout)
+        if not self.running:
+            self.refresh_picture()  # the outputs keep the finished text, not the first frame
         return not self.running
 
     @property

@@ -45,6 +45,24 @@ class StaticOutput:
             data["text/html"] = picture
         return bundle
 
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        bundle = self._repr_mimebundle_()
+        data, metadata = bundle if isinstance(bundle, tuple) else (bundle, {})
+        handle = display(data, metadata=metadata, raw=True, display_id=True)
+        self._picture_handles = [*getattr(self, "_picture_handles", []), handle]
+
+    def refresh_picture(self) -> None:
+        """Put the view's present picture into the outputs that show it (from the kernel's main thread:
+        an update from another thread may reach no cell)."""
+        handles = getattr(self, "_picture_handles", [])
+        if handles:
+            bundle = self._repr_mimebundle_()
+            data, metadata = bundle if isinstance(bundle, tuple) else (bundle, {})
+            for handle in handles:
+                handle.update(data, metadata=metadata, raw=True)
+
 
 def keep_static(nb: dict) -> dict:
     """`nb` (a notebook dict, changed in place) with each output that holds a picture reduced to it."""
