@@ -412,6 +412,7 @@ def test_stored_notebooks_show_their_pictures_with_no_kernel_and_as_static_html(
             if name == "as_saved.ipynb":
                 page.get_by_text("Loading widget...").first.wait_for(timeout=30_000)
                 assert page.locator("img.spectool-snapshot").count() == 0
+                page.get_by_text("Loading widget...").first.scroll_into_view_if_needed()
                 page.screenshot(path=str(ARTIFACTS / "lab_no_kernel_control.png"))
                 continue
             want = _picture_count(nbformat.read(root / name, as_version=4))

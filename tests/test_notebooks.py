@@ -26,7 +26,8 @@ from nbclient import NotebookClient
 
 from spectool.widgets.saved import WIDGET_STATE, WIDGET_VIEW, keep_static
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Per-cell limit; every notebook is meant to finish in under two minutes on 2 CPU cores.
 CELL_TIMEOUT_S = 120
 # The tokens per prompt of a stored run (the notebooks' own default is 64; CPU runs stay short).
@@ -63,6 +64,11 @@ def stored_form(nb) -> None:
         if cell.cell_type == "code":
             cell.outputs = [o for o in cell.outputs
                             if WIDGET_VIEW not in o.get("data", {}) or VIEW_REPR.match(o.data.get("text/plain", ""))]
+            for out in cell.outputs:  # paths inside the checkout are printed relative to it
+                if out.output_type == "stream":
+                    out.text = out.text.replace(f"{ROOT}/", "")
+                elif "text/plain" in out.get("data", {}):
+                    out.data["text/plain"] = out.data["text/plain"].replace(f"{ROOT}/", "")
     keep_static(nb)
 
 
