@@ -386,7 +386,7 @@ def test_stored_notebooks_show_their_pictures_with_no_kernel_and_as_static_html(
     root = tmp_path / "root"
     root.mkdir()
     names = ["02_trees_and_masks.ipynb", "04_ngram_vs_eagle.ipynb"]
-    for name in names:
+    for name in [*names, "01_live_decoding.ipynb"]:
         shutil.copy(ROOT / "notebooks" / name, root)
     control = nbformat.read(root / names[0], as_version=4)
     views = [o for c in control.cells if c.cell_type == "code" for o in c.outputs if "spectool-snapshot" in
@@ -440,7 +440,7 @@ def test_stored_notebooks_show_their_pictures_with_no_kernel_and_as_static_html(
     exporter = HTMLExporter()
     own = {exporter.require_js_url, exporter.mathjax_url}  # the template's head scripts, not the outputs'
     outside: list[str] = []
-    for name in names:
+    for name in [*names, "01_live_decoding.ipynb"]:  # 01: LiveDecode's text and two plotly figures' PNGs
         html_out = tmp_path / f"{name[:2]}.html"
         subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", "--output", str(html_out),
                         str(root / name)], check=True, capture_output=True)
@@ -449,11 +449,15 @@ def test_stored_notebooks_show_their_pictures_with_no_kernel_and_as_static_html(
         page.route("http*://**", lambda route: route.abort())  # a reader offline
         try:
             page.goto(html_out.as_uri())
-            want = _picture_count(nbformat.read(root / name, as_version=4))
-            assert page.locator("img.spectool-snapshot").count() == want
-            assert page.evaluate("() => [...document.querySelectorAll('img.spectool-snapshot')]"
+            nb = nbformat.read(root / name, as_version=4)
+            figures = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+            images = "img.spectool-snapshot, img[src^='data:image/png']"
+            assert page.locator(images).count() == _picture_count(nb) + figures >= 1
+            assert page.evaluate(f"() => [...document.querySelectorAll({images!r})]"
                                  ".every(i => i.complete && i.naturalWidth > 300)")
-            page.locator("img.spectool-snapshot").first.scroll_into_view_if_needed()
+            if "01" in name:
+                assert page.locator(".spectool-live-static").filter(has_text="accept length").count() == 2
+            page.locator(images).first.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / f"nbconvert_{name[:2]}.png"))
         finally:
             page.close()

@@ -26,6 +26,8 @@ from nbclient import NotebookClient
 
 from spectool.widgets.saved import WIDGET_STATE, WIDGET_VIEW, keep_static
 
+PLOTLY = "application/vnd.plotly.v1+json"
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Per-cell limit; every notebook is meant to finish in under two minutes on 2 CPU cores.
@@ -72,6 +74,33 @@ def stored_form(nb) -> None:
     keep_static(nb)
 
 
+def draw_plotly_figures(nb) -> None:
+    """Give each plotly figure output a PNG of itself, drawn by headless Chromium from plotly's own bundled
+    plotly.js (no network), for readers without plotly's JupyterLab extension: nbconvert's HTML, repository
+    viewers."""
+    figures = [o.data for c in nb.cells if c.cell_type == "code" for o in c.outputs if PLOTLY in o.get("data", {})]
+    if not figures:
+        return
+    from playwright.sync_api import sync_playwright
+    from plotly.offline import get_plotlyjs
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.set_content(f"<script>{get_plotlyjs()}</script>")
+        for data in figures:
+            url = page.evaluate("""(fig) => Plotly.toImage({data: fig.data, layout: fig.layout || {}},
+                {format: 'png', width: 1000, height: (fig.layout || {}).height || 450})""", data[PLOTLY])
+            data["image/png"] = url.split(",", 1)[1]
+        browser.close()
+
+
+def output_kinds(nb) -> list[list[list[str]]]:
+    """Per code cell, each output's mimetypes (a figure's PNG, added when stored, left out)."""
+    return [[sorted(k for k in o.get("data", {o.output_type: 0}) if not (k == "image/png" and PLOTLY in o.data))
+             for o in c.outputs] for c in nb.cells if c.cell_type == "code"]
+
+
 def test_all_five_notebooks_are_there():
     assert [p.name[:3] for p in NOTEBOOKS] == ["01_", "02_", "03_", "04_", "05_"]
 
@@ -93,6 +122,8 @@ def test_notebook_is_stored_with_its_pictures(path):
         assert WIDGET_VIEW not in data  # no reopened notebook can show a live model
         assert re.search(r'<img[^>]* class="spectool-snapshot"[^>]* src="data:image/svg\+xml;base64,|'
                          r'class="spectool-(live|tuning)-static"', data.get("text/html", "")), data.get("text/plain")
+    for out in (o for c in code for o in c.outputs if PLOTLY in o.get("data", {})):
+        assert out.data.get("image/png", "").startswith("iVBOR")  # a PNG beside the figure
     # Nothing in the outputs reaches for the network: the pictures are inline.
     outputs = json.dumps([c.outputs for c in code])
     assert not re.search(r"""(src|href)=\\?["']?(https?:)?//""", outputs)
@@ -112,10 +143,9 @@ def test_notebook_runs(path, demo_model_dir, tmp_path, monkeypatch):
     assert not errors
     stored_form(nb)
     # What the run shows is what is stored: the same cells with outputs of the same kinds.
-    kinds = [[sorted(o.get("data", {o.output_type: 0})) for o in c.outputs] for c in nb.cells if c.cell_type == "code"]
     if STORE:
+        draw_plotly_figures(nb)
         nb.metadata["spectool"] = {"code_digest": code_digest(nb), "max_new_tokens": int(STORED_MAX_NEW_TOKENS)}
         nbformat.write(nb, path)
     stored = nbformat.read(path, as_version=4)
-    assert kinds == [[sorted(o.get("data", {o.output_type: 0})) for o in c.outputs]
-                     for c in stored.cells if c.cell_type == "code"], f"{path.name}: store its outputs again"
+    assert output_kinds(nb) == output_kinds(stored), f"{path.name}: store its outputs again"
