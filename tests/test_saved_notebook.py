@@ -104,3 +104,35 @@ def test_an_executed_notebook_saved_with_keep_static_shows_pictures_in_nbconvert
     page, _ = HTMLExporter().from_notebook_node(nbformat.from_dict(nb))
     assert len(pictures(page)) == 3  # the viewer's and both sides of the comparison
     assert "embed-amd" not in page and WIDGET_VIEW not in page  # no widget manager from a CDN
+
+
+def test_jupyter_server_saves_through_the_hook_as_configured(traces, tmp_path):
+    """What JupyterLab's save does (a PUT of the notebook to the contents API), with the documented setting."""
+    import json
+    import urllib.request
+
+    from browser_pages import Lab
+
+    nb = nbformat.v4.new_notebook()
+    view = nbformat.v4.new_output("display_data", data={
+        "text/plain": "CompareView(...)", "text/html": '<img class="spectool-snapshot" src="data:,">',
+        WIDGET_VIEW: {"model_id": "f" * 32, "version_major": 2, "version_minor": 0}})
+    bar = nbformat.v4.new_output("display_data", data={"text/plain": "0%", WIDGET_VIEW: {"model_id": "e" * 32}})
+    nb.cells = [nbformat.v4.new_code_cell("CompareView(a, b)", outputs=[view]),
+                nbformat.v4.new_code_cell("progress()", outputs=[bar])]
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "jupyter_server_config.json").write_text(
+        json.dumps({"ContentsManager": {"pre_save_hook": "spectool.widgets.saved.pre_save_hook"}}))
+    root = tmp_path / "root"
+    root.mkdir()
+    server = Lab(root, tmp_path, {})
+    try:
+        body = json.dumps({"type": "notebook", "format": "json", "content": nb}).encode()
+        put = urllib.request.Request(server.api("contents/n.ipynb"), data=body, method="PUT",
+                                     headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(put, timeout=30)
+    finally:
+        server.stop()
+    saved = nbformat.read(root / "n.ipynb", as_version=4)
+    assert sorted(saved.cells[0].outputs[0].data) == ["text/html", "text/plain"]
+    assert WIDGET_VIEW in saved.cells[1].outputs[0].data  # a widget with no picture is left as it was
