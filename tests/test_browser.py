@@ -12,6 +12,7 @@ static figure. Screenshots go to test-artifacts/.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -294,8 +295,9 @@ def test_views_in_jupyterlab_then_reopened_without_a_kernel(browser, lab, tmp_pa
         page.locator(f"{first} .sv-next").click()
         saved_label = page.locator(f"{first} .sv-label").inner_text()
         page.wait_for_timeout(2500)
-        page.keyboard.press("Control+s")
-        page.wait_for_timeout(2000)
+        # The toolbar's save button: a Ctrl+S pressed with the focus in an output may never reach the command.
+        page.locator(".jp-NotebookPanel-toolbar [data-command='docmanager:save']").first.click()
+        page.wait_for_function("() => !document.querySelector('.jp-mod-current.jp-mod-dirty')", timeout=30_000)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "lab_failure.png"), full_page=True)
         raise
@@ -368,3 +370,96 @@ def test_notebook_02_in_jupyterlab(browser, lab):
         page.screenshot(path=str(ARTIFACTS / "02_viewer.png"))
     finally:
         page.close()
+
+
+def _picture_count(nb) -> int:
+    return sum(o.get("data", {}).get("text/html", "").count('class="spectool-snapshot"')
+               for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
+def test_stored_notebooks_show_their_pictures_with_no_kernel_and_as_static_html(browser, tmp_path):
+    """The shipped notebooks, trusted (as a user's own saved notebook is), in a JupyterLab that can start no
+    kernel at all: every view is its static picture. A control copy whose outputs still hold the live widget
+    beside the picture (as JupyterLab saves a view by default) shows "Loading widget..." instead: for a trusted
+    notebook JupyterLab always prefers the widget. Then the same notebooks through nbconvert, from file://."""
+    from spectool.widgets.saved import WIDGET_VIEW
+
+    root = tmp_path / "root"
+    root.mkdir()
+    names = ["02_trees_and_masks.ipynb", "04_ngram_vs_eagle.ipynb"]
+    for name in [*names, "01_live_decoding.ipynb"]:
+        shutil.copy(ROOT / "notebooks" / name, root)
+    control = nbformat.read(root / names[0], as_version=4)
+    views = [o for c in control.cells if c.cell_type == "code" for o in c.outputs if "spectool-snapshot" in
+             o.get("data", {}).get("text/html", "")]
+    for out in views:
+        out.data[WIDGET_VIEW] = {"model_id": "f" * 32, "version_major": 2, "version_minor": 0}
+    nbformat.write(control, root / "as_saved.ipynb")
+    env = {"JUPYTER_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "jupyter", "trust", *map(str, sorted(root.glob("*.ipynb")))],
+                   env={**os.environ, **env}, check=True, capture_output=True)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "jupyter_server_config.json").write_text(
+        json.dumps({"KernelSpecManager": {"allowed_kernelspecs": ["none"]}}))  # no kernel can start
+    server = Lab(root, tmp_path, env)
+    page = browser.new_page(viewport=VIEWPORT)
+    try:
+        for name in [*names, "as_saved.ipynb"]:
+            page.goto(f"{server.url}/lab/tree/{name}?token={server.token}&reset")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+            page.locator(".jp-Dialog", has_text="Select Kernel").wait_for(timeout=30_000)
+            page.keyboard.press("Escape")  # keep "No Kernel"
+            page.get_by_text("No Kernel").first.wait_for(timeout=10_000)
+            if name == "as_saved.ipynb":
+                page.get_by_text("Loading widget...").first.wait_for(timeout=30_000)
+                assert page.locator("img.spectool-snapshot").count() == 0
+                page.get_by_text("Loading widget...").first.scroll_into_view_if_needed()
+                page.screenshot(path=str(ARTIFACTS / "lab_no_kernel_control.png"))
+                continue
+            want = _picture_count(nbformat.read(root / name, as_version=4))
+            assert want >= 1
+            pictures = page.locator(".jp-OutputArea-output img.spectool-snapshot")
+            for k in range(want):  # JupyterLab draws cells as they scroll into view
+                pictures.nth(k).scroll_into_view_if_needed(timeout=30_000)
+                page.wait_for_function("(k) => { const i = document.querySelectorAll("
+                                       "'.jp-OutputArea-output img.spectool-snapshot')[k];"
+                                       " return i && i.complete && i.naturalWidth > 300; }", arg=k, timeout=10_000)
+                assert pictures.nth(k).is_visible()
+            assert page.get_by_text("Loading widget").count() == 0
+            assert page.get_by_text("model not found").count() == 0
+            pictures.first.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / f"lab_no_kernel_{name[:2]}.png"))
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "lab_no_kernel_failure.png"), full_page=True)
+        raise
+    finally:
+        page.close()
+        server.stop()
+
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter()
+    own = {exporter.require_js_url, exporter.mathjax_url}  # the template's head scripts, not the outputs'
+    outside: list[str] = []
+    for name in [*names, "01_live_decoding.ipynb"]:  # 01: LiveDecode's text and two plotly figures' PNGs
+        html_out = tmp_path / f"{name[:2]}.html"
+        subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", "--output", str(html_out),
+                        str(root / name)], check=True, capture_output=True)
+        page = browser.new_page(viewport=VIEWPORT)
+        page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
+        page.route("http*://**", lambda route: route.abort())  # a reader offline
+        try:
+            page.goto(html_out.as_uri())
+            nb = nbformat.read(root / name, as_version=4)
+            figures = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+            images = "img.spectool-snapshot, img[src^='data:image/png']"
+            assert page.locator(images).count() == _picture_count(nb) + figures >= 1
+            assert page.evaluate(f"() => [...document.querySelectorAll({images!r})]"
+                                 ".every(i => i.complete && i.naturalWidth > 300)")
+            if "01" in name:
+                assert page.locator(".spectool-live-static").filter(has_text="accept length").count() == 2
+            page.locator(images).first.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / f"nbconvert_{name[:2]}.png"))
+        finally:
+            page.close()
+        assert set(outside) <= own, set(outside) - own

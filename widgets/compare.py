@@ -22,6 +22,7 @@ from spectool.trace.figures import COLORS, HIGHLIGHT, TEMPLATE
 from spectool.trace.viewdata import output_spans
 
 from .common import figure_copy, message_box, message_html, open_trace
+from .saved import StaticOutput, iteration_picture
 from .views import TreeView
 
 SIDE_COLORS = ("#1f77b4", "#d62728")
@@ -69,7 +70,7 @@ def first_difference(a: np.ndarray, b: np.ndarray) -> int | None:
     return n if len(a) != len(b) else None
 
 
-class CompareView(widgets.VBox):
+class CompareView(StaticOutput, widgets.VBox):
     """Two traces of the same prompts aligned by output position, the first difference marked.
 
         CompareView(trace_a, trace_b)                          # Traces or paths; sides named by method
@@ -215,6 +216,17 @@ class CompareView(widgets.VBox):
             parts.append(f'<span class="spectool-compare-first">first difference at output token {self.first}'
                          "</span>")
         return "<br>".join(parts)
+
+    def static_html(self) -> str:
+        """The summary and both sides' trees at the current output position, as a static picture."""
+        if not self.sides:
+            return self.message.value
+        parts = [f'<div class="spectool-compare-summary">{self.summary.value}</div>']
+        for head, tree in zip(self.headers, self.trees):
+            parts.append(head.value)
+            if tree.view is not None:
+                parts.append(iteration_picture(tree.trace, tree.view))
+        return "".join(parts)
 
     def to_figure(self) -> go.Figure:
         """The comparison plot as a plain plotly Figure."""

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from .saved import StaticOutput
+
 # One colour per draft depth 1..8, then hues that none of those take; the bonus token stays uncoloured.
 DEPTH_COLOURS = ["#4e79a7", "#59a14f", "#f28e2b", "#b07aa1", "#e15759", "#76b7b2", "#edc948", "#9c755f"]
 # The legend names this many depths at most (deeper accepted drafts still get their own colour).
@@ -73,7 +75,7 @@ def _method_of(engine) -> str:
     return "none"
 
 
-class LiveDecode(widgets.VBox):
+class LiveDecode(StaticOutput, widgets.VBox):
     """Stream an engine's output into the notebook while it decodes.
 
     Args:
@@ -155,6 +157,8 @@ class LiveDecode(widgets.VBox):
         finally:
             self._render()
             self._set_running(False)
+            if threading.current_thread() is threading.main_thread():
+                self.refresh_picture()
         return self.stats
 
     def stop(self) -> None:
@@ -168,6 +172,8 @@ class LiveDecode(widgets.VBox):
         """Block until a ``start()``-ed decode ends; False if it is still running after ``timeout``."""
         if self._thread is not None:
             self._thread.join(timeout)
+        if not self.running:
+            self.refresh_picture()  # the outputs keep the finished text, not the first frame
         return not self.running
 
     @property
@@ -202,6 +208,10 @@ class LiveDecode(widgets.VBox):
         return fig
 
     # ----- internals --------------------------------------------------------------------
+
+    def static_html(self) -> str:
+        """The stats line, any message and the text decoded so far (escaped, coloured by depth)."""
+        return f'<div class="spectool-live-static">{self.stats_label.value}{self.message.value}{self.text.value}</div>'
 
     def _check_input(self) -> str | None:
         if not self.prompts:

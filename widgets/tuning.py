@@ -27,6 +27,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .saved import StaticOutput
+
 # parameter -> (label, default, min, max)
 PARAMS: dict[str, tuple[str, int, int, int]] = {
     "min_bfs_breadth": ("min BFS breadth", 1, 1, 16),
@@ -67,7 +69,7 @@ def _nan(v) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
-class TuningPanel(widgets.VBox):
+class TuningPanel(StaticOutput, widgets.VBox):
     """Sliders over a draft method's settings; predictions from a trace, Run and Sweep to measure.
 
     Args:
@@ -335,6 +337,11 @@ class TuningPanel(widgets.VBox):
         grouped = frame.groupby(names, sort=False).agg(**agg).reset_index()
         grouped["accept_length_spread"] = grouped["accept_length_spread"].fillna(0.0)
         return grouped
+
+    def static_html(self) -> str:
+        """Any message, the current prediction and the results table, as they stand."""
+        return (f'<div class="spectool-tuning-static">{self.message.value}{self.prediction.value}'
+                f"{self.table.value}</div>")
 
     def to_figure(self) -> go.Figure:
         """The scatter of every run and prediction and, after a sweep, its heatmap (a plain Figure)."""

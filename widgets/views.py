@@ -33,6 +33,7 @@ from spectool.trace.figures import (
 )
 
 from .common import figure_copy, message_box, message_html, open_trace, restyle, tokenizer_note
+from .saved import StaticOutput, iteration_picture
 
 
 def first_request(trace: Any) -> int | None:
@@ -65,7 +66,7 @@ def is_iteration_view(source: Any) -> bool:
     return hasattr(source, "mask") and hasattr(source, "parents")
 
 
-class _IterationFigure(widgets.VBox):
+class _IterationFigure(StaticOutput, widgets.VBox):
     """Shared by TreeView and MaskView: a source, the iteration shown, a message and a figure.
 
     Subclasses give `_traces(view)` (the data to restyle), `_layout(view)` (the
@@ -135,6 +136,12 @@ class _IterationFigure(widgets.VBox):
             self.message.value = message_html(f"iteration {view.iteration}, request {view.request_id}: {e}")
             return
         self.message.value = message_html(tokenizer_note(self.trace), "note")
+
+    def static_html(self) -> str:
+        """The iteration on show as a static picture (its tree, mask and request's accept lengths)."""
+        if self.view is None or self.trace is None:
+            return self.message.value
+        return iteration_picture(self.trace, self.view)
 
     def _rebuild(self, fig: go.Figure) -> None:
         with self.fig.batch_update():
