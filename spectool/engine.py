@@ -413,10 +413,10 @@ class Engine:
             "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **(self.drafter.trace_info() if hasattr(self.drafter, "trace_info") else {}),
         }
-        # A conversion costs a few ms whatever its size: 1024 rows keep it far below an iteration each.
-        options = record if isinstance(record, Record) else None
-        return Recorder(None if options is None else options.path, run_info,
-                        tokenizer_json=tok.to_str() if tok is not None else None, flush_every=1024, select=options)
+        # A conversion costs a few ms whatever its size: Record's 1024 rows a batch keep it far below an iteration.
+        options = record if isinstance(record, Record) else Record()
+        return Recorder(options.path, run_info, tokenizer_json=tok.to_str() if tok is not None else None,
+                        flush_every=options.flush_every, select=options)
 
     def graph_stats(self) -> dict[str, int]:
         """CUDA-graph replays, eager runs and captures of the target steps (and the drafter's)."""

@@ -333,7 +333,7 @@ def split_disk_table(table: pa.Table, columns: list[str] | None = None) -> tuple
 class _Batch:
     offset: int                       # byte offset of the batch's message in the file
     message: pa.ipc.Message
-    step_rows: np.ndarray | None      # positions of its step rows (None: every row is a step row)
+    step_rows: np.ndarray | None      # positions of its step rows (None: its first num_steps rows)
     num_steps: int
     has_requests: bool
 
@@ -518,9 +518,8 @@ def open_trace_file(path: str | Path) -> TraceFile:
 
 def _index_from_trailer(batches: list[_Batch], index: FileIndex) -> dict[str, np.ndarray]:
     """The index of ``batches`` from the file's trailer (see `spectool.trace.index`)."""
-    for b, rows, steps, requests in zip(batches, index.rows.tolist(), index.steps.tolist(), index.requests.tolist()):
-        b.num_steps, b.has_requests = steps, requests > 0
-        b.step_rows = None if steps == rows else np.arange(steps)  # a writer puts step rows first
+    for b, steps, requests in zip(batches, index.steps.tolist(), index.requests.tolist()):
+        b.num_steps, b.has_requests = steps, requests > 0  # step rows first: ``step_rows`` stays None
     return {name: values.astype(np.float64 if name == "iteration_us" else np.int64)
             for name, values in index.columns.items()}
 
@@ -545,12 +544,12 @@ def _index_from_batches(mm: pa.MemoryMappedFile, schema: pa.Schema, batches: lis
             del batches[k:]
             break
         b.num_steps = int(is_step.sum())
-        b.step_rows = None if b.num_steps == len(kind) else np.flatnonzero(is_step)
+        b.step_rows = None if is_step[:b.num_steps].all() else np.flatnonzero(is_step)
         for name, out, null in (("iteration", iterations, 0), ("request_id", requests, 0),
                                 ("accept_length", accepts, -1), ("iteration_us", times, np.nan)):
             values = column_values(batch.column(batch.schema.get_field_index(name)), null)
-            out.append(values if b.step_rows is None else values[b.step_rows])
-        if b.step_rows is None:
+            out.append(values[:b.num_steps] if b.step_rows is None else values[b.step_rows])
+        if b.num_steps == len(kind):
             continue
         b.has_requests = bool((kind == _KIND_LENGTH["request"]).any())
         stats_rows = np.flatnonzero(kind == _KIND_LENGTH["stats"])

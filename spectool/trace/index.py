@@ -107,11 +107,13 @@ def read_index(mm: pa.MemoryMappedFile, size: int, head_end: int) -> FileIndex |
     if magic != INDEX_MAGIC or start < head_end:
         return None
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(mm.read_at(length, start))).read_all()
-        meta = json.loads(table.schema.metadata[_KEY])
+        reader = pa.ipc.open_stream(pa.py_buffer(mm.read_at(length, start)))
+        table = reader.read_next_batch()
+        table.validate()
+        meta = json.loads(reader.schema.metadata[_KEY])
         ends, rows, steps, requests = (np.asarray(meta[k], np.int64) for k in ("ends", "rows", "steps", "requests"))
-        columns = {fl.name: np.asarray(table.column(fl.name).to_numpy()) for fl in INDEX_SCHEMA}
-    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError):
+        columns = {fl.name: column_values(table.column(fl.name), INDEX_NULLS[fl.name]) for fl in INDEX_SCHEMA}
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError, StopIteration):
         return None
     eos = 8  # the end-of-stream marker between the last batch and the trailer
     ordered = len(ends) > 0 and ends[0] > head_end and bool((np.diff(ends) > 0).all()) and ends[-1] + eos == start

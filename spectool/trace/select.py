@@ -52,6 +52,8 @@ class Record:
             instead of holding it in memory (a long run's memory stays bounded; a run killed midway
             leaves a file that loads up to its last complete batch). The result's trace is then the
             file, opened lazily. None keeps the trace in memory.
+        flush_every: records gathered before they are converted and written as one batch (the most
+            a killed run can lose; a conversion has a fixed cost of a few ms, so larger is cheaper).
     """
 
     every: int = 1
@@ -59,10 +61,13 @@ class Record:
     where: str | Callable | None = None
     slowest: float | None = None
     path: str | Path | None = None
+    flush_every: int = 1024
 
     def __post_init__(self) -> None:
         if not isinstance(self.every, int) or self.every < 1:
             raise ValueError(f"Record(every=...) must be an int >= 1, got {self.every!r}")
+        if not isinstance(self.flush_every, int) or self.flush_every < 1:
+            raise ValueError(f"Record(flush_every=...) must be an int >= 1, got {self.flush_every!r}")
         if self.requests is not None:
             object.__setattr__(self, "requests", tuple(int(r) for r in self.requests))
         if self.slowest is not None and not 0 < self.slowest <= 1:
@@ -82,7 +87,7 @@ class Record:
 
     @property
     def keeps_everything(self) -> bool:
-        """True when no option drops a record (``path`` only says where they go)."""
+        """True when no option drops a record (``path`` and ``flush_every`` only say where and how they go)."""
         return self.every == 1 and self.requests is None and self.where is None and self.slowest is None
 
     def describe(self) -> dict:
