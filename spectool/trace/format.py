@@ -356,6 +356,7 @@ class TraceFile:
     stats: dict | None                # the last recorded selection counts
     truncated: bool = False
     damage: str | None = None         # why reading stopped early, with the byte offset
+    indexed_from: str = "trailer"     # where the index came from: "trailer" or "batches" (see open_trace_file)
     _schema_message: bytes = b""
     _mmap: pa.MemoryMappedFile | None = None
     _cache: OrderedDict = field(default_factory=OrderedDict)
@@ -499,9 +500,10 @@ def open_trace_file(path: str | Path) -> TraceFile:
     # A damaged file is indexed from its readable batches: the trailer describes the file as it was written.
     index = read_index(mm, size, head_end) if damage is None else None
     if index is not None and ends == index.ends.tolist():
-        columns, stats = _index_from_trailer(batches, index), index.stats
+        columns, stats, source = _index_from_trailer(batches, index), index.stats, "trailer"
     else:
         columns, stats, damage = _index_from_batches(mm, schema, batches, damage)
+        source = "batches"
     counts = np.array([b.num_steps for b in batches], dtype=np.int64)
     batch_start = np.zeros(len(batches) + 1, np.int64)
     np.cumsum(counts, out=batch_start[1:])
@@ -513,7 +515,8 @@ def open_trace_file(path: str | Path) -> TraceFile:
                 f"the {len(batches)} batch(es) before it ({rows} records) are readable")
     return TraceFile(path, version, run_info, tokenizer_json, schema, batches, columns["iteration"],
                      columns["request_id"], columns["accept_length"], columns["iteration_us"], batch_start, stats,
-                     damage is not None, note, head.serialize().to_pybytes(), mm)
+                     damage is not None, note, source,
+                     head.serialize().to_pybytes(), mm)
 
 
 def _index_from_trailer(batches: list[_Batch], index: FileIndex) -> dict[str, np.ndarray]:

@@ -5,26 +5,29 @@ whole-trace plots draw: accept_length, iteration_us), and for every batch its ro
 Reading those from the batches costs a decompression per batch (over a second for a
 million records); a closed file therefore carries them after its Arrow stream:
 
-    [Arrow IPC stream: schema, batches, end-of-stream] [index: Arrow IPC stream] [u64 length] [b"SPTINDEX"]
+    [Arrow IPC stream: schema, batches, end-of-stream] [index: Arrow IPC stream] [u64 length] [u32 crc32]
+    [b"SPTINDEX"]
 
 The index stream holds one row per step record (INDEX_SCHEMA, zstd) and, in its schema
-metadata, JSON with each batch's end offset, step and request row counts, and the last
-selection counts. Arrow readers stop at the end-of-stream marker, so the trailer changes
-nothing for them (the format version stays). A file without a valid trailer (a recording
-killed before it closed, a file cut short) is indexed by reading its batches instead.
+metadata, JSON with each batch's end offset, row counts, and the last selection counts; the
+CRC-32 of the index stream guards it. Arrow readers stop at the end-of-stream marker, so the
+trailer changes nothing for them (the format version stays). A file without a valid trailer
+(a recording killed before it closed, a file cut short, a damaged trailer) is indexed by
+reading its batches instead, as is a file whose batches do not frame as the trailer says.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 INDEX_MAGIC = b"SPTINDEX"
-_TAIL = struct.Struct("<Q8s")
+_TAIL = struct.Struct("<QI8s")
 _KEY = b"spectool.index"
 INDEX_SCHEMA = pa.schema([("iteration", pa.int32()), ("request_id", pa.int32()),
                           ("accept_length", pa.int16()), ("iteration_us", pa.float32())])
@@ -94,7 +97,7 @@ class IndexBuilder:
         with pa.ipc.new_stream(sink, schema, options=options) as writer:
             writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
         data = sink.getvalue().to_pybytes()
-        return data + _TAIL.pack(len(data), INDEX_MAGIC)
+        return data + _TAIL.pack(len(data), zlib.crc32(data), INDEX_MAGIC)
 
 
 def read_index(mm: pa.MemoryMappedFile, size: int, head_end: int) -> FileIndex | None:
@@ -102,12 +105,15 @@ def read_index(mm: pa.MemoryMappedFile, size: int, head_end: int) -> FileIndex |
     then indexes the batches themselves)."""
     if size < head_end + _TAIL.size:
         return None
-    length, magic = _TAIL.unpack(bytes(mm.read_at(_TAIL.size, size - _TAIL.size)))
+    length, crc, magic = _TAIL.unpack(bytes(mm.read_at(_TAIL.size, size - _TAIL.size)))
     start = size - _TAIL.size - length
     if magic != INDEX_MAGIC or start < head_end:
         return None
+    data = mm.read_at(length, start)
+    if zlib.crc32(data) != crc:
+        return None
     try:
-        reader = pa.ipc.open_stream(pa.py_buffer(mm.read_at(length, start)))
+        reader = pa.ipc.open_stream(pa.py_buffer(data))
         table = reader.read_next_batch()
         table.validate()
         meta = json.loads(reader.schema.metadata[_KEY])
