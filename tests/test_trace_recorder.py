@@ -113,9 +113,11 @@ def test_writer_errors_surface_on_the_engine_thread():
         rec.close()
 
 
-def test_iteration_rows_hands_out_each_row_once():
+@pytest.mark.parametrize("on_file, flush_every", [(False, 1000), (True, 1000), (True, 2), (True, 3)])
+def test_iteration_rows_hands_out_each_row_once(tmp_path, on_file, flush_every):
+    """Live rows come out once each, also when a recorder writing to a file lets written rows go."""
     rng = np.random.default_rng(2)
-    rec = Recorder(None, {}, flush_every=1000)
+    rec = Recorder(tmp_path / "live.sptrace" if on_file else None, {}, flush_every=flush_every)
     fields, *_ = _batch(rng)
     rec.record_batch(fields)
     first = rec.iteration_rows()
@@ -124,7 +126,12 @@ def test_iteration_rows_hands_out_each_row_once():
     fields["iteration"] = 5
     rec.record_batch(fields)
     assert [v.iteration for v in rec.iteration_rows()] == [5, 5]
-    rec.close()
+    for it in (6, 7, 8):
+        fields["iteration"] = it
+        rec.record_batch(fields)
+        assert [v.iteration for v in rec.iteration_rows()] == [it, it]
+    trace = rec.close()
+    assert trace.keys()[0].tolist() == [4, 4, 5, 5, 6, 6, 7, 7, 8, 8]
 
 
 @pytest.mark.parametrize("method", METHODS)
