@@ -86,7 +86,7 @@ def disk_schema(run_info: dict, tokenizer_json: str | None) -> pa.Schema:
 
 # -- list columns as numpy ------------------------------------------------------------
 
-def _list_parts(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def list_parts(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A list column as (flat values, offsets [rows + 1] from 0, valid [rows])."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
@@ -116,10 +116,10 @@ def _topk_rows(n: np.ndarray, topk_offsets: np.ndarray, topk_valid: np.ndarray) 
 def _drop_derivable_argmax(steps: pa.Table) -> pa.Table:
     """Null target_argmax(_prob) on the rows where both equal the top-1 of the target's top-k."""
     n = np.asarray(steps["num_nodes"].fill_null(0).to_numpy(), dtype=np.int64)
-    tv, to, tvalid = _list_parts(steps["target_topk_tokens"])
-    pv, po, pvalid = _list_parts(steps["target_topk_probs"])
-    av, ao, avalid = _list_parts(steps["target_argmax"])
-    bv, bo, bvalid = _list_parts(steps["target_argmax_prob"])
+    tv, to, tvalid = list_parts(steps["target_topk_tokens"])
+    pv, po, pvalid = list_parts(steps["target_topk_probs"])
+    av, ao, avalid = list_parts(steps["target_argmax"])
+    bv, bo, bvalid = list_parts(steps["target_argmax_prob"])
     ok = (_topk_rows(n, to, tvalid) & avalid & (np.diff(ao) == n) & bvalid & (np.diff(bo) == n)
           & (np.diff(po) == np.diff(to)) & pvalid)
     rows = np.flatnonzero(ok)
@@ -147,7 +147,7 @@ def _drop_derivable_argmax(steps: pa.Table) -> pa.Table:
 
 def _to_float16_lists(col: pa.ChunkedArray | pa.Array, typ: pa.ListType) -> pa.Array:
     """A list<float32> column as list<float16> through numpy (Arrow's half-float cast is many times slower)."""
-    values, offsets, valid = _list_parts(col)
+    values, offsets, valid = list_parts(col)
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
                                     pa.array(np.asarray(values, np.float32).astype(np.float16), typ.value_type),
                                     mask=None if valid.all() else pa.array(~valid))
@@ -162,8 +162,8 @@ def _derive_argmax(steps: pa.Table) -> pa.Table:
         col = steps[name]
         if col.null_count == 0:
             continue
-        sv, so, svalid = _list_parts(steps[source])
-        av, ao, avalid = _list_parts(col)
+        sv, so, svalid = list_parts(steps[source])
+        av, ao, avalid = list_parts(col)
         derive = ~avalid & _topk_rows(n, so, svalid)
         if not derive.any():
             continue
