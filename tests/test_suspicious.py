@@ -84,3 +84,17 @@ def test_a_lazily_read_trace_warns_as_the_same_trace_in_memory(chain, tmp_path):
     write_trace_file(tmp_path / "t.sptrace", edited.steps, edited.requests, info, None, rows_per_batch=3)
     lazy = Trace.load(tmp_path / "t.sptrace")
     assert len(lazy._file.batches) > 10 and suspicious_numbers(lazy) == warnings
+
+
+def test_the_median_of_the_other_requests_is_the_plain_median():
+    import statistics
+
+    import numpy as np
+
+    from spectool.trace.suspicious import _median_of_others
+
+    rng = np.random.default_rng(0)
+    for n in (3, 4, 5, 10, 11):
+        means = {3 * i: float(v) for i, v in enumerate(rng.integers(0, 5, n) / 2)}
+        got = _median_of_others(means)
+        assert got == {k: statistics.median([v for r, v in means.items() if r != k]) for k in means}

@@ -23,22 +23,21 @@ DEAD_LAYER_RATE = 0.02    # acceptance below this where a depth is reached
 SAMPLED_MARGIN = 0.25     # sampled mean accept length above greedy's on the same drafts by this much
 LOW_REQUEST_FACTOR = 0.25  # a request below this fraction of the other requests' median
 ROOT_REPEAT_SHARE = 0.5
-MAX_SAMPLED_REPLAYS = 20_000  # sampled records re-verified greedily (evenly spread over the trace)
+MAX_SAMPLED_REPLAYS = 20_000  # sampled records re-verified greedily: runs of consecutive ones spread over the trace
+_REPLAY_RUNS = 20
 
 
 class _Tally:
     """What the warnings need, added up one stored batch at a time (memory: one batch)."""
 
-    def __init__(self, sampled_every: int):
-        self.records = self.repeats = self.sampled_seen = 0
+    def __init__(self) -> None:
+        self.records = self.repeats = 0
         self.reached = np.zeros(1, np.int64)   # [d]: records whose tree reaches depth d with d - 1 accepted
         self.accepted = np.zeros(1, np.int64)  # [d]: those of them that accept depth d too
         self.deepest = 0
         self.request_sum: dict[int, float] = {}
         self.request_count: dict[int, int] = {}
-        self.sampled: list[tuple[float, float]] = []  # (greedy accept length, recorded) of replayed records
-        self.sampled_unreplayable = False
-        self._every = sampled_every
+        self.sampled_rows: list[np.ndarray] = []  # row numbers (trace order) of sampled records
 
     def add(self, t) -> None:
         n = t.num_rows
@@ -70,7 +69,7 @@ class _Tally:
         temperature = np.asarray(t["temperature"].to_numpy(zero_copy_only=False), np.float64)
         sampled = np.flatnonzero(~np.isnan(temperature) & (temperature != 0.0))
         if sampled.size:
-            self._replay(t, sampled)
+            self.sampled_rows.append(self.records - n + sampled)
 
     def _count(self, reach: np.ndarray, name: str) -> None:
         """Add, for every d, the records with ``reach`` >= d."""
@@ -82,40 +81,61 @@ class _Tally:
         have[:len(at_least)] += at_least
         setattr(self, name, have)
 
-    def _replay(self, t, sampled: np.ndarray) -> None:
-        first = (-self.sampled_seen) % self._every
-        self.sampled_seen += sampled.size
-        if t["target_argmax"].take(sampled).null_count:  # the greedy replay needs every sampled argmax
-            self.sampled_unreplayable = True
-        if self.sampled_unreplayable:
-            return
-        rows = t.take(sampled[first::self._every]).select(
-            ["tokens", "parents", "valid", "target_argmax", "accept_length"]).to_pylist()
-        for r in rows:
-            valid = r["valid"] or [True] * len(r["tokens"])
-            greedy = len(ref.greedy_decision(r["tokens"], r["parents"], valid, r["target_argmax"]).path) - 1
-            self.sampled.append((greedy, r["accept_length"]))
+
+def _greedy_replays(trace, rows: np.ndarray) -> list[tuple[int, int]] | None:
+    """(greedy accept length, recorded accept length) of some sampled records: all of them up to
+    MAX_SAMPLED_REPLAYS, else _REPLAY_RUNS runs of consecutive ones spread over the trace (a run lies in
+    one or two stored batches, so few are decoded). None when a record lacks the target's argmax."""
+    if rows.size > MAX_SAMPLED_REPLAYS:
+        run = MAX_SAMPLED_REPLAYS // _REPLAY_RUNS
+        starts = np.linspace(0, rows.size - run, _REPLAY_RUNS).astype(np.int64)
+        rows = rows[(starts[:, None] + np.arange(run)).reshape(-1)]
+    table = trace.take(rows, ["tokens", "parents", "valid", "target_argmax", "accept_length"])
+    if table["target_argmax"].null_count:
+        return None
+    out = []
+    for r in table.to_pylist():
+        valid = r["valid"] or [True] * len(r["tokens"])
+        out.append((len(ref.greedy_decision(r["tokens"], r["parents"], valid, r["target_argmax"]).path) - 1,
+                    r["accept_length"]))
+    return out
+
+
+def _median_of_others(means: dict[int, float]) -> dict[int, float]:
+    """For every request, the median of the other requests' means (one sort, not one per request)."""
+    ids = list(means)
+    values = np.array([means[i] for i in ids])
+    order = np.argsort(values, kind="stable")
+    ranked = values[order]
+    n = len(ranked)
+    lo, hi = (n - 2) // 2, (n - 1) // 2  # the median's positions among n - 1 others
+    out = {}
+    for position, k in enumerate(order.tolist()):
+        a = ranked[lo if lo < position else lo + 1]
+        b = ranked[hi if hi < position else hi + 1]
+        out[ids[k]] = float((a + b) / 2)
+    return out
 
 
 def suspicious_numbers(trace) -> list[str]:
     """One sentence per suspicious number of ``trace`` (empty when nothing looks wrong).
 
     Streams the trace's batches (a few columns each), so it runs on a trace of any size; sampled
-    acceptance is re-verified greedily on at most MAX_SAMPLED_REPLAYS records spread over the trace."""
+    acceptance is re-verified greedily on at most MAX_SAMPLED_REPLAYS records (see `_greedy_replays`)."""
     if len(trace) < MIN_RECORDS:
         return []
     draft = trace.run_info.get("draft", {}) if isinstance(trace.run_info.get("draft"), dict) else {}
     method = draft.get("method", trace.run_info.get("method", "none"))
     if method in (None, "none"):
         return []
-    cols = ["request_id", "temperature", "tokens", "parents", "valid", "depth", "accept_length", "target_argmax"]
-    tally = _Tally(sampled_every=max(1, -(-len(trace) // MAX_SAMPLED_REPLAYS)))
-    for part in trace.iter_batches(cols):
+    tally = _Tally()
+    for part in trace.iter_batches(["request_id", "temperature", "tokens", "parents", "depth", "accept_length"]):
         tally.add(part)
     out: list[str] = []
-    if tally.sampled and not tally.sampled_unreplayable:
-        greedy = statistics.fmean(g for g, _ in tally.sampled)
-        got = statistics.fmean(a for _, a in tally.sampled)
+    replays = _greedy_replays(trace, np.concatenate(tally.sampled_rows)) if tally.sampled_rows else None
+    if replays:
+        greedy = statistics.fmean(g for g, _ in replays)
+        got = statistics.fmean(a for _, a in replays)
         if got > greedy + SAMPLED_MARGIN:
             out.append(f"sampled acceptance ({got:.2f} per iteration) is above what greedy verification accepts "
                        f"of the same drafts ({greedy:.2f}): the sampling threshold may accept too much")
@@ -132,11 +152,10 @@ def suspicious_numbers(trace) -> list[str]:
     if method in ("eagle", "multi_layer_eagle") and isinstance(steps, int) and tally.deepest < steps:
         out.append(f"num_steps is {steps} but no draft tree is deeper than {tally.deepest}")
     means = {rid: tally.request_sum[rid] / count for rid, count in tally.request_count.items() if count >= 5}
+    others = _median_of_others(means) if len(means) >= 3 else {}
     for rid, mean in sorted(means.items()):
-        others = [m for r, m in means.items() if r != rid]
-        if len(others) >= 2 and statistics.median(others) >= 1.0 and mean < LOW_REQUEST_FACTOR * statistics.median(
-                others):
-            out.append(f"request {rid} accepts {mean:.2f} per iteration, the others {statistics.median(others):.2f} "
+        if rid in others and others[rid] >= 1.0 and mean < LOW_REQUEST_FACTOR * others[rid]:
+            out.append(f"request {rid} accepts {mean:.2f} per iteration, the others {others[rid]:.2f} "
                        "(median): state from another request?")
     if tally.repeats > ROOT_REPEAT_SHARE * tally.records:
         out.append(f"in {tally.repeats} of {tally.records} iterations a first drafted token repeats the root token "
