@@ -212,7 +212,7 @@ def timed_cli(path: Path, command: str, *extra: str) -> dict:
     code = (f"import sys, resource; from spectool.cli import {command.replace('-', '_')} as cmd; "
             "rc = cmd.main(sys.argv[1:]); "
             "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024); sys.exit(rc)")
-    key = command.replace("-", "_")
+    key = "cli_" + command.replace("-", "_")  # apart from the API's figures (summary_s is trace.summary())
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code, str(path), *extra], capture_output=True, text=True)
     peak = next((float(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("PEAK")), None)
