@@ -2,19 +2,24 @@
 
     python benchmarks/trace_scale.py [--records 1000000] [--batch 64] [--nodes 16] [--keep FILE]
 
-Writes a synthetic trace through the real Recorder (batch ``--batch`` requests, EAGLE-like
+Writes a synthetic trace through the real Recorder straight to the file (batch ``--batch`` requests, EAGLE-like
 trees of ``--nodes`` nodes: a top-k tree grown by path score, greedy decisions consistent
 with the target's argmax, continuity of seq_len / root token / outputs per request, target
-top-5, per-step top-k, phase timings), so `spectool check` passes on it. Then, each in a fresh
-process so resident memory is its own:
-- open: `Trace.load` wall time and resident set (VmRSS) after it;
+top-5, per-step top-k, phase timings), so `spectool check` passes on it; the recording's peak
+resident set is reported (the recorder lets written rows go). Then, each in a fresh process so
+resident memory is its own:
+- open: `Trace.load` wall time, resident set (VmRSS) after it, and where its index came from
+  (the file's trailer, or its batches for a file without one);
 - summary: `trace.summary()` wall time and peak RSS;
 - iteration: `trace.iteration(i, request)` for 50 random records (median and max ms);
 - request: `trace.request_steps(r)` for 10 random requests (median ms);
 - aggregates: `trace.aggregates()` (the views' downsampled plots) wall time;
 - sql: one `trace.sql` query over accept lengths (when duckdb is installed);
+- cli: `spectool summary`, `export-perfetto` and `report` (its default: the first requests, with
+  aggregate plots over all) wall time and peak RSS;
 - check: `spectool check` wall time and peak RSS (streaming).
-Prints a table and writes trace_scale.json to --out (default $OUT) when given.
+The machine's load average is recorded before and after. Prints a table and writes
+trace_scale.json to --out (default $OUT) when given.
 """
 
 from __future__ import annotations
@@ -168,7 +173,8 @@ from spectool.trace.reader import Trace
 what = {what!r}
 t0 = time.perf_counter()
 trace = Trace.load({path!r})
-out = {{"open_s": time.perf_counter() - t0, "open_rss_mb": rss_mb(), "records": len(trace)}}
+out = {{"open_s": time.perf_counter() - t0, "open_rss_mb": rss_mb(), "records": len(trace),
+       "indexed_from": trace._file.indexed_from}}
 rng = np.random.default_rng(1)
 its, reqs = trace.keys()
 if what == "summary":
@@ -201,14 +207,18 @@ def measure(path: Path, what: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def timed_check(path: Path) -> dict:
-    code = ("import sys, resource; from spectool.cli import check; rc = check.main([sys.argv[1]]); "
+def timed_cli(path: Path, command: str, *extra: str) -> dict:
+    """Wall time, exit code and peak RSS of one `spectool COMMAND TRACE` in a fresh process."""
+    code = (f"import sys, resource; from spectool.cli import {command.replace('-', '_')} as cmd; "
+            "rc = cmd.main(sys.argv[1:]); "
             "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024); sys.exit(rc)")
+    key = "cli_" + command.replace("-", "_")  # apart from the API's figures (summary_s is trace.summary())
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code, str(path), *extra], capture_output=True, text=True)
     peak = next((float(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("PEAK")), None)
-    return {"check_s": time.perf_counter() - t0, "check_rc": out.returncode, "check_peak_rss_mb": peak,
-            "check_output": (out.stdout + out.stderr).strip().splitlines()[0] if (out.stdout + out.stderr) else ""}
+    text = (out.stdout + out.stderr).strip().splitlines()
+    return {f"{key}_s": time.perf_counter() - t0, f"{key}_rc": out.returncode, f"{key}_peak_rss_mb": peak,
+            f"{key}_output": text[0] if text else ""}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,20 +228,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=16)
     p.add_argument("--keep", help="write the trace here (and keep it) instead of a temporary file")
     p.add_argument("--no-check", action="store_true", help="skip the spectool check run")
+    p.add_argument("--no-cli", action="store_true", help="skip the summary / export-perfetto / report runs")
     p.add_argument("--out", default=os.environ.get("OUT"), help="folder for trace_scale.json (default: $OUT)")
     args = p.parse_args(argv)
+    res = {"nodes": args.nodes, "batch": args.batch, "load_average_before": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.keep) if args.keep else Path(tmp) / "scale.sptrace"
         if not path.exists():
+            import resource
+
             t0 = time.perf_counter()
             synthesize(path, args.records, args.batch, args.nodes)
-            print(f"recorded in {time.perf_counter() - t0:.1f} s")
-        res = {"nodes": args.nodes, "batch": args.batch, "file_mb": path.stat().st_size / 2**20}
+            res["record_s"] = time.perf_counter() - t0
+            res["record_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        res["file_mb"] = path.stat().st_size / 2**20
         res.update(measure(path, "summary"))
         res.update(measure(path, "access"))
         res["bytes_per_record"] = path.stat().st_size / res["records"]
+        if not args.no_cli:
+            res.update(timed_cli(path, "summary"))
+            res.update(timed_cli(path, "export-perfetto", "-o", str(Path(tmp) / "scale.perfetto.json")))
+            res.update(timed_cli(path, "report", "-o", str(Path(tmp) / "scale.html")))
         if not args.no_check:
-            res.update(timed_check(path))
+            res.update(timed_cli(path, "check"))
+    res["load_average_after"] = os.getloadavg()[0]
     width = max(map(len, res))
     for k, v in res.items():
         print(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")

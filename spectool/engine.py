@@ -203,7 +203,8 @@ class Engine:
             top_k, top_p: applied to the target distribution before sampling (0 / 1.0 = off).
             seed: seeds the sampling generator; equal seeds give equal outputs.
             record: keep a Trace of every iteration (``result.trace``), or of the part that a
-                ``st.Record(every=..., requests=..., where=..., slowest=...)`` selects.
+                ``st.Record(every=..., requests=..., where=..., slowest=...)`` selects; with
+                ``st.Record(path=...)`` the trace goes to that file as the run goes (bounded memory).
             stop_token_ids: tokens that finish a request (default: the model's eos ids).
             ignore_eos: never stop at a stop token (benchmarks).
             progress: show a progress bar of generated tokens.
@@ -412,9 +413,10 @@ class Engine:
             "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **(self.drafter.trace_info() if hasattr(self.drafter, "trace_info") else {}),
         }
-        # A conversion costs a few ms whatever its size: 1024 rows keep it far below an iteration each.
-        return Recorder(None, run_info, tokenizer_json=tok.to_str() if tok is not None else None,
-                        flush_every=1024, select=record if isinstance(record, Record) else None)
+        # A conversion costs a few ms whatever its size: Record's 1024 rows a batch keep it far below an iteration.
+        options = record if isinstance(record, Record) else Record()
+        return Recorder(options.path, run_info, tokenizer_json=tok.to_str() if tok is not None else None,
+                        flush_every=options.flush_every, select=options)
 
     def graph_stats(self) -> dict[str, int]:
         """CUDA-graph replays, eager runs and captures of the target steps (and the drafter's)."""

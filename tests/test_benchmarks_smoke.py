@@ -186,8 +186,10 @@ def test_trace_scale_writes_a_consistent_trace_and_times_it(tmp_path):
     finally:
         sys.path.remove(str(BENCHMARKS))
     data = json.loads((tmp_path / "trace_scale.json").read_text())
-    assert data["records"] == 3008 and data["check_rc"] == 0  # whole iterations of 16; the checker agrees
+    assert data["records"] == 3008 and data["cli_check_rc"] == 0  # whole iterations of 16; the checker agrees
     assert 0 < data["bytes_per_record"] < 1500 and 0 < data["mean_accept_length"] < 15
+    assert data["indexed_from"] == "trailer"  # the recorder closed the file with its index
+    assert data["cli_summary_rc"] == data["cli_export_perfetto_rc"] == data["cli_report_rc"] == 0
 
 
 @pytest.mark.slow

@@ -65,3 +65,36 @@ def test_sampled_acceptance_above_greedy_is_named():
         row["target_argmax"] = [0] * len(row["tokens"])
 
     assert any("sampled acceptance" in w for w in suspicious_numbers(_edit(trace, target_never_agrees)))
+
+
+def test_a_lazily_read_trace_warns_as_the_same_trace_in_memory(chain, tmp_path):
+    """Warnings are added up one stored batch at a time: many small batches give the same sentences."""
+    from spectool.trace.format import write_trace_file
+
+    def starve_and_repeat(row):
+        if row["request_id"] == 3:
+            row["accept_length"] = 0
+        row["tokens"] = [row["tokens"][0]] * 2 + row["tokens"][2:]
+        row["accept_length"] = min(row["accept_length"], 1)
+
+    info = dict(chain.run_info, draft={**chain.run_info["draft"], "num_steps": 12})
+    edited = _edit(chain, starve_and_repeat, info)
+    warnings = suspicious_numbers(edited)
+    assert len(warnings) == 4, warnings  # dead layer, unreached steps, a starved request, repeated roots
+    write_trace_file(tmp_path / "t.sptrace", edited.steps, edited.requests, info, None, rows_per_batch=3)
+    lazy = Trace.load(tmp_path / "t.sptrace")
+    assert len(lazy._file.batches) > 10 and suspicious_numbers(lazy) == warnings
+
+
+def test_the_median_of_the_other_requests_is_the_plain_median():
+    import statistics
+
+    import numpy as np
+
+    from spectool.trace.suspicious import _median_of_others
+
+    rng = np.random.default_rng(0)
+    for n in (3, 4, 5, 10, 11):
+        means = {3 * i: float(v) for i, v in enumerate(rng.integers(0, 5, n) / 2)}
+        got = _median_of_others(means)
+        assert got == {k: statistics.median([v for r, v in means.items() if r != k]) for k in means}

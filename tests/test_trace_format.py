@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from trace_factory import make_trace
 
@@ -146,3 +149,82 @@ def test_empty_run_is_a_valid_trace(tmp_path):
     assert trace.steps.num_rows == 0 and trace.run_info["method"] == "ngram"
     assert "start_time" in trace.run_info and "versions" in trace.run_info
     assert check_cli.main([str(tmp_path / "empty.sptrace")]) == 0
+
+
+def _trailer_start(data: bytes) -> int:
+    """Where the index trailer begins (its layout: index stream, u64 length, u32 CRC, magic)."""
+    length, _, magic = struct.unpack("<QI8s", data[-20:])
+    assert magic == b"SPTINDEX"
+    return len(data) - 20 - length
+
+
+def test_the_index_trailer_agrees_with_arrows_own_reading(tmp_path):
+    from trace_factory import record_synthetic, run_info_for, tiny_tokenizer_json
+
+    from spectool.trace.recorder import Recorder
+    from spectool.trace.select import Record
+
+    path = tmp_path / "run.sptrace"
+    # Flushes of 5 rows mix step, request and selection-count rows in one batch.
+    rec = Recorder(path, run_info_for("ngram", 8, 0.0), tiny_tokenizer_json(), flush_every=5,
+                   select=Record(every=2))
+    with rec:
+        record_synthetic(rec, "ngram", num_requests=6, batch_size=3, max_new_tokens=20)
+    data = path.read_bytes()
+    start = _trailer_start(data)
+    # The oracle: Arrow's stream reader, which stops at the end-of-stream marker before the trailer.
+    batches = list(pa.ipc.open_stream(data))
+    table = pa.Table.from_batches(batches)
+    steps = table.filter(pc.equal(table["kind"], "step"))
+    want = {"iteration": steps["iteration"].to_numpy(), "request_id": steps["request_id"].to_numpy(),
+            "accept_length": steps["accept_length"].fill_null(-1).to_numpy(),
+            "iteration_us": steps["iteration_us"].to_numpy(zero_copy_only=False)}
+    per_batch = [pc.sum(pc.equal(b.column(0), "step")).as_py() or 0 for b in batches]
+    counts = json.loads([s for s in table["run_stats"].to_pylist() if s][-1])
+    bare, damaged = tmp_path / "bare.sptrace", tmp_path / "damaged.sptrace"
+    bare.write_bytes(data[:start])  # no trailer: a recording killed at its end
+    flipped = bytearray(data)
+    flipped[(start + len(data)) // 2] ^= 0x55  # one bit pattern inside the index stream
+    damaged.write_bytes(bytes(flipped))
+    for name, source in ((path, "trailer"), (bare, "batches"), (damaged, "batches")):
+        trace = Trace.load(name)
+        assert trace._file.indexed_from == source and not trace.truncated, name
+        got = trace.scalars()
+        for key, values in want.items():
+            np.testing.assert_array_equal(got[key], values.astype(got[key].dtype), err_msg=f"{name} {key}")
+        assert np.diff(trace._file.batch_start).tolist() == per_batch
+        assert {k: trace.run_info["record"][k] for k in counts} == counts
+        assert trace.steps.equals(Trace.from_disk_table(table, {}).steps)
+        assert trace.requests.num_rows == 6 and check.check_trace(trace) is None
+
+
+_RECORD_ENGINE_FOREVER = """
+import sys
+sys.path.insert(0, {tests!r})
+import spectool as st
+from test_engine_support import load_demo_target
+engine = st.Engine(load_demo_target(st.demo_model()), draft=st.NgramConfig(num_draft_tokens=8), max_batch_size=4,
+                   max_seq_len=2048)
+prompts = [[5, 6, 7, 8, 5, 6, 7, 9 + i] for i in range(64)]
+engine.generate(prompts, max_new_tokens=1500, ignore_eos=True, record=st.Record(path={path!r}, flush_every=8))
+"""
+
+
+def test_sigkill_of_an_engine_recording_straight_to_a_file(tmp_path):
+    """Engine.generate(record=st.Record(path=...)): the file grows batch by batch and a kill keeps them."""
+    path = tmp_path / "engine.sptrace"
+    proc = subprocess.Popen([sys.executable, "-c", _RECORD_ENGINE_FOREVER.format(tests=str(TESTS), path=str(path))])
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "the recording process died on its own"
+            if path.exists() and path.stat().st_size > 0 and len(Trace.load(path)) >= 40:
+                break
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    trace = Trace.load(path)
+    assert len(trace) >= 40 and trace._file.indexed_from == "batches"
+    assert check.check_trace(trace) is None
+    assert check_cli.main([str(path)]) == 0

@@ -26,8 +26,8 @@ RUN = dict(num_requests=9, batch_size=3, max_new_tokens=30, num_draft_tokens=8, 
 def many_batches(tmp_path_factory):
     """An eagle run flushed every 4 rows (many batches) and the same run held in memory."""
     path = tmp_path_factory.mktemp("lazy") / "run.sptrace"
-    memory = make_trace("eagle", path=path, flush_every=4, **RUN)
-    return path, memory
+    make_trace("eagle", path=path, flush_every=4, **RUN)
+    return path, make_trace("eagle", flush_every=4, **RUN)
 
 
 def _batch_offsets(path, body: bool = False) -> list:
@@ -254,6 +254,25 @@ def test_engine_records_what_record_selects(target):
     info = part.trace.run_info["record"]
     assert info["every"] == 2 and info["requests"] == [1] and info["seen_records"] == len(df)
     assert part.trace.summary()["kept_fraction"] == pytest.approx(len(want) / len(df))
+
+
+def test_engine_records_straight_to_a_file(target, tmp_path):
+    import spectool as st
+
+    def run(record):
+        engine = st.Engine(target, draft=st.NgramConfig(num_draft_tokens=8), max_batch_size=2, max_seq_len=512)
+        return engine.generate(prompts, max_new_tokens=24, ignore_eos=True, record=record)
+
+    prompts = [[5, 6, 7, 8, 5, 6, 7], [9, 10, 11, 9, 10, 11, 9, 10]]
+    path = tmp_path / "run.sptrace"
+    memory, on_file = run(True), run(st.Record(path=path, flush_every=4))
+    assert on_file.token_ids == memory.token_ids
+    assert on_file.trace._file is not None and on_file.trace._file.path == path  # the file, opened lazily
+    cols = ["iteration", "request_id", "tokens", "parents", "accept_path", "target_topk_tokens", "mask_packed"]
+    assert on_file.trace.steps.select(cols).equals(memory.trace.steps.select(cols))
+    assert on_file.trace.requests.select(["request_id", "output_tokens"]).equals(
+        memory.trace.requests.select(["request_id", "output_tokens"]))
+    assert len(on_file.trace._file.batches) > 3 and check.check_trace(on_file.trace) is None
 
 
 def test_record_command_keeps_a_selection_that_summary_states(tmp_path, demo_model_dir, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import torch
 from trace_factory import METHODS, VOCAB, ancestors_mask, as_stored, make_trace, tiny_tokenizer_json
@@ -112,9 +113,11 @@ def test_writer_errors_surface_on_the_engine_thread():
         rec.close()
 
 
-def test_iteration_rows_hands_out_each_row_once():
+@pytest.mark.parametrize("on_file, flush_every", [(False, 1000), (True, 1000), (True, 2), (True, 3)])
+def test_iteration_rows_hands_out_each_row_once(tmp_path, on_file, flush_every):
+    """Live rows come out once each, also when a recorder writing to a file lets written rows go."""
     rng = np.random.default_rng(2)
-    rec = Recorder(None, {}, flush_every=1000)
+    rec = Recorder(tmp_path / "live.sptrace" if on_file else None, {}, flush_every=flush_every)
     fields, *_ = _batch(rng)
     rec.record_batch(fields)
     first = rec.iteration_rows()
@@ -123,16 +126,25 @@ def test_iteration_rows_hands_out_each_row_once():
     fields["iteration"] = 5
     rec.record_batch(fields)
     assert [v.iteration for v in rec.iteration_rows()] == [5, 5]
-    rec.close()
+    for it in (6, 7, 8):
+        fields["iteration"] = it
+        rec.record_batch(fields)
+        assert [v.iteration for v in rec.iteration_rows()] == [it, it]
+    trace = rec.close()
+    assert trace.keys()[0].tolist() == [4, 4, 5, 5, 6, 6, 7, 7, 8, 8]
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_file_and_memory_round_trip(tmp_path, method):
     path = tmp_path / "run.sptrace"
-    trace = make_trace(method, path=path, flush_every=3, num_requests=4, batch_size=3)
+    trace = make_trace(method, flush_every=3, num_requests=4, batch_size=3)  # in memory
+    on_file = make_trace(method, path=path, flush_every=3, num_requests=4, batch_size=3)
+    assert on_file._file is not None  # a recorder with a file hands back the file, opened lazily
     loaded = Trace.load(path)
     assert loaded.steps.equals(as_stored(trace.steps)) and loaded.requests.equals(trace.requests)
-    assert loaded.run_info == trace.run_info and not loaded.truncated
+    assert on_file.steps.equals(loaded.steps)
+    assert loaded.run_info.keys() == trace.run_info.keys() and not loaded.truncated
+    assert loaded.run_info["draft"] == trace.run_info["draft"]
     loaded.save(tmp_path / "copy.sptrace")
     again = Trace.load(tmp_path / "copy.sptrace")
     assert again.steps.equals(as_stored(trace.steps)) and again.requests.equals(trace.requests)
@@ -167,3 +179,25 @@ def test_summary_matches_formulas_on_the_dataframe():
     assert s["phase_us"]["verify_us"] == pytest.approx(per_iteration.verify_us.mean(), rel=1e-5)
     assert "trie_get_us" not in s["phase_us"]
     assert isinstance(df, pd.DataFrame)
+
+
+def _held_bytes(path, num_requests: int) -> int:
+    """Arrow memory a recorder still holds once every record of a run is written (before close)."""
+    from trace_factory import record_synthetic, run_info_for
+
+    before = pa.total_allocated_bytes()
+    rec = Recorder(path, run_info_for("eagle", 8, 0.0), tiny_tokenizer_json(), flush_every=8)
+    record_synthetic(rec, "eagle", num_requests=num_requests, batch_size=4, max_new_tokens=20)
+    rec._send()
+    rec._queue.join()  # the writer has converted (and, with a file, written) what it was handed
+    held = pa.total_allocated_bytes() - before
+    rec.close()
+    return held
+
+
+def test_recording_to_a_file_holds_about_one_flush_whatever_the_run_length(tmp_path):
+    memory = [_held_bytes(None, n) for n in (8, 32)]
+    on_file = [_held_bytes(tmp_path / f"run{n}.sptrace", n) for n in (8, 32)]
+    assert memory[1] > 3 * memory[0] > 0  # held in memory, the trace grows with the run
+    assert on_file[1] < memory[0] / 2  # on file, a run 4x as long holds far less than the short one in memory
+    assert len(Trace.load(tmp_path / "run32.sptrace")) > 3 * len(Trace.load(tmp_path / "run8.sptrace"))

@@ -39,17 +39,17 @@ def main(argv: list[str]) -> int:
     try:
         prompts = load_prompts(args.prompts, args.kind)[: args.num_prompts]
         requests = None if args.record_requests is None else [int(r) for r in args.record_requests.split(",")]
+        # Straight to the file, batch by batch: memory stays bounded, and a run killed midway leaves the
+        # records up to its last complete batch.
         record = Record(every=args.record_every, requests=requests, where=args.record_where,
-                        slowest=args.record_slowest)
+                        slowest=args.record_slowest, path=args.out)
         engine = build_engine(args, prompts)
         result = engine.generate(prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                 record=True if record.keeps_everything else record, progress=True)
+                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, record=record, progress=True)
     except (ValueError, OSError) as e:  # bad options or files (BadInput is a ValueError); an unreachable hub id
         return fail("record", e)
     if result.trace is None:  # a rank other than 0 of a split target: rank 0 records
         return 0
-    result.trace.save(args.out)
     print(f"{len(prompts)} requests, mean accept length {result.stats.mean_accept_length:.2f}, "
           f"{result.stats.tokens_per_s:.1f} tok/s; trace written to {args.out}")
     return 0

@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spectool.trace.index import FileIndex, IndexBuilder, column_values, read_index
 from spectool.trace.schema import DISK_TYPES, FORMAT_VERSION, MAGIC, READABLE_VERSIONS, REQUEST_SCHEMA, STEP_SCHEMA
 
 _KEY_MAGIC = b"spectool.magic"
@@ -85,7 +86,7 @@ def disk_schema(run_info: dict, tokenizer_json: str | None) -> pa.Schema:
 
 # -- list columns as numpy ------------------------------------------------------------
 
-def _list_parts(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def list_parts(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A list column as (flat values, offsets [rows + 1] from 0, valid [rows])."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
@@ -115,10 +116,10 @@ def _topk_rows(n: np.ndarray, topk_offsets: np.ndarray, topk_valid: np.ndarray) 
 def _drop_derivable_argmax(steps: pa.Table) -> pa.Table:
     """Null target_argmax(_prob) on the rows where both equal the top-1 of the target's top-k."""
     n = np.asarray(steps["num_nodes"].fill_null(0).to_numpy(), dtype=np.int64)
-    tv, to, tvalid = _list_parts(steps["target_topk_tokens"])
-    pv, po, pvalid = _list_parts(steps["target_topk_probs"])
-    av, ao, avalid = _list_parts(steps["target_argmax"])
-    bv, bo, bvalid = _list_parts(steps["target_argmax_prob"])
+    tv, to, tvalid = list_parts(steps["target_topk_tokens"])
+    pv, po, pvalid = list_parts(steps["target_topk_probs"])
+    av, ao, avalid = list_parts(steps["target_argmax"])
+    bv, bo, bvalid = list_parts(steps["target_argmax_prob"])
     ok = (_topk_rows(n, to, tvalid) & avalid & (np.diff(ao) == n) & bvalid & (np.diff(bo) == n)
           & (np.diff(po) == np.diff(to)) & pvalid)
     rows = np.flatnonzero(ok)
@@ -146,7 +147,7 @@ def _drop_derivable_argmax(steps: pa.Table) -> pa.Table:
 
 def _to_float16_lists(col: pa.ChunkedArray | pa.Array, typ: pa.ListType) -> pa.Array:
     """A list<float32> column as list<float16> through numpy (Arrow's half-float cast is many times slower)."""
-    values, offsets, valid = _list_parts(col)
+    values, offsets, valid = list_parts(col)
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
                                     pa.array(np.asarray(values, np.float32).astype(np.float16), typ.value_type),
                                     mask=None if valid.all() else pa.array(~valid))
@@ -161,8 +162,8 @@ def _derive_argmax(steps: pa.Table) -> pa.Table:
         col = steps[name]
         if col.null_count == 0:
             continue
-        sv, so, svalid = _list_parts(steps[source])
-        av, ao, avalid = _list_parts(col)
+        sv, so, svalid = list_parts(steps[source])
+        av, ao, avalid = list_parts(col)
         derive = ~avalid & _topk_rows(n, so, svalid)
         if not derive.any():
             continue
@@ -231,20 +232,30 @@ class TraceFileWriter:
         codec, level = compression
         options = pa.ipc.IpcWriteOptions(compression=None if codec is None else pa.Codec(codec, level))
         self._writer = pa.ipc.new_stream(self._file, self.schema, options=options)
+        self._index = IndexBuilder()
         # Arrow writes the schema with the first batch: an empty one puts it on disk now, so a run killed
         # before its first flush still leaves a valid, empty trace.
-        self._writer.write_batch(pa.RecordBatch.from_pylist([], schema=self.schema))
-        self._file.flush()
+        self._append(pa.RecordBatch.from_pylist([], schema=self.schema), 0, 0, None)
 
     def write(self, steps: pa.Table, requests: pa.Table, stats: dict | None = None) -> None:
         if steps.num_rows == 0 and requests.num_rows == 0 and stats is None:
             return
-        self._writer.write_batch(to_disk_batch(steps, requests, self.schema, stats))
+        self._append(to_disk_batch(steps, requests, self.schema, stats), steps.num_rows, requests.num_rows, stats)
+
+    def _append(self, batch: pa.RecordBatch, steps: int, requests: int, stats: dict | None) -> None:
+        self._writer.write_batch(batch)
         self._file.flush()
+        self._index.add(self._file.tell(), batch, steps, requests, stats)
 
     def close(self) -> None:
-        self._writer.close()
-        self._file.close()
+        """End the stream and append the index trailer (see `spectool.trace.index`)."""
+        if self._file.closed:
+            return
+        try:
+            self._writer.close()
+            self._file.write(self._index.trailer())
+        finally:
+            self._file.close()
 
 
 def write_trace_file(path: str | Path, steps: pa.Table | Iterable[pa.Table], requests: pa.Table, run_info: dict,
@@ -322,7 +333,7 @@ def split_disk_table(table: pa.Table, columns: list[str] | None = None) -> tuple
 class _Batch:
     offset: int                       # byte offset of the batch's message in the file
     message: pa.ipc.Message
-    step_rows: np.ndarray | None      # positions of its step rows (None: every row is a step row)
+    step_rows: np.ndarray | None      # positions of its step rows (None: its first num_steps rows)
     num_steps: int
     has_requests: bool
 
@@ -345,6 +356,7 @@ class TraceFile:
     stats: dict | None                # the last recorded selection counts
     truncated: bool = False
     damage: str | None = None         # why reading stopped early, with the byte offset
+    indexed_from: str = "trailer"     # where the index came from: "trailer" or "batches" (see open_trace_file)
     _schema_message: bytes = b""
     _mmap: pa.MemoryMappedFile | None = None
     _cache: OrderedDict = field(default_factory=OrderedDict)
@@ -441,24 +453,15 @@ def _kind_lengths(kind: pa.Array) -> np.ndarray:
     return np.where(np.asarray(kind.is_null()), 0, lengths) if kind.null_count else lengths
 
 
-def _values(col: pa.Array, null) -> np.ndarray:
-    """A numeric column's values buffer as numpy with ``null`` where it is null (to_numpy with nulls
-    goes through a slow path, too slow for every batch of a large file)."""
-    width = col.type.bit_width // 8
-    kind = "f" if pa.types.is_floating(col.type) else "i"
-    values = np.frombuffer(col.buffers()[1], np.dtype(f"{kind}{width}"), len(col), col.offset * width)
-    if col.null_count:
-        valid = np.unpackbits(np.frombuffer(col.buffers()[0], np.uint8), bitorder="little")[col.offset:][:len(col)]
-        values = np.where(valid.astype(bool), values, null)
-    return values
-
-
 def _cat(parts: list[np.ndarray], dtype=np.int64) -> np.ndarray:
     return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
 
 
 def open_trace_file(path: str | Path) -> TraceFile:
-    """Open a `.sptrace` file lazily: headers and index columns only (TraceFormatError when unreadable)."""
+    """Open a `.sptrace` file lazily: headers and the index only (TraceFormatError when unreadable).
+
+    Every message header is read (cheap: it frames the file and finds damage); the per-record index
+    comes from the file's trailer when it has a valid one, else from the index columns of each batch."""
     path = Path(path)
     if path.is_file() and path.stat().st_size == 0:
         raise TraceFormatError("the file is empty")
@@ -474,7 +477,9 @@ def open_trace_file(path: str | Path) -> TraceFile:
     if missing:
         raise TraceFormatError(f"trace is missing column(s): {', '.join(missing)}")
     size = path.stat().st_size
+    head_end = mm.tell()
     batches: list[_Batch] = []
+    ends: list[int] = []
     damage = None
     while True:
         offset = mm.tell()
@@ -491,7 +496,41 @@ def open_trace_file(path: str | Path) -> TraceFile:
             damage = (offset, f"unexpected {msg.type} message")
             break
         batches.append(_Batch(offset, msg, None, 0, False))
-    # The index columns of every batch, in one pass that decompresses nothing else.
+        ends.append(mm.tell())
+    # A damaged file is indexed from its readable batches: the trailer describes the file as it was written.
+    index = read_index(mm, size, head_end) if damage is None else None
+    if index is not None and ends == index.ends.tolist():
+        columns, stats, source = _index_from_trailer(batches, index), index.stats, "trailer"
+    else:
+        columns, stats, damage = _index_from_batches(mm, schema, batches, damage)
+        source = "batches"
+    counts = np.array([b.num_steps for b in batches], dtype=np.int64)
+    batch_start = np.zeros(len(batches) + 1, np.int64)
+    np.cumsum(counts, out=batch_start[1:])
+    note = None
+    if damage is not None:
+        at, why = damage
+        rows = int(batch_start[-1])
+        note = (f"the batch at byte offset {at} of {size} is incomplete or corrupt ({why}); "
+                f"the {len(batches)} batch(es) before it ({rows} records) are readable")
+    return TraceFile(path, version, run_info, tokenizer_json, schema, batches, columns["iteration"],
+                     columns["request_id"], columns["accept_length"], columns["iteration_us"], batch_start, stats,
+                     damage is not None, note, source,
+                     head.serialize().to_pybytes(), mm)
+
+
+def _index_from_trailer(batches: list[_Batch], index: FileIndex) -> dict[str, np.ndarray]:
+    """The index of ``batches`` from the file's trailer (see `spectool.trace.index`)."""
+    for b, steps, requests in zip(batches, index.steps.tolist(), index.requests.tolist()):
+        b.num_steps, b.has_requests = steps, requests > 0  # step rows first: ``step_rows`` stays None
+    return {name: values.astype(np.float64 if name == "iteration_us" else np.int64)
+            for name, values in index.columns.items()}
+
+
+def _index_from_batches(mm: pa.MemoryMappedFile, schema: pa.Schema, batches: list[_Batch], damage
+                        ) -> tuple[dict[str, np.ndarray], dict | None, tuple | None]:
+    """The index of every batch from its index columns, in one pass that decompresses nothing else; a batch
+    that does not decode ends the readable part (returned as ``damage``)."""
     mm.seek(0)
     index_fields = [i for i, name in enumerate(schema.names) if name in _INDEX_COLUMNS]
     # One thread: the index buffers are small, and a thread pool per batch costs more than it saves.
@@ -508,30 +547,21 @@ def open_trace_file(path: str | Path) -> TraceFile:
             del batches[k:]
             break
         b.num_steps = int(is_step.sum())
-        b.step_rows = None if b.num_steps == len(kind) else np.flatnonzero(is_step)
+        b.step_rows = None if is_step[:b.num_steps].all() else np.flatnonzero(is_step)
         for name, out, null in (("iteration", iterations, 0), ("request_id", requests, 0),
                                 ("accept_length", accepts, -1), ("iteration_us", times, np.nan)):
-            values = _values(batch.column(batch.schema.get_field_index(name)), null)
-            out.append(values if b.step_rows is None else values[b.step_rows])
-        if b.step_rows is None:
+            values = column_values(batch.column(batch.schema.get_field_index(name)), null)
+            out.append(values[:b.num_steps] if b.step_rows is None else values[b.step_rows])
+        if b.num_steps == len(kind):
             continue
         b.has_requests = bool((kind == _KIND_LENGTH["request"]).any())
         stats_rows = np.flatnonzero(kind == _KIND_LENGTH["stats"])
         if "run_stats" in batch.schema.names and stats_rows.size:
             text = batch.column(batch.schema.get_field_index("run_stats"))[int(stats_rows[-1])].as_py()
             stats = json.loads(text) if text else stats
-    counts = np.array([b.num_steps for b in batches], dtype=np.int64)
-    batch_start = np.zeros(len(batches) + 1, np.int64)
-    np.cumsum(counts, out=batch_start[1:])
-    note = None
-    if damage is not None:
-        at, why = damage
-        rows = int(batch_start[-1])
-        note = (f"the batch at byte offset {at} of {size} is incomplete or corrupt ({why}); "
-                f"the {len(batches)} batch(es) before it ({rows} records) are readable")
-    return TraceFile(path, version, run_info, tokenizer_json, schema, batches, _cat(iterations), _cat(requests),
-                     _cat(accepts), _cat(times, np.float64), batch_start, stats, damage is not None, note,
-                     head.serialize().to_pybytes(), mm)
+    columns = {"iteration": _cat(iterations), "request_id": _cat(requests), "accept_length": _cat(accepts),
+               "iteration_us": _cat(times, np.float64)}
+    return columns, stats, damage
 
 
 def read_trace_file(path: str | Path) -> tuple[pa.Table, pa.Table, dict, str | None, bool]:

@@ -24,18 +24,29 @@ from spectool.trace.stats import summarize, summary_columns
 
 
 class TokenText:
-    """Token id -> display text through the run's tokenizer (str(id) when there is none)."""
+    """Token id -> display text through the run's tokenizer (str(id) when there is none).
+
+    The tokenizer is parsed on first use: a large vocabulary takes a few hundred ms, which opening a
+    trace should not pay."""
 
     def __init__(self, tokenizer_json: str | None):
-        self._tok = None
-        if tokenizer_json:
-            from tokenizers import Tokenizer
-
-            try:
-                self._tok = Tokenizer.from_str(tokenizer_json)
-            except Exception:  # a damaged tokenizer must not make the trace unreadable
-                self._tok = None
+        self._json = tokenizer_json
+        self._parsed = False
         self._cache: dict[int, str] = {}
+
+    @property
+    def _tok(self):
+        if not self._parsed:
+            self._parsed, tok = True, None
+            if self._json:
+                from tokenizers import Tokenizer
+
+                try:
+                    tok = Tokenizer.from_str(self._json)
+                except Exception:  # a damaged tokenizer must not make the trace unreadable
+                    tok = None
+            self._tokenizer = tok
+        return self._tokenizer
 
     def __call__(self, ids) -> list[str]:
         out = []
@@ -43,9 +54,9 @@ class TokenText:
             text = self._cache.get(i)
             if text is None:
                 text = str(i)
-                if self._tok is not None and 0 <= i < self._tok.get_vocab_size():
-                    text = (self._tok.decode([i], skip_special_tokens=False)
-                            or self._tok.id_to_token(i) or text)
+                tok = self._tok
+                if tok is not None and 0 <= i < tok.get_vocab_size():
+                    text = tok.decode([i], skip_special_tokens=False) or tok.id_to_token(i) or text
                 self._cache[i] = text
             out.append(text)
         return out

@@ -180,7 +180,9 @@ class Recorder:
     """Records one run: step rows per (iteration, request), request rows, run info.
 
     Args:
-        path: the `.sptrace` file to append to, or None to keep the trace in memory only.
+        path: the `.sptrace` file to append to, or None to keep the trace in memory only. With a
+            file, rows leave memory once written (memory stays at about one ``flush_every`` whatever
+            the run's length) and `close` returns the file opened lazily.
         run_info: engine and draft config, model id and hash, device... (JSON-able);
             start time and versions are added when absent.
         tokenizer_json: the tokenizer's JSON string, so token text works without the model.
@@ -204,13 +206,14 @@ class Recorder:
         self.tokenizer_json = tokenizer_json
         self.flush_every = flush_every
         self._file = None if path is None else TraceFileWriter(path, self.run_info, tokenizer_json)
-        self._steps: list[pa.RecordBatch] = []   # every step batch converted so far
+        self._steps: list[pa.RecordBatch] = []   # step batches converted and still held (all, in memory)
         self._requests: list[dict] = []
         self._pending: list[tuple[dict, int]] = []  # iterations received, not yet converted
         self._flushed_steps = 0                    # batches / request rows already written
         self._flushed_requests = 0
         self._pending_rows = 0
         self._viewed_steps = 0                     # batches handed out by iteration_rows()
+        self._live = False                         # iteration_rows() is in use: keep batches until viewed
         self._page: torch.Tensor | None = None     # pinned page the current hand-off's CUDA bytes go to
         self._page_used = 0
         self._free_pages: deque[torch.Tensor] = deque()  # pages the writer has copied out
@@ -378,12 +381,14 @@ class Recorder:
         Waits for the writer thread to convert everything recorded so far, so it
         synchronises with the GPU: `engine.stream` calls it once per iteration.
         """
+        self._live = True
         self._send()
         self._queue.put((_CONVERT, None, 0))
-        self._queue.join()
+        self._queue.join()  # the writer is idle until the next hand-off: its lists may be touched here
         self._raise_writer_error()
         new = self._steps[self._viewed_steps:]
         self._viewed_steps = len(self._steps)
+        self._release_written()
         return [IterationView.from_row(row, self._text) for batch in new for row in batch.to_pylist()]
 
     def close(self) -> Trace:
@@ -395,10 +400,14 @@ class Recorder:
             if self._file is not None:
                 self._file.close()
             self._raise_writer_error()
-            steps = pa.Table.from_batches(self._steps, schema=STEP_SCHEMA)
-            requests = pa.Table.from_pylist(self._requests, schema=REQUEST_SCHEMA)
-            counts = self._select.counts() if self._select is not None else None
-            self._trace = Trace(steps, requests, with_selection_counts(self.run_info, counts), self.tokenizer_json)
+            if self._file is not None:
+                self._trace = Trace.load(self.path)
+            else:
+                steps = pa.Table.from_batches(self._steps, schema=STEP_SCHEMA)
+                requests = pa.Table.from_pylist(self._requests, schema=REQUEST_SCHEMA)
+                counts = self._select.counts() if self._select is not None else None
+                self._trace = Trace(steps, requests, with_selection_counts(self.run_info, counts),
+                                    self.tokenizer_json)
         return self._trace
 
     def __enter__(self) -> Recorder:
@@ -517,6 +526,18 @@ class Recorder:
             self._file.write(steps, requests, self._select.counts() if self._select is not None else None)
         self._flushed_steps, self._flushed_requests = len(self._steps), len(self._requests)
         self._pending_rows = 0
+        self._release_written()
+
+    def _release_written(self) -> None:
+        """With a file, let go of the rows already written (and handed out, when viewed live)."""
+        if self._file is None:
+            return
+        done = min(self._flushed_steps, self._viewed_steps) if self._live else self._flushed_steps
+        del self._steps[:done]
+        self._flushed_steps -= done
+        self._viewed_steps = max(0, self._viewed_steps - done)
+        del self._requests[:self._flushed_requests]
+        self._flushed_requests = 0
 
 
 def _int_list(values) -> list[int]:

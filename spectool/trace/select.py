@@ -4,6 +4,7 @@
     engine.generate(prompts, record=st.Record(requests=[0, 3]))           # two requests only
     engine.generate(prompts, record=st.Record(where="accept_length == 0"))
     engine.generate(prompts, record=st.Record(slowest=0.05))              # the slowest 5 % of iterations
+    engine.generate(prompts, record=st.Record(path="run.sptrace"))        # every record, straight to a file
 
 Options combine (a record is kept when every given option keeps it). What was asked
 goes into the trace's ``run_info["record"]``; the recorder counts what it saw and
@@ -25,6 +26,7 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -46,16 +48,26 @@ class Record:
             trace (e.g. ``"accept_length == 0"``, ``"ngram_match_len < 3"``), or a callable taking a
             pyarrow Table of records and returning one bool per record.
         slowest: keep the slowest fraction (0 < slowest <= 1) of iterations by ``iteration_us``.
+        path: write the trace to this `.sptrace` file as the run goes, one batch of records at a time,
+            instead of holding it in memory (a long run's memory stays bounded; a run killed midway
+            leaves a file that loads up to its last complete batch). The result's trace is then the
+            file, opened lazily. None keeps the trace in memory.
+        flush_every: records gathered before they are converted and written as one batch (the most
+            a killed run can lose; a conversion has a fixed cost of a few ms, so larger is cheaper).
     """
 
     every: int = 1
     requests: tuple[int, ...] | None = None
     where: str | Callable | None = None
     slowest: float | None = None
+    path: str | Path | None = None
+    flush_every: int = 1024
 
     def __post_init__(self) -> None:
         if not isinstance(self.every, int) or self.every < 1:
             raise ValueError(f"Record(every=...) must be an int >= 1, got {self.every!r}")
+        if not isinstance(self.flush_every, int) or self.flush_every < 1:
+            raise ValueError(f"Record(flush_every=...) must be an int >= 1, got {self.flush_every!r}")
         if self.requests is not None:
             object.__setattr__(self, "requests", tuple(int(r) for r in self.requests))
         if self.slowest is not None and not 0 < self.slowest <= 1:
@@ -75,6 +87,7 @@ class Record:
 
     @property
     def keeps_everything(self) -> bool:
+        """True when no option drops a record (``path`` and ``flush_every`` only say where and how they go)."""
         return self.every == 1 and self.requests is None and self.where is None and self.slowest is None
 
     def describe(self) -> dict:

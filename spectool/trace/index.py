@@ -1,0 +1,130 @@
+"""The index trailer of a `.sptrace` file: what `Trace.load` needs, stored once at the end.
+
+Opening a trace needs, for every record, its iteration and request (and the two scalars
+whole-trace plots draw: accept_length, iteration_us), and for every batch its row counts.
+Reading those from the batches costs a decompression per batch (over a second for a
+million records); a closed file therefore carries them after its Arrow stream:
+
+    [Arrow IPC stream: schema, batches, end-of-stream] [index: Arrow IPC stream] [u64 length] [u32 crc32]
+    [b"SPTINDEX"]
+
+The index stream holds one row per step record (INDEX_SCHEMA, zstd) and, in its schema
+metadata, JSON with each batch's end offset, row counts, and the last selection counts; the
+CRC-32 of the index stream guards it. Arrow readers stop at the end-of-stream marker, so the
+trailer changes nothing for them (the format version stays). A file without a valid trailer
+(a recording killed before it closed, a file cut short, a damaged trailer) is indexed by
+reading its batches instead, as is a file whose batches do not frame as the trailer says.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+INDEX_MAGIC = b"SPTINDEX"
+_TAIL = struct.Struct("<QI8s")
+_KEY = b"spectool.index"
+INDEX_SCHEMA = pa.schema([("iteration", pa.int32()), ("request_id", pa.int32()),
+                          ("accept_length", pa.int16()), ("iteration_us", pa.float32())])
+# The value a null reads as in the index arrays.
+INDEX_NULLS = {"iteration": 0, "request_id": 0, "accept_length": -1, "iteration_us": np.nan}
+
+
+def column_values(col: pa.Array, null) -> np.ndarray:
+    """A numeric column's values buffer as numpy with ``null`` where it is null (to_numpy with nulls
+    goes through a slow path, too slow for every batch of a large file)."""
+    width = col.type.bit_width // 8
+    kind = "f" if pa.types.is_floating(col.type) else "i"
+    values = np.frombuffer(col.buffers()[1], np.dtype(f"{kind}{width}"), len(col), col.offset * width)
+    if col.null_count:
+        valid = np.unpackbits(np.frombuffer(col.buffers()[0], np.uint8), bitorder="little")[col.offset:][:len(col)]
+        values = np.where(valid.astype(bool), values, null)
+    return values
+
+
+@dataclass
+class FileIndex:
+    """The index of a file's batches (file order): step rows first in every batch, then request rows."""
+
+    ends: np.ndarray        # byte offset just past each batch's message
+    rows: np.ndarray        # rows per batch (of every kind)
+    steps: np.ndarray       # step rows per batch
+    requests: np.ndarray    # request rows per batch
+    columns: dict[str, np.ndarray]  # INDEX_SCHEMA's columns, one entry per step row
+    stats: dict | None      # the last selection counts written
+
+
+class IndexBuilder:
+    """Collects the index while a file is written (a few bytes per record) and serialises the trailer."""
+
+    def __init__(self) -> None:
+        self._ends: list[int] = []
+        self._rows: list[int] = []
+        self._steps: list[int] = []
+        self._requests: list[int] = []
+        self._columns: dict[str, list[np.ndarray]] = {name: [] for name in INDEX_SCHEMA.names}
+        self._stats: dict | None = None
+
+    def add(self, end: int, batch: pa.RecordBatch, steps: int, requests: int, stats: dict | None) -> None:
+        """One written batch: its end offset, its first ``steps`` rows being step records."""
+        self._ends.append(end)
+        self._rows.append(batch.num_rows)
+        self._steps.append(steps)
+        self._requests.append(requests)
+        if stats is not None:
+            self._stats = stats
+        if not steps:
+            return
+        for fl in INDEX_SCHEMA:
+            col = batch.column(batch.schema.get_field_index(fl.name)).slice(0, steps)
+            values = column_values(col, INDEX_NULLS[fl.name])
+            self._columns[fl.name].append(values.astype(fl.type.to_pandas_dtype(), copy=False))
+
+    def trailer(self) -> bytes:
+        """The index stream, its length and the magic, to append after the Arrow stream's end."""
+        meta = {"ends": self._ends, "rows": self._rows, "steps": self._steps, "requests": self._requests,
+                "stats": self._stats}
+        arrays = [pa.array(np.concatenate(parts) if parts else np.zeros(0, fl.type.to_pandas_dtype()), fl.type)
+                  for fl, parts in zip(INDEX_SCHEMA, self._columns.values())]
+        schema = INDEX_SCHEMA.with_metadata({_KEY: json.dumps(meta).encode()})
+        sink = pa.BufferOutputStream()
+        options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 1))
+        with pa.ipc.new_stream(sink, schema, options=options) as writer:
+            writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
+        data = sink.getvalue().to_pybytes()
+        return data + _TAIL.pack(len(data), zlib.crc32(data), INDEX_MAGIC)
+
+
+def read_index(mm: pa.MemoryMappedFile, size: int, head_end: int) -> FileIndex | None:
+    """The trailer's index, or None when the file has none or it does not hold together (the caller
+    then indexes the batches themselves)."""
+    if size < head_end + _TAIL.size:
+        return None
+    length, crc, magic = _TAIL.unpack(bytes(mm.read_at(_TAIL.size, size - _TAIL.size)))
+    start = size - _TAIL.size - length
+    if magic != INDEX_MAGIC or start < head_end:
+        return None
+    data = mm.read_at(length, start)
+    if zlib.crc32(data) != crc:
+        return None
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(data))
+        table = reader.read_next_batch()
+        table.validate()
+        meta = json.loads(reader.schema.metadata[_KEY])
+        ends, rows, steps, requests = (np.asarray(meta[k], np.int64) for k in ("ends", "rows", "steps", "requests"))
+        columns = {fl.name: column_values(table.column(fl.name), INDEX_NULLS[fl.name]) for fl in INDEX_SCHEMA}
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+    eos = 8  # the end-of-stream marker between the last batch and the trailer
+    ordered = len(ends) > 0 and ends[0] > head_end and bool((np.diff(ends) > 0).all()) and ends[-1] + eos == start
+    if not (ordered and len(rows) == len(steps) == len(ends) == len(requests) and table.num_rows == int(steps.sum())
+            and (steps >= 0).all() and (requests >= 0).all() and (steps + requests <= rows).all()):
+        return None
+    stats = meta.get("stats")
+    return FileIndex(ends, rows, steps, requests, columns, stats if isinstance(stats, dict) else None)
