@@ -195,7 +195,7 @@ def test_demo_writes_table_traces_and_reports(tmp_path, capsys):
     plain = [r for r in summary if r["method"] == "plain"]
     assert all(r["mean_accept_length"] is None and r["device"] == "cpu" for r in plain)
     assert {(r["method"], r["workload"]) for r in summary} == {
-        (m, w) for m in ("plain", "ngram", "eagle", "multi_layer_eagle") for w in ("completion", "editing")}
+        (m, w) for m in ("plain", "ngram", "eagle", "multi_layer_eagle", "eagle3") for w in ("completion", "editing")}
     for row in summary:
         assert (out / f"{row['method']}_{row['workload']}.sptrace").is_file()
         if row["method"] != "plain":
