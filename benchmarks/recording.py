@@ -41,8 +41,7 @@ import time
 from pathlib import Path
 
 import torch
-from decode import SHAPES, random_target
-from profile_iteration import random_drafts
+from decode import SHAPES, random_drafts, random_target
 from speculative import draft_config, refused, region_faults, timed_region
 
 from spectool.trace.recorder import Recorder

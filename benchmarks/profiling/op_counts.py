@@ -1,7 +1,9 @@
 """How many kernels each phase of a speculative iteration would launch, counted on the CPU.
 
-    python benchmarks/op_counts.py                      # demo model, bs 1, every method
-    python benchmarks/op_counts.py --methods eagle --new-tokens 32
+    python3 benchmarks/speculative.py --profile ops                  # demo model, bs 1, every method
+    python3 benchmarks/speculative.py --profile ops --methods eagle --new-tokens 32
+
+Explains the batch-1 cells of docs/BENCHMARKS.md "Speculative decoding"; 1-2 minutes on the CPU.
 
 At batch 1 on the H200 an iteration is bound by the number of small kernels (each costs
 3-5 µs even inside a CUDA graph), not by bytes. This script counts them without a GPU: a
@@ -248,7 +250,8 @@ def count_method(target, method: str, args, prompt: list[int]) -> dict:
 
 
 def print_tables(results: list[dict], top: int) -> None:
-    print("\nop_counts.py — kernel-launching aten ops per iteration (bs 1, GPU dispatch emulated on CPU)")
+    print("\nspeculative.py --profile ops — kernel-launching aten ops per iteration "
+          "(bs 1, GPU dispatch emulated on CPU)")
     for r in results:
         print(f"\n{r['method']}: {r['total']:.1f} ops/iteration over {r['iterations']} iterations "
               f"(accept {r['mean_accept_length']:.2f})")
@@ -273,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=6, help="most frequent ops to list per row (0: none)")
     args = p.parse_args(argv)
     if args.device != "cpu":
-        raise ValueError("op_counts.py counts on the CPU (it emulates the GPU's dispatch); use --device cpu")
+        p.error("--profile ops counts on the CPU (it emulates the GPU's dispatch); use --device cpu")
     if args.quick:
         args.new_tokens = 6
     methods = args.methods.split(",")
@@ -287,6 +290,3 @@ def main(argv: list[str] | None = None) -> int:
                                            "new_tokens": args.new_tokens}, "results": results}, args.out)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
