@@ -30,6 +30,7 @@ import os
 import torch
 import torch.nn.functional as F
 from decode import SHAPES
+from speculative import provenance
 
 from spectool.kernels import ops
 from spectool.kernels.gemv import MAX_ROWS, default_config, gemv_triton
@@ -162,7 +163,8 @@ def main() -> None:
               f"{r['best_config']} |")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gemv.json"), "w") as f:
-            json.dump(rows, f, indent=1, default=str)
+            json.dump({"meta": {"torch": torch.__version__, **provenance("gemv", None, args.device)},
+                       "rows": rows}, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,9 @@ def main() -> None:
             ratios.append(ratio)
             print(f"{b['bs']:>4} {ratio['get']:>5.2f}x {ratio['get_cpu']:>7.2f}x {ratio['total']:>7.2f}x")
         out["prob_over_bfs"] = ratios
+    from speculative import provenance  # after the timing: it imports torch
+
+    out["meta"] = provenance("ngram_corpus", None, "cpu")
     if os.environ.get("OUT"):
         path = Path(os.environ["OUT"]) / "ngram_corpus.json"
         path.write_text(json.dumps(out, indent=2))
