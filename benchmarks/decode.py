@@ -1,5 +1,7 @@
 """Plain (draft-free) greedy decode speed against the memory-bandwidth floor.
 
+Figure: docs/BENCHMARKS.md "Plain decoding". Time: about 3 minutes on an H200 (--quick about 1).
+
     python benchmarks/decode.py            # 1B and 8B shapes, batch 1 and 8, 512 + 256 tokens
     python benchmarks/decode.py --quick    # ~1 minute: fewer tokens, transformers 16 tokens
     python benchmarks/decode.py --shapes tiny --device cpu --quick   # smoke test without a GPU

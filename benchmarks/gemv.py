@@ -1,5 +1,7 @@
 """GEMVs of 1 to 16 rows at the decoder's weight shapes: cuBLAS vs the fused Triton kernels.
 
+Figure: docs/BENCHMARKS.md "Kernels". Time: about 1 minute on an H200 (--configs sweep several).
+
     python3 benchmarks/gemv.py --shapes 8B 1B                        # H200: one row, the default configs
     python3 benchmarks/gemv.py --configs sweep                        # every config of the one-row sweep
     python3 benchmarks/gemv.py --shapes 8B 107M --rows 1,4,16 --configs sweep   # the few-row kernel's too

@@ -3,8 +3,7 @@
     python3 benchmarks/headline.py --json $OUT                 # after OUT=... bash benchmarks/run_gpu.sh
     python3 benchmarks/headline.py --json $OUT --doc docs/BENCHMARKS.md --check   # exit 1 if it would change
 
-Figure: docs/BENCHMARKS.md "Headline figures" (the table between its two marker comments).
-Time: under a second (it reads JSON, measures nothing).
+Figure: docs/BENCHMARKS.md "Headline figures". Time: under a second (it reads JSON, measures nothing).
 
 Each JSON file that --json holds (SOURCES below names them) rewrites the rows it yields (a row is
 its area and figure); the date, machine and command of every row come from that file's ``meta``

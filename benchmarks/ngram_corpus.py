@@ -1,5 +1,7 @@
 """Per-request cost of NgramCorpus.batch_get + batch_put, against the Python reference.
 
+Figure: docs/BENCHMARKS.md "N-gram corpus". Time: about 2 minutes on the CPU.
+
 Trains a byte-level BPE (vocab 4096) on Python standard-library source, puts >= 1M of its
 tokens into the corpus, then decodes `bs` requests through held-out modules one token
 per iteration: batch_get of the last 18 tokens (N=12, depth 18), then batch_put of the

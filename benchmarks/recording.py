@@ -1,5 +1,7 @@
 """What recording costs: the recorder alone, then the engine's tokens/s with record on vs off.
 
+Figure: docs/BENCHMARKS.md "Recording". Time: 1 to 3 minutes on an H200.
+
     python benchmarks/recording.py [--device cuda] [--quick] [--part recorder|host|engine|both]
     python benchmarks/recording.py --device cuda --quick --part engine --shape 8B   # or 1B
     python benchmarks/recording.py --device cuda --part engine --shape 8B --batches 1,64

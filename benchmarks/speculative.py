@@ -1,5 +1,7 @@
 """End-to-end speculative speedup over spectool's own plain decoding.
 
+Figure: docs/BENCHMARKS.md "Speculative decoding". Time: 2 to 3 minutes on an H200 (--budget-s caps it).
+
     python benchmarks/speculative.py                       # H200: demo model, bf16, bs 1/4/16, 128 tokens
     python benchmarks/speculative.py --model /tmp/large/target --draft-dir /tmp/large
     python benchmarks/speculative.py --device cpu --quick  # smoke test: bs 1, 1 prompt, 4 tokens

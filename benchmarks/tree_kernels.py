@@ -1,5 +1,7 @@
 """Tree-index kernel and verify timings.
 
+Figure: docs/BENCHMARKS.md "Kernels". Time: about 1 minute on an H200.
+
     python benchmarks/tree_kernels.py            # CUDA if available, else CPU (torch reference only)
 
 Prints a table and, when $OUT is set, writes $OUT/tree_kernels.json. Index kernel: µs per

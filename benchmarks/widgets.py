@@ -1,5 +1,7 @@
 """Responsiveness of the trace views: the kernel's side and the page's (headless Chromium).
 
+Figure: docs/BENCHMARKS.md "Views". Time: about 1 minute on the CPU.
+
     python benchmarks/widgets.py [--iterations 10000] [--nodes 64]
 
 Prints a table and, when $OUT is set, writes $OUT/widgets.json. Measures:
