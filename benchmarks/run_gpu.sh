@@ -14,6 +14,8 @@
 #   step_times     70 s  Step times at the 8B shape (accept lengths from speculative.json)  step_times_8b.json, .png
 #   vs_transformers 60 s Against transformers                                               vs_transformers.json
 #   sweep          45 s  Setting sweeps (docs/sweep_*.png)                                  sweep.json, sweep_*.png
+#                        (these three run on the 113M target when out/large holds it, as after
+#                        PARTS=large on the same machine, else on the demo model)
 #   ngram         150 s  N-gram corpus (on the CPU cores)                                   ngram_corpus.json
 #   tune_profiles 150 s  What-if tuner: the cost profiles spectool ships                    profiles/*.json
 #   large         470 s  Speculative decoding, 113M target: trains it into out/large, then  large/speculative.json
@@ -39,7 +41,7 @@ declare -A LIMIT=([decode]=130 [speculative]=120 [recording]=120 [kernels]=135 [
                   [vs_transformers]=60 [sweep]=45 [ngram]=150 [tune_profiles]=150 [large]=470 [tests]=150)
 total=0
 for part in $PARTS; do
-    [ -n "${LIMIT[$part]:-}" ] || { echo "unknown part '$part'; parts: ${!LIMIT[*]}"; exit 2; }
+    [ -n "${LIMIT[$part]:-}" ] || { echo "unknown part '$part'; parts: $(printf '%s\n' "${!LIMIT[@]}" | sort | xargs)"; exit 2; }
     total=$((total + LIMIT[$part]))
 done
 [ "$total" -le 540 ] || echo "warning: the parts' limits add up to $total s, more than one 10-minute call holds"
@@ -58,6 +60,13 @@ run() {  # run LOG LIMIT_S SCRIPT ARGS...: one benchmark under timeout, its outp
     echo "$log ($script.py): exit $? after $((SECONDS - t0)) s (limit $limit s)"
 }
 
+large_model() {  # the 113M target's options where a PARTS=large run left it, else none (the demo model)
+    model=()
+    [ -f out/large/target/config.json ] \
+        && model=(--model out/large/target --draft-dir out/large --prompts out/large/prompts.jsonl)
+}
+
+for part in $PARTS; do : >"$LOGS/$part.log"; done
 for part in $PARTS; do
     case $part in
         decode) run decode 130 decode --shapes 8B,1B --batches 1,8 --no-hf --deterministic --quick ;;
@@ -65,9 +74,12 @@ for part in $PARTS; do
         recording) run recording 120 recording --device cuda --part engine --shape 8B --batches 1 --repeats 3 \
             --max-new-tokens 96 ;;
         kernels) run kernels 75 tree_kernels; run kernels 60 gemv --shapes 8B 1B --configs default ;;
-        step_times) run step_times 70 step_times_8b --accept-json "$OUT/speculative.json" ;;
-        vs_transformers) run vs_transformers 60 vs_transformers ;;
-        sweep) run sweep 45 sweep --budget-s 30 --out "$OUT" ;;
+        step_times)
+            accept="$OUT/speculative.json"
+            [ -f "$OUT/large/speculative.json" ] && accept="$OUT/large/speculative.json"
+            run step_times 70 step_times_8b --accept-json "$accept" ;;
+        vs_transformers) large_model; run vs_transformers 60 vs_transformers "${model[@]}" ;;
+        sweep) large_model; run sweep 45 sweep "${model[@]}" --budget-s 30 --out "$OUT" ;;
         ngram) run ngram 150 ngram_corpus --iters 100 ;;
         tune_profiles) run tune_profiles 150 tune_profiles --out "$OUT/profiles" --repeats 5 ;;
         large)

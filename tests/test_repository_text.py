@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TEXT_SUFFIXES = {".py", ".md", ".sh", ".toml", ".txt", ".cfg", ".ipynb", ".js", ".css", ".html", ".cpp", ".h",
+TEXT_SUFFIXES = {".py", ".md", ".sh", ".toml", ".txt", ".cfg", ".ipynb", ".json", ".js", ".css", ".html", ".cpp", ".h",
                  ".yml", ".yaml", ""}
 DATA_FILES = {"spectool/demo/prompts.jsonl", "spectool/demo/target/tokenizer.json"}
 
