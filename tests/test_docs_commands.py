@@ -1,6 +1,8 @@
 """The commands the documentation shows exist: every `spectool COMMAND --flag` and
 `python benchmarks/SCRIPT.py --flag` in the README and docs/ names a real command or script and
-options it declares, and every benchmark script names the figure it produces and how long it takes.
+options it declares; every benchmark script names the figure of the docs it produces and how long
+it takes, every profile the figure it explains and the benchmark option that runs it; and
+benchmarks/run_gpu.sh's parts, limits and scripts agree.
 
 Options are looked up in the source text (a quoted "--flag"), so no script is imported or run."""
 
@@ -89,7 +91,41 @@ def test_every_benchmark_names_its_figure_and_time(script):
     doc = ast.get_docstring(ast.parse((BENCHMARKS / script).read_text(encoding="utf-8")))
     match = FIGURE.search(doc or "")
     assert match, f"benchmarks/{script}: its docstring needs a line 'Figure: docs/X.md \"Section\". Time: ...'"
-    path, section = match.groups()
-    headings = [h.lstrip("#").strip() for h in (ROOT / path).read_text(encoding="utf-8").splitlines()
-                if h.startswith("#")]
-    assert any(h.startswith(section) for h in headings), f"benchmarks/{script}: {path} has no section {section!r}"
+    assert section_exists(*match.groups()), f"benchmarks/{script}: {match.group(1)} has no section {match.group(2)!r}"
+
+
+def section_exists(path: str, section: str) -> bool:
+    return any(h.lstrip("#").strip().startswith(section)
+               for h in (ROOT / path).read_text(encoding="utf-8").splitlines() if h.startswith("#"))
+
+
+@pytest.mark.parametrize("module", sorted(p.stem for p in (BENCHMARKS / "profiling").glob("*.py")
+                                          if p.stem != "__init__"))
+def test_every_profile_runs_through_a_benchmark_and_names_the_figure_it_explains(module):
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    spec = spec_from_file_location("profiling", BENCHMARKS / "profiling" / "__init__.py")
+    profiling = module_from_spec(spec)
+    spec.loader.exec_module(profiling)
+    runs = [f"{bench}.py --profile {kind}" for bench, kinds in profiling.PROFILES.items()
+            for kind, name in kinds.items() if name == module]
+    assert runs, f"benchmarks/profiling/{module}.py is no benchmark's --profile (PROFILES)"
+    doc = ast.get_docstring(ast.parse((BENCHMARKS / "profiling" / f"{module}.py").read_text(encoding="utf-8")))
+    assert any(run in doc for run in runs), f"its docstring shows none of {runs}"
+    paragraph = next((p for p in doc.split("\n\n") if p.startswith("Explains: ")), "")
+    match = re.match(r'Explains: (docs/\w+\.md) "([^"]+)"', paragraph)
+    assert match and "Time: " in paragraph, f"{module}.py: needs 'Explains: docs/X.md \"Section\" ... Time: ...'"
+    assert section_exists(*match.groups()), f"{module}.py: {match.group(1)} has no section {match.group(2)!r}"
+
+
+def test_run_gpu_lists_each_part_once_with_its_limit_and_runs_existing_scripts():
+    text = (BENCHMARKS / "run_gpu.sh").read_text(encoding="utf-8")
+    limits = dict(re.findall(r"\[(\w+)\]=(\d+)", re.search(r"declare -A LIMIT=\(([^)]*)\)", text).group(1)))
+    header = dict(re.findall(r"^#   (\w+) +(\d+) s ", text, re.M))
+    cases = re.findall(r"^        (\w+)\)", text, re.M)
+    assert header == limits, "the header's parts and limits are the LIMIT table's"
+    assert sorted(cases) == sorted(limits), "every part has one case branch"
+    default = re.search(r'PARTS="\$\{PARTS:-([^}]*)\}"', text).group(1).split()
+    assert set(default) <= set(limits) and sum(int(limits[p]) for p in default) <= 540  # one 10-minute call
+    for script in set(re.findall(r"\brun \w+ \d+ (\w+)", text)):
+        assert (BENCHMARKS / f"{script}.py").is_file(), f"run_gpu.sh runs a missing benchmarks/{script}.py"

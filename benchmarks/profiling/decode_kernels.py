@@ -3,7 +3,7 @@
     python3 benchmarks/decode.py --profile kernels --shape 8B        # H200, bf16, batch 1, 512-token prefix
     python3 benchmarks/decode.py --profile kernels --shape 8B --unfused
 
-Explains the "% of floor" column of docs/BENCHMARKS.md "Plain decoding"; under a minute on an H200.
+Explains: docs/BENCHMARKS.md "Plain decoding" (its "% of floor" column). Time: under a minute on an H200.
 
 One decode step (forward + final norm + lm_head + argmax, as benchmarks/decode.py
 times it) is captured in a CUDA graph and replayed under the profiler. From the

@@ -4,8 +4,8 @@
     python3 benchmarks/speculative.py --profile host --cprofile --methods none --batches 1
     python3 benchmarks/speculative.py --profile host --device cuda     # on a GPU
 
-Explains what the engine's loop adds to docs/BENCHMARKS.md "Speculative decoding" beyond its
-phases; about 1 minute on the CPU.
+Explains: docs/BENCHMARKS.md "Speculative decoding" (what the engine's loop adds beyond its phases).
+Time: about 1 minute on the CPU.
 
 On the CPU a tiny model's forward is cheap, so most of an iteration's wall time is host
 work. For each method (none and ngram on decode.py's "tiny" random-weight target, eagle and

@@ -3,7 +3,7 @@
     python3 benchmarks/speculative.py --profile ops                  # demo model, bs 1, every method
     python3 benchmarks/speculative.py --profile ops --methods eagle --new-tokens 32
 
-Explains the batch-1 cells of docs/BENCHMARKS.md "Speculative decoding"; 1-2 minutes on the CPU.
+Explains: docs/BENCHMARKS.md "Speculative decoding" (its batch-1 cells). Time: 1 to 2 minutes on the CPU.
 
 At batch 1 on the H200 an iteration is bound by the number of small kernels (each costs
 3-5 µs even inside a CUDA graph), not by bytes. This script counts them without a GPU: a

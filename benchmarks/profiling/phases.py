@@ -3,8 +3,8 @@
     python3 benchmarks/speculative.py --profile phases                     # H200: 107M shape, every method, bs 1
     python3 benchmarks/speculative.py --profile phases --shape 8B --methods none ngram
 
-Explains the batch-1 cells of docs/BENCHMARKS.md "Speculative decoding" and "Recording" (with
-``--record``). About 1 minute on an H200.
+Explains: docs/BENCHMARKS.md "Speculative decoding" (its batch-1 cells; with ``--record``, those of
+"Recording"). Time: about 1 minute on an H200.
 
 The target has random weights of one of decode.py's shapes (default "107M", the shape of
 benchmarks/train_large_target.py's target) and the draft layers are random too: acceptance
