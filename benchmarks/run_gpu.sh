@@ -21,6 +21,8 @@
 #   large         470 s  Speculative decoding, 113M target: trains it into out/large, then  large/speculative.json
 #                        speculative.py on it (STDLIB names the packed corpus, default
 #                        .corpus/stdlib-3.11.tar.xz when present; else this Python's stdlib)
+#   tune_accuracy 300 s  What-if tuner: predicted against measured, shipped H200 profile    tune_accuracy.json
+#   draft_model   270 s  Standalone draft model (trains its small draft for 120 s first)   draft_model.json
 #   tests         150 s  tests/gpu (no figure: the GPU behaviour the figures rely on)       gpu_tests.txt
 # Default PARTS: "decode speculative recording kernels" (<= 505 s of limits, plus <= 60 s to build
 # the native extension when it is missing). Logs go to $OUT/logs, with progress bars off; each
@@ -38,7 +40,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # in case the editable inst
 start=$SECONDS
 
 declare -A LIMIT=([decode]=130 [speculative]=120 [recording]=120 [kernels]=135 [step_times]=70
-                  [vs_transformers]=60 [sweep]=45 [ngram]=150 [tune_profiles]=150 [large]=470 [tests]=150)
+                  [vs_transformers]=60 [sweep]=45 [ngram]=150 [tune_profiles]=150 [large]=470 [tune_accuracy]=300
+                  [draft_model]=270 [tests]=150)
 total=0
 for part in $PARTS; do
     [ -n "${LIMIT[$part]:-}" ] || { echo "unknown part '$part'; parts: $(printf '%s\n' "${!LIMIT[@]}" | sort | xargs)"; exit 2; }
@@ -82,6 +85,8 @@ for part in $PARTS; do
         sweep) large_model; run sweep 45 sweep "${model[@]}" --budget-s 30 --out "$OUT" ;;
         ngram) run ngram 150 ngram_corpus --iters 100 ;;
         tune_profiles) run tune_profiles 150 tune_profiles --out "$OUT/profiles" --repeats 5 ;;
+        tune_accuracy) run tune_accuracy 300 tune_accuracy --profile spectool/tune/profiles/demo-h200.json ;;
+        draft_model) run draft_model 270 draft_model --device cuda ;;
         large)
             stdlib="${STDLIB:-.corpus/stdlib-3.11.tar.xz}"
             train=(--out out/large --budget-s 240)
