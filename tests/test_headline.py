@@ -111,3 +111,36 @@ def test_a_file_without_provenance_or_a_document_without_markers_is_refused(head
     doc.write_text(text.replace(headline.END, ""))
     assert headline.main(["--json", str(out), "--doc", str(doc)]) == 2
     assert headline.main(["--json", str(out / "missing"), "--doc", str(doc)]) == 2
+
+
+def test_every_source_yields_its_rows(headline, tmp_path):
+    """Recording, kernels, N-gram corpus and views: one JSON each, shaped as their scripts write them."""
+    nan = float("nan")
+    files = {
+        "recording_8B.json": {"engine": [
+            {"method": "none", "batch": 1, "shape": "8B", "ratio": 0.97, "tokens_per_s_on": 219.4,
+             "tokens_per_s_off": 226.2},
+            {"method": "eagle", "batch": 1, "shape": "8B", "refused": "1 graph captures"}]},
+        "tree_kernels.json": {"index": [{"bs": 1, "N": 16, "triton_us": 4.62, "speedup": 60.44},
+                                        {"bs": 1, "N": 8, "triton_us": 4.0, "speedup": 50.0},
+                                        {"bs": 64, "N": 64, "triton_us": nan, "speedup": nan}],
+                              "verify": [{"bs": 1, "N": 16, "greedy_graphed_us": 13.94, "sampling_graphed_us": nan}]},
+        "gemv.json": {"rows": [{"shape": "8B", "projection": "o", "N": 4096, "K": 4096, "rows": 1,
+                                "triton_default_us": 10.61, "unfused_us": 13.33},
+                               {"shape": "8B", "projection": "o", "N": 4096, "K": 4096, "rows": 4,
+                                "triton_default_us": 20.0, "unfused_us": 30.0}]},
+        "ngram_corpus.json": {"matches": {"bfs": {"capacity": 10_000_000, "rows": [
+            {"bs": 64, "total_us": 3.94, "speedup": 52.4}]}, "prob": {"capacity": 10_000_000, "rows": []}}},
+        "widgets.json": {"iterations": 10000, "nodes": 64, "open_s_median": 2.104},
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_text(json.dumps({"meta": meta(f"python3 benchmarks/{name[:-5]}.py"), **data}))
+    rows = {(area, figure): value for name in files for area, figure, value, *_ in headline.source_rows(tmp_path)[name]}
+    assert rows == {
+        ("Recording", "plain, bs 1, Llama-3-8B shape"): "record on/off 0.970 (219 against 226 tok/s)",
+        ("Kernels", "tree indices from the mask, bs 1, N 16"): "4.6 µs, 60.4× the torch reference",
+        ("Kernels", "greedy verify in a CUDA graph, V 128256, bs 1, N 16"): "13.9 µs",
+        ("Kernels", "fused one-row GEMV, Llama-3-8B o 4096×4096"): "10.6 µs (cuBLAS and glue 13.3)",
+        ("N-gram corpus", "get + put per request, bs 64, 10M-node trie"): "3.9 µs, 52× the Python reference",
+        ("Views", "TraceViewer's data for 10000 iterations"): "2.10 s",
+    }
