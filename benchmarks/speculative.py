@@ -26,6 +26,8 @@ ratio to plain's; mean µs per iteration of each phase. A cell whose timed regio
 CUDA-graph capture or an eager step is refused (printed as such, no figures).
 Prints a table; writes $OUT/speculative.json (or --out DIR). ``--budget-s`` skips the
 cells that would start after the budget (they are listed as skipped, never silently dropped).
+``--profile phases|ops|host`` runs one of the profiles that explain these figures instead
+(benchmarks/profiling/; the options after it are the profile's own).
 
 ``--tp N`` splits the target over N processes (one GPU each; gloo on the CPU), started by the
 script as ``spectool record --tp`` does (or run it under ``torchrun --nproc-per-node N``); rank 0
