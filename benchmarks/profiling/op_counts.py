@@ -40,7 +40,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import spectool as st
 import spectool.draft.eagle as eagle_module
-import spectool.draft.multi_layer_eagle as mle_module
 import spectool.draft.tree as tree_module
 import spectool.engine as engine_module
 import spectool.kernels.ops as ops
@@ -68,7 +67,7 @@ TRITON_PATHS = (
     (engine_module, "commit_kv", 1),  # k and v moved by one kernel (kernels/gather.py)
     (tree_module, "reconstruct_indices_from_tree_mask", 1),
     # softmax + top-k of the draft heads (rows up to topk.TRITON_MAX_ROW, as the demo's vocabulary)
-    (eagle_module, "row_topk", 1), (mle_module, "row_topk", 1), (tree_module, "row_topk", 1),
+    (eagle_module, "row_topk", 1), (llama, "row_topk", 1), (tree_module, "row_topk", 1),
     (llama, "check_forward_args", 0),  # its range checks run only off CUDA
 )
 
