@@ -1,5 +1,7 @@
 """Mean accept length per draft method on every held-out prompt (the demo model's quality figure).
 
+Figure: docs/TRAINING.md "The bundled demo model". Time: about 5 minutes on the CPU.
+
     python benchmarks/accept_lengths.py                     # bundled demo model, CPU float32 (about 5 minutes)
     python benchmarks/accept_lengths.py --device cuda       # bf16 on the GPU
     python benchmarks/accept_lengths.py --quick             # smoke test: 1 prompt per workload, 8 tokens

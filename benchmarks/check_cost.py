@@ -1,5 +1,7 @@
 """What checking costs: seconds per 1,000 records of `check` alone and of `check --replay`.
 
+Figure: docs/BENCHMARKS.md "The checker". Time: about 2 minutes on the CPU.
+
     python benchmarks/check_cost.py [--device cpu|cuda] [--max-new-tokens 64] [--prompts 4]
 
 Records a greedy and a sampled trace of the demo model with each draft method, then times

@@ -1,6 +1,8 @@
 """How long the command line makes a user wait: `spectool COMMAND --help`, `spectool check` on a small
 trace (no --replay) and `spectool demo` with the default environment, each in a fresh interpreter.
 
+Figure: docs/BENCHMARKS.md "Command line". Time: about 1 minute on the CPU.
+
     python benchmarks/cli_latency.py [--quick] [--out DIR]
 
 Goals on a 2-core CPU: --help <= 1 s, check <= 3 s, demo <= 60 s. The machine's load is printed with

@@ -1,5 +1,7 @@
 """Plain (draft-free) greedy decode speed against the memory-bandwidth floor.
 
+Figure: docs/BENCHMARKS.md "Plain decoding". Time: about 3 minutes on an H200 (--quick about 1).
+
     python benchmarks/decode.py            # 1B and 8B shapes, batch 1 and 8, 512 + 256 tokens
     python benchmarks/decode.py --quick    # ~1 minute: fewer tokens, transformers 16 tokens
     python benchmarks/decode.py --shapes tiny --device cpu --quick   # smoke test without a GPU
@@ -15,7 +17,8 @@ static cache; "n/a" if transformers is missing), the floor = copy bandwidth / by
 weights read per step (batch x that for tokens/s), and peak GPU memory. With
 ``--deterministic`` also the same graphs in deterministic mode (batch-invariant kernels,
 docs/INTERNALS.md) and its rate as a share of the default mode's in the same run. Prints a
-table; writes JSON to $OUT/decode.json (or --out DIR).
+table; writes JSON to $OUT/decode.json (or --out DIR). ``--profile kernels`` lists a graphed
+decode step's kernels instead (benchmarks/profiling/decode_kernels.py).
 
 ``--tp N`` splits the target over N processes (one GPU each; gloo on the CPU), started by the
 script as ``spectool record --tp`` does (or run it under ``torchrun --nproc-per-node N``, which
@@ -33,8 +36,10 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
+from profiling import profile_help, run_profile
 
 from spectool.cli.launch import launch, launched
 from spectool.graphs import GraphRunner
@@ -42,6 +47,7 @@ from spectool.kernels import ops
 from spectool.kernels.fused import argmax_reference, argmax_triton
 from spectool.model import parallel
 from spectool.model.config import ModelConfig
+from spectool.model.draft_layer import DraftModel, save_draft
 from spectool.model.kv_cache import KVCache
 from spectool.model.llama import Transformer
 from spectool.model.parallel import TensorParallel
@@ -81,6 +87,14 @@ def random_target(shape: str, device: str, max_pos: int):
         model = Transformer(cfg).to(dtype).eval().requires_grad_(False)
     return Target(model=model, config=cfg, tokenizer=None, device=torch.device(device), dtype=dtype,
                   name=f"random-{shape}", model_hash="random", eos_token_ids=[])
+
+
+def random_drafts(target, root: Path) -> Path:
+    """Random EAGLE (1 layer) and multi-layer EAGLE (4 layers) checkpoints fitting ``target``."""
+    torch.manual_seed(1)
+    for kind, layers in (("eagle", 1), ("multi_layer_eagle", 4)):
+        save_draft(DraftModel(target.config, layers, kind).to(target.dtype), root / kind)
+    return root
 
 
 def random_model(cfg: ModelConfig, dtype: torch.dtype, tp: TensorParallel | None = None) -> Transformer:
@@ -298,7 +312,7 @@ def measure(args: argparse.Namespace, device: torch.device, tp: TensorParallel |
     return rows
 
 
-def report(rows: list[dict], args: argparse.Namespace, device: torch.device) -> None:
+def report(rows: list[dict], args: argparse.Namespace, device: torch.device, argv: list[str]) -> None:
     """The table (and TP-N / TP-1 where both ran), and $OUT/decode.json."""
     head = (f"{'shape':>5} {'tp':>2} {'B':>2} {'floor':>7} {'eager':>7} {'graphs':>7} {'%floor':>6} {'hf':>6} "
             f"{'hf-stat':>7} {'same':>5} {'peakGB':>6}")
@@ -328,15 +342,22 @@ def report(rows: list[dict], args: argparse.Namespace, device: torch.device) -> 
             print(f"{r['shape']} batch {r['batch']}: TP {r['tp']} / TP 1 = {r['vs_tp1']:.2f}x tokens/s")
     folder = args.out or os.environ.get("OUT")
     if folder:
+        from speculative import provenance  # here: speculative.py imports this module
+
         meta = {"torch": torch.__version__, "device": str(device), "quick": args.quick, "tp": args.tp,
-                "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}
+                "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
+                **provenance("decode", argv, args.device)}
         with open(os.path.join(folder, "decode.json"), "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    code = run_profile("decode", argv)
+    if code is not None:
+        return code
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", metavar="KIND", help=profile_help("decode"))
     ap.add_argument("--shapes", default="1B,8B")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--prompt", type=int, default=512)
@@ -368,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows = json.load(f)
         if not args.no_tp1:
             rows += measure(args, device, None)
-        report(rows, args, device)
+        report(rows, args, device, argv)
         return 0
     tp = None
     if args.tp > 1:
@@ -383,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.environ[ROWS_ENV], "w") as f:
             json.dump(rows, f)
         return 0
-    report(rows, args, device)
+    report(rows, args, device, argv)
     return 0
 
 

@@ -1,5 +1,7 @@
 """A standalone draft model against plain decoding: accept length and speedup (about 3 minutes on a GPU).
 
+Figure: docs/BENCHMARKS.md "Standalone draft model". Time: about 3 minutes on a GPU.
+
     python benchmarks/draft_model.py --device cuda                 # trains the small draft first if missing
     python benchmarks/draft_model.py --draft /tmp/small_target     # any checkpoint with the target's tokenizer
     python benchmarks/draft_model.py --device cpu --quick          # smoke test: 1 prompt, 8 tokens

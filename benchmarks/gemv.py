@@ -1,8 +1,10 @@
 """GEMVs of 1 to 16 rows at the decoder's weight shapes: cuBLAS vs the fused Triton kernels.
 
-    python3 benchmarks/gemv.py                 # H200: 8B shapes, one row, a sweep of kernel configs
-    python3 benchmarks/gemv.py --shapes 8B 1B --configs default
-    python3 benchmarks/gemv.py --shapes 8B 107M --rows 1,4,16   # also the few-row kernel's sweep
+Figure: docs/BENCHMARKS.md "Kernels". Time: about 1 minute on an H200 (--configs sweep several).
+
+    python3 benchmarks/gemv.py --shapes 8B 1B                        # H200: one row, the default configs
+    python3 benchmarks/gemv.py --configs sweep                        # every config of the one-row sweep
+    python3 benchmarks/gemv.py --shapes 8B 107M --rows 1,4,16 --configs sweep   # the few-row kernel's too
 
 For each projection of a decoder layer (and the lm_head) and each row count (1: a batch-1
 decode step; 16: a batch-1 tree verify) it times, inside a CUDA graph of back-to-back
@@ -11,8 +13,9 @@ calls (weights rotated over copies so that nothing stays in the 50 MB L2):
 * ``cublas``: ``F.linear`` alone (the floor for the unfused path's matmul);
 * ``unfused``: the glue kernel the model ran before it (residual + RMSNorm, or SiLU·mul)
   followed by ``F.linear``;
-* ``triton``: ``gemv_triton`` with the prologue fused, for every config of the sweep (the
-  one-row kernel's sweep for one row, the few-row kernel's for more);
+* ``triton``: ``gemv_triton`` with the prologue fused, at its default config, or with
+  ``--configs sweep`` every config of the sweep (the one-row kernel's for one row, the few-row
+  kernel's for more);
 * ``one-pass norm``: the RMSNorm prologue without the unfused path's roundings
   (``exact_norm=False``, one row only), at the default config.
 
@@ -30,6 +33,7 @@ import os
 import torch
 import torch.nn.functional as F
 from decode import SHAPES
+from speculative import provenance
 
 from spectool.kernels import ops
 from spectool.kernels.gemv import MAX_ROWS, default_config, gemv_triton
@@ -121,7 +125,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--shapes", nargs="+", default=["8B"], choices=sorted(SHAPES))
-    parser.add_argument("--configs", choices=("sweep", "default"), default="sweep")
+    parser.add_argument("--configs", choices=("sweep", "default"), default="default",
+                        help="default: the kernel's own config per shape; sweep: every config of the sweep "
+                        "(how the defaults were chosen)")
     parser.add_argument("--rows", default="1",
                         help=f"comma-separated input row counts, each 1 to {MAX_ROWS} (e.g. 1,4,16)")
     parser.add_argument("--quick", action="store_true")
@@ -162,7 +168,8 @@ def main() -> None:
               f"{r['best_config']} |")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gemv.json"), "w") as f:
-            json.dump(rows, f, indent=1, default=str)
+            json.dump({"meta": {"torch": torch.__version__, **provenance("gemv", None, args.device)},
+                       "rows": rows}, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Per-request cost of NgramCorpus.batch_get + batch_put, against the Python reference.
 
+Figure: docs/BENCHMARKS.md "N-gram corpus". Time: about 2 minutes on the CPU.
+
 Trains a byte-level BPE (vocab 4096) on Python standard-library source, puts >= 1M of its
 tokens into the corpus, then decodes `bs` requests through held-out modules one token
 per iteration: batch_get of the last 18 tokens (N=12, depth 18), then batch_put of the
@@ -134,6 +136,9 @@ def main() -> None:
             ratios.append(ratio)
             print(f"{b['bs']:>4} {ratio['get']:>5.2f}x {ratio['get_cpu']:>7.2f}x {ratio['total']:>7.2f}x")
         out["prob_over_bfs"] = ratios
+    from speculative import provenance  # after the timing: it imports torch
+
+    out["meta"] = provenance("ngram_corpus", None, "cpu")
     if os.environ.get("OUT"):
         path = Path(os.environ["OUT"]) / "ngram_corpus.json"
         path.write_text(json.dumps(out, indent=2))

@@ -1,5 +1,7 @@
 """Pack this Python's standard-library source into a .tar.xz that training reads with --stdlib.
 
+Figure: docs/TRAINING.md "Data and the held-out split". Time: under a minute.
+
     python benchmarks/pack_stdlib.py                 # writes .corpus/stdlib-3.11.tar.xz (ignored by git)
     python benchmarks/train_demo.py --out /tmp/demo --stdlib .corpus/stdlib-3.11.tar.xz
 

@@ -1,5 +1,7 @@
 """What recording costs: the recorder alone, then the engine's tokens/s with record on vs off.
 
+Figure: docs/BENCHMARKS.md "Recording". Time: 1 to 3 minutes on an H200.
+
     python benchmarks/recording.py [--device cuda] [--quick] [--part recorder|host|engine|both]
     python benchmarks/recording.py --device cuda --quick --part engine --shape 8B   # or 1B
     python benchmarks/recording.py --device cuda --part engine --shape 8B --batches 1,64
@@ -41,9 +43,8 @@ import time
 from pathlib import Path
 
 import torch
-from decode import SHAPES, random_target
-from profile_iteration import random_drafts
-from speculative import draft_config, refused, region_faults, timed_region
+from decode import SHAPES, random_drafts, random_target
+from speculative import draft_config, provenance, refused, region_faults, timed_region
 
 from spectool.trace.recorder import Recorder
 
@@ -275,7 +276,8 @@ def main() -> None:
     iterations = args.iterations or (128 if args.quick else 512)
     repeats = args.repeats or (3 if args.quick else 5)
     max_new = args.max_new_tokens or (16 if cpu else 64 if args.quick else 256)
-    out: dict = {"device": args.device, "iterations": iterations, "repeats": repeats, "max_new_tokens": max_new,
+    out: dict = {"meta": {"torch": torch.__version__, **provenance("recording", None, args.device)},
+                 "device": args.device, "iterations": iterations, "repeats": repeats, "max_new_tokens": max_new,
                  "shape": args.shape}
     if args.part in ("recorder", "both"):
         out["recorder"] = [measure_recorder(b, n, iterations, args.device) for b in batches for n in (16, 64)]

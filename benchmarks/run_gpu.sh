@@ -1,25 +1,53 @@
 #!/usr/bin/env bash
-# The head-to-head benchmarks on the GPU machine in one call, under ~8 minutes:
+# The GPU figures of docs/BENCHMARKS.md, each part under its own `timeout`, in calls of <= 10 minutes:
 #
-#   OUT=/some/dir bash benchmarks/run_gpu.sh
+#   OUT=/some/dir bash benchmarks/run_gpu.sh                                  # the default parts, <= ~9 min
+#   OUT=/some/dir PARTS="decode speculative recording" bash benchmarks/run_gpu.sh
+#   OUT=/some/dir PARTS=large bash benchmarks/run_gpu.sh                      # the 113M target, <= ~8 min
+#   python3 benchmarks/headline.py --json /some/dir                           # then the headline table
 #
-# With WITH_CHECKS=1 it also runs benchmarks/engine_check.py, tests/gpu and
-# benchmarks/recording.py --quick; with PACK_TO=<dir> it re-packs $OUT and the logs into
-# <dir>/results.tar.gz after every part (for machines that return only a few files).
-# Writes 7 files to $OUT: speculative.json, step_times_8b.json, step_times_8b.png,
-# vs_transformers.json, sweep.json, sweep_ngram.png, sweep_eagle.png. Full logs go to
-# /tmp/spectool_bench; the tables are printed again at the end (the reply keeps only the
-# tail of the output). Estimated times (H200, demo model, CUDA warm-up and graph capture
-# included): build <= 60 s, speculative <= 150 s, step_times_8b <= 80 s,
-# vs_transformers <= 90 s, sweep <= 75 s: <= 455 s in all, each part capped by `timeout`.
+# Parts (limit on an H200, the figure of docs/BENCHMARKS.md, the JSON written to $OUT):
+#   decode        130 s  Plain decoding: 8B and 1B shapes, bs 1 and 8, deterministic mode   decode.json
+#   speculative   120 s  Speculative decoding on the demo model, bs 1 and 16                speculative.json
+#   recording     120 s  Recording: on/off at the 8B shape, bs 1, every method              recording_8B.json
+#   kernels       135 s  Kernels: tree index and verify kernels, the fused GEMVs            tree_kernels.json, gemv.json
+#   step_times     70 s  Step times at the 8B shape (accept lengths from speculative.json)  step_times_8b.json, .png
+#   vs_transformers 60 s Against transformers                                               vs_transformers.json
+#   sweep          45 s  Setting sweeps (docs/sweep_*.png)                                  sweep.json, sweep_*.png
+#                        (these three run on the 113M target when out/large holds it, as after
+#                        PARTS=large on the same machine, else on the demo model)
+#   ngram         150 s  N-gram corpus (on the CPU cores)                                   ngram_corpus.json
+#   tune_profiles 150 s  What-if tuner: the cost profiles spectool ships                    profiles/*.json
+#   large         470 s  Speculative decoding, 113M target: trains it into out/large, then  large/speculative.json
+#                        speculative.py on it (STDLIB names the packed corpus, default
+#                        .corpus/stdlib-3.11.tar.xz when present; else this Python's stdlib)
+#   tune_accuracy 300 s  What-if tuner: predicted against measured, shipped H200 profile    tune_accuracy.json
+#   draft_model   270 s  Standalone draft model (trains its small draft for 120 s first)   draft_model.json
+#   tests         150 s  tests/gpu (no figure: the GPU behaviour the figures rely on)       gpu_tests.txt
+# Default PARTS: "decode speculative recording kernels" (<= 505 s of limits, plus <= 60 s to build
+# the native extension when it is missing). Logs go to $OUT/logs, with progress bars off; each
+# part's exit status and seconds are printed as it ends, and every table again at the end.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/spectool_out}"
-LOGS=/tmp/spectool_bench
+PARTS="${PARTS:-decode speculative recording kernels}"
+LOGS="$OUT/logs"
 mkdir -p "$OUT" "$LOGS"
-export OUT PYTHONHASHSEED=0
+OUT="$(cd "$OUT" && pwd)"
+LOGS="$OUT/logs"
+export OUT PYTHONHASHSEED=0 TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_NO_ADVISORY_WARNINGS=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # in case the editable install fails
 start=$SECONDS
+
+declare -A LIMIT=([decode]=130 [speculative]=120 [recording]=120 [kernels]=135 [step_times]=70
+                  [vs_transformers]=60 [sweep]=45 [ngram]=150 [tune_profiles]=150 [large]=470 [tune_accuracy]=300
+                  [draft_model]=270 [tests]=150)
+total=0
+for part in $PARTS; do
+    [ -n "${LIMIT[$part]:-}" ] || { echo "unknown part '$part'; parts: $(printf '%s\n' "${!LIMIT[@]}" | sort | xargs)"; exit 2; }
+    total=$((total + LIMIT[$part]))
+done
+[ "$total" -le 540 ] || echo "warning: the parts' limits add up to $total s, more than one 10-minute call holds"
 
 if ! python3 -c "import spectool._native" 2>/dev/null; then
     timeout 120 python3 -m pip install -q --no-build-isolation --no-deps -e . >"$LOGS/build.log" 2>&1 \
@@ -28,38 +56,55 @@ if ! python3 -c "import spectool._native" 2>/dev/null; then
 fi
 echo "build: $((SECONDS - start)) s"
 
-run() {  # run NAME LIMIT_S ARGS...: one script under timeout, its output logged
-    local name=$1 limit=$2 t0=$SECONDS
-    shift 2
-    timeout "$limit" python3 "benchmarks/$name.py" "$@" >"$LOGS/$name.log" 2>&1
-    echo "$name: exit $? after $((SECONDS - t0)) s (limit $limit s)"
+run() {  # run LOG LIMIT_S SCRIPT ARGS...: one benchmark under timeout, its output in $LOGS/LOG.log
+    local log=$1 limit=$2 script=$3 t0=$SECONDS
+    shift 3
+    timeout "$limit" python3 "benchmarks/$script.py" "$@" >>"$LOGS/$log.log" 2>&1
+    echo "$log ($script.py): exit $? after $((SECONDS - t0)) s (limit $limit s)"
 }
 
-pack() {  # re-pack everything after each part: a call stopped at its limit still returns what ran
-    [ -n "${PACK_TO:-}" ] && tar czf "$PACK_TO/results.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")" \
-        -C "$LOGS/.." "$(basename "$LOGS")" 2>/dev/null
+large_model() {  # the 113M target's options where a PARTS=large run left it, else none (the demo model)
+    model=()
+    [ -f out/large/target/config.json ] \
+        && model=(--model out/large/target --draft-dir out/large --prompts out/large/prompts.jsonl)
 }
 
-if [ -n "${WITH_CHECKS:-}" ]; then  # the engine sanity check and the GPU test suite ride along
-    timeout 75 python3 benchmarks/engine_check.py --device cuda >"$OUT/engine_check.txt" 2>&1
-    echo "engine_check: exit $?"; pack
-fi
-run speculative 130 --budget-s 95; pack
-if [ -n "${WITH_CHECKS:-}" ]; then
-    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_engine_gpu.py tests/gpu >"$OUT/gpu_tests.txt" 2>&1
-    echo "tests/gpu: exit $?"; pack
-fi
-run step_times_8b 70 --accept-json "$OUT/speculative.json"; pack
-if [ -n "${WITH_CHECKS:-}" ]; then
-    timeout 60 python3 benchmarks/recording.py --device cuda --quick >"$OUT/recording.txt" 2>&1
-    echo "recording: exit $?"; pack
-fi
-run vs_transformers 50; pack
-run sweep 45 --budget-s 30 --out "$OUT"; pack
-echo "total: $((SECONDS - start)) s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+for part in $PARTS; do : >"$LOGS/$part.log"; done
+for part in $PARTS; do
+    case $part in
+        decode) run decode 130 decode --shapes 8B,1B --batches 1,8 --no-hf --deterministic --quick ;;
+        speculative) run speculative 120 speculative --batches 1,16 --budget-s 80 ;;
+        recording) run recording 120 recording --device cuda --part engine --shape 8B --batches 1 --repeats 3 \
+            --max-new-tokens 96 ;;
+        kernels) run kernels 75 tree_kernels; run kernels 60 gemv --shapes 8B 1B --configs default ;;
+        step_times)
+            accept="$OUT/speculative.json"
+            [ -f "$OUT/large/speculative.json" ] && accept="$OUT/large/speculative.json"
+            run step_times 70 step_times_8b --accept-json "$accept" ;;
+        vs_transformers) large_model; run vs_transformers 60 vs_transformers "${model[@]}" ;;
+        sweep) large_model; run sweep 45 sweep "${model[@]}" --budget-s 30 --out "$OUT" ;;
+        ngram) run ngram 150 ngram_corpus --iters 100 ;;
+        tune_profiles) run tune_profiles 150 tune_profiles --out "$OUT/profiles" --repeats 5 ;;
+        tune_accuracy) run tune_accuracy 300 tune_accuracy --profile spectool/tune/profiles/demo-h200.json ;;
+        draft_model) run draft_model 270 draft_model --device cuda ;;
+        large)
+            stdlib="${STDLIB:-.corpus/stdlib-3.11.tar.xz}"
+            train=(--out out/large --budget-s 240)
+            [ -f "$stdlib" ] && train+=(--stdlib "$stdlib")
+            rm -rf out/large
+            run large 300 train_large_target "${train[@]}"
+            run large 170 speculative --model out/large/target --draft-dir out/large --prompts out/large/prompts.jsonl \
+                --batches 1,4,16 --budget-s 140 --out "$OUT/large" ;;
+        tests)
+            t0=$SECONDS
+            timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu >"$OUT/gpu_tests.txt" 2>&1
+            echo "tests (tests/gpu): exit $? after $((SECONDS - t0)) s (limit 150 s)"; tail -3 "$OUT/gpu_tests.txt" ;;
+    esac
+done
+echo "total: $((SECONDS - start)) s; files in $OUT: $(cd "$OUT" && find . -type f ! -path './logs/*' | sort | tr '\n' ' ')"
 
-for name in speculative step_times_8b vs_transformers sweep; do
-    # each script prints its table after a line starting with its own name
-    sed -n "/^$name.py —/,\$p" "$LOGS/$name.log" | grep -v "^Loading weights"
-    grep -q "^$name.py —" "$LOGS/$name.log" || { echo "== $name: no table; log tail:"; tail -15 "$LOGS/$name.log"; }
+for part in $PARTS; do  # the tables again: the output's tail is what a caller sees first
+    [ -f "$LOGS/$part.log" ] || continue
+    echo "== $part"
+    grep -v "^Loading weights" "$LOGS/$part.log" | tail -40
 done

@@ -1,5 +1,7 @@
 """End-to-end speculative speedup over spectool's own plain decoding.
 
+Figure: docs/BENCHMARKS.md "Speculative decoding". Time: 2 to 3 minutes on an H200 (--budget-s caps it).
+
     python benchmarks/speculative.py                       # H200: demo model, bf16, bs 1/4/16, 128 tokens
     python benchmarks/speculative.py --model /tmp/large/target --draft-dir /tmp/large
     python benchmarks/speculative.py --device cpu --quick  # smoke test: bs 1, 1 prompt, 4 tokens
@@ -24,6 +26,8 @@ ratio to plain's; mean µs per iteration of each phase. A cell whose timed regio
 CUDA-graph capture or an eager step is refused (printed as such, no figures).
 Prints a table; writes $OUT/speculative.json (or --out DIR). ``--budget-s`` skips the
 cells that would start after the budget (they are listed as skipped, never silently dropped).
+``--profile phases|ops|host`` runs one of the profiles that explain these figures instead
+(benchmarks/profiling/; the options after it are the profile's own).
 
 ``--tp N`` splits the target over N processes (one GPU each; gloo on the CPU), started by the
 script as ``spectool record --tp`` does (or run it under ``torchrun --nproc-per-node N``); rank 0
@@ -39,13 +43,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import random
+import shlex
 import sys
 import time
 from pathlib import Path
 
 import torch
 from decode import copy_bandwidth, weight_bytes_per_step
+from profiling import profile_help, run_profile
 
 import spectool as st
 from spectool.cli.launch import launch, launched
@@ -191,11 +198,28 @@ def write_json(name: str, payload: dict, out: str | None) -> Path | None:
     return path
 
 
-def run_meta(args: argparse.Namespace) -> dict:
+def provenance(script: str, argv: list[str] | None, device: str) -> dict:
+    """Where a figure came from, as docs/BENCHMARKS.md's tables name it (benchmarks/headline.py
+    reads it): the date (UTC), the machine and the command that reproduces it (--out left out:
+    it only says where the JSON went)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    while "--out" in argv:
+        at = argv.index("--out")
+        del argv[at:at + 2]
+    dev = torch.device(device)
+    machine = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
+               else f"{os.cpu_count()}-core {platform.machine()} CPU")
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "machine": machine,
+            "command": shlex.join(["python3", f"benchmarks/{script}.py", *argv])}
+
+
+def run_meta(args: argparse.Namespace, script: str | None = None, argv: list[str] | None = None) -> dict:
+    """The JSON's meta: versions, device, seed, and with ``script`` the run's provenance."""
     device = torch.device(args.device)
-    return {"torch": torch.__version__, "device": str(device), "quick": args.quick, "seed": args.seed,
+    meta = {"torch": torch.__version__, "device": str(device), "quick": args.quick, "seed": args.seed,
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    return {**meta, **provenance(script, argv, args.device)} if script else meta
 
 
 def fmt(value, spec: str = ".1f") -> str:
@@ -278,8 +302,12 @@ def print_table(rows: list[dict], args: argparse.Namespace, new_tokens: int) -> 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    code = run_profile("speculative", argv)
+    if code is not None:
+        return code
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(p)
+    p.add_argument("--profile", metavar="KIND", help=profile_help("speculative"))
     p.add_argument("--batches", default="1,4,16")
     p.add_argument("--methods", help="comma-separated (default: every method whose draft is in --draft-dir)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -367,8 +395,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped (budget {args.budget_s:.0f} s): "
               + ", ".join(f"{c['method']}/{c['workload']}/bs{c['batch']}/t{c['temperature']:g}" for c in skipped))
     settings = {m: (c.to_dict() if c is not None else None) for m, c in configs.items()}
-    write_json("speculative.json", {"meta": {**run_meta(args), "model": args.model, "settings": settings,
-                                             "deterministic": args.deterministic},
+    meta = {**run_meta(args, "speculative", argv), "model": args.model, "settings": settings,
+            "deterministic": args.deterministic}
+    write_json("speculative.json", {"meta": meta,
                                     "rows": rows, "skipped": skipped,
                                     f"end_to_end_speedup_ge_1_at_batch_{big}": keep}, args.out)
     return 0

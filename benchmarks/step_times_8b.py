@@ -1,5 +1,7 @@
 """Per-step times at the Llama-3-8B shape and the speedup they imply with measured accept lengths.
 
+Figure: docs/BENCHMARKS.md "Step times at the 8B shape". Time: about 1 minute on an H200.
+
     python benchmarks/step_times_8b.py --accept-json $OUT/speculative.json   # H200, bf16, CUDA graphs
     python benchmarks/step_times_8b.py --device cpu --quick                   # smoke test (tiny shape)
     python benchmarks/step_times_8b.py --deterministic   # also decode and verify in deterministic mode

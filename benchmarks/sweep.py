@@ -1,5 +1,7 @@
 """Sweep of draft settings on the demo model: the heatmaps the TuningPanel shows, as PNGs.
 
+Figure: docs/BENCHMARKS.md "Setting sweeps". Time: about 1 minute on an H200 (--budget-s caps it).
+
     python benchmarks/sweep.py --out docs              # H200: docs/sweep_ngram.png, docs/sweep_eagle.png
     python benchmarks/sweep.py --device cpu --quick    # smoke test: 2x2 grids, 3 tokens
 

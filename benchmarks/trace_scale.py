@@ -1,5 +1,7 @@
 """A trace of a real workload's size: write 1,000,000 records, then time what a user does with it.
 
+Figure: docs/BENCHMARKS.md "Traces of a million records". Time: about 15 minutes on the CPU.
+
     python benchmarks/trace_scale.py [--records 1000000] [--batch 64] [--nodes 16] [--keep FILE]
 
 Writes a synthetic trace through the real Recorder straight to the file (batch ``--batch`` requests, EAGLE-like

@@ -1,5 +1,7 @@
 """Bytes per trace record on the demo workloads, by codec, at N = 16 and N = 64.
 
+Figure: docs/BENCHMARKS.md "Trace size on disk". Time: about 2 minutes on the CPU.
+
     python benchmarks/trace_size.py [--prompts 8] [--max-new-tokens 128]
 
 Decodes the demo prompts (completion and editing) with the bundled demo model on the CPU,

@@ -1,5 +1,7 @@
 """Train a >= 100M-parameter target and its draft layers in one GPU run of <= 6 minutes (speed figures).
 
+Figure: docs/BENCHMARKS.md "Speculative decoding". Time: at most 6 minutes on an H200 (--budget-s).
+
     python benchmarks/train_large_target.py --out /tmp/large --stdlib .corpus/stdlib-3.11.tar.xz  # H200, ~6 min
     python benchmarks/train_large_target.py --out /tmp/large --tiny     # CPU smoke run of the same flow
     python benchmarks/speculative.py --model /tmp/large/target --draft-dir /tmp/large \

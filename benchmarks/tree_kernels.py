@@ -1,5 +1,7 @@
 """Tree-index kernel and verify timings.
 
+Figure: docs/BENCHMARKS.md "Kernels". Time: about 1 minute on an H200.
+
     python benchmarks/tree_kernels.py            # CUDA if available, else CPU (torch reference only)
 
 Prints a table and, when $OUT is set, writes $OUT/tree_kernels.json. Index kernel: µs per
@@ -19,6 +21,7 @@ import statistics
 import time
 
 import torch
+from speculative import provenance
 
 from spectool.draft.tree import DraftTree, parents_to_mask
 from spectool.kernels.sampling import sampling_coins
@@ -82,7 +85,8 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     g = torch.Generator().manual_seed(0)
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "index": [], "verify": []}
+               "torch": torch.__version__, "meta": provenance("tree_kernels", None, str(device)),
+               "index": [], "verify": []}
 
     if device.type == "cuda":
         warm_up_gpu()

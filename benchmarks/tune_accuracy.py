@@ -1,5 +1,7 @@
 """How close the tuner's predictions are to real runs: accept length and decode tokens/s.
 
+Figure: docs/BENCHMARKS.md "What-if tuner". Time: 3 to 5 minutes on an H200.
+
     python benchmarks/tune_accuracy.py --profile $OUT/demo-h200.json                # H200, demo model
     python benchmarks/tune_accuracy.py --model /tmp/large/target --draft-dir /tmp/large \
         --prompts /tmp/large/prompts.jsonl --batch-sizes 1,4 --max-configs 4 \

@@ -1,5 +1,7 @@
 """Cost profiles for ``spectool tune``, measured on this device (run on the H200 to ship them).
 
+Figure: docs/BENCHMARKS.md "What-if tuner". Time: 3 to 6 minutes on an H200.
+
     python benchmarks/tune_profiles.py --out spectool/tune/profiles          # H200: demo + 8B shape
     python benchmarks/tune_profiles.py --device cpu --quick --out /tmp/p     # smoke test
 

@@ -1,5 +1,7 @@
 """How fast the what-if tuner sweeps: N-gram over a 10,000-token trace, EAGLE over 2,000 tokens.
 
+Figure: docs/BENCHMARKS.md "What-if tuner". Time: about 3 minutes on one CPU core.
+
     taskset -c 0 python benchmarks/tune_speed.py          # one CPU core (the figure's setting)
     python benchmarks/tune_speed.py --quick               # smoke test
 

@@ -1,5 +1,7 @@
 """spectool against transformers' own speculative paths, on the same target and prompts.
 
+Figure: docs/BENCHMARKS.md "Against transformers". Time: about 1 minute on an H200.
+
     python benchmarks/vs_transformers.py                       # H200: demo target, 3 prompts each, 96 tokens
     python benchmarks/vs_transformers.py --assistant DIR       # a trained small draft for assisted generation
     python benchmarks/vs_transformers.py --device cpu --quick  # smoke test

@@ -1,5 +1,7 @@
 """Responsiveness of the trace views: the kernel's side and the page's (headless Chromium).
 
+Figure: docs/BENCHMARKS.md "Views". Time: about 1 minute on the CPU.
+
     python benchmarks/widgets.py [--iterations 10000] [--nodes 64]
 
 Prints a table and, when $OUT is set, writes $OUT/widgets.json. Measures:
@@ -113,6 +115,9 @@ def main() -> None:
         print(f"{'page: open to first tree (s)':<40}{page['page_open_s']:>12.2f}  <= 2 s with the kernel's")
         print(f"{f'page: step, {args.nodes}-node tree (ms, median)':<40}{page['step_ms_median']:>12.1f}  <= 50 ms")
         print(f"{'page: step (ms, max)':<40}{page['step_ms_max']:>12.1f}")
+    from speculative import provenance  # after the timing: the first import is one of the figures
+
+    result["meta"] = provenance("widgets", None, "cpu")
     if os.environ.get("OUT"):
         path = Path(os.environ["OUT"]) / "widgets.json"
         path.write_text(json.dumps(result, indent=2))

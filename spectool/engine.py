@@ -920,7 +920,7 @@ def _led_by(top_i: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
 
 def _record_tensors(tree: DraftTree, res: VerifyResult, top_i: torch.Tensor, top_p: torch.Tensor, moved=None):
     """The per-request tensors of one iteration's trace row: its tree, the target's top-k,
-    the verifier's decision (DESIGN.md, "The trace") and the cache rows the commit moved."""
+    the verifier's decision (docs/INTERNALS.md, "trace/") and the cache rows the commit moved."""
     commit = [] if moved is None else [("commit_src", moved[0]), ("commit_dst", moved[1])]
     return [*commit,
         ("seq_len", tree.seq_lens), ("tokens", tree.tokens), ("parents", tree.parents), ("depth", tree.depth),

@@ -196,7 +196,7 @@ def verify_sampling(
     generator: torch.Generator | None = None,
     coins: torch.Tensor | None = None,
 ) -> VerifyResult:
-    """Target-only tree sampling, exactly lossless (DESIGN.md part 5).
+    """Target-only tree sampling, exactly lossless (docs/INTERNALS.md, "Definitions").
 
     Every visited node x draws one coin u ~ U[0, 1). Its valid drafted children, in node
     order and with repeated tokens counted once (first occurrence), partition [0, 1)

@@ -61,6 +61,30 @@ def test_speculative_equal_work_and_lossless(speculative_json):
     assert all(r["mean_accept_length"] == 0 for r in rows if r["method"] == "plain")
 
 
+def test_the_headline_table_reads_the_speculative_json(speculative_json, tmp_path):
+    """The JSON names its command (without --out) and benchmarks/headline.py turns it into rows."""
+    import shutil
+
+    data, out = speculative_json
+    assert data["meta"]["command"] == "python3 benchmarks/speculative.py --device cpu --quick"
+    assert data["meta"]["machine"] and data["meta"]["date"]
+    folder, doc = tmp_path / "json", tmp_path / "BENCHMARKS.md"
+    folder.mkdir()
+    shutil.copy(out / "speculative.json", folder)
+    shutil.copy(BENCHMARKS.parent / "docs" / "BENCHMARKS.md", doc)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        assert importlib.import_module("headline").main(["--json", str(folder), "--doc", str(doc)]) == 0
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    rows = [line.split(" | ") for line in doc.read_text().splitlines()
+            if line.startswith("| Speculative decoding, demo model |") and data["meta"]["date"][:10] in line]
+    names = {"ngram": "N-gram", "eagle": "EAGLE", "eagle3": "EAGLE-3", "multi_layer_eagle": "multi-layer EAGLE"}
+    assert {r[1] for r in rows} == {f"{names[r['method']]}, {r['workload']}, bs 1" for r in data["rows"]
+                                    if r["method"] != "plain"}
+    assert all(r[-1] == f"`{data['meta']['command']}` |" for r in rows)
+
+
 def test_speculative_set_overrides_a_method_setting(tmp_path):
     data = run_script("speculative", tmp_path, "--methods", "eagle", "--workloads", "completion",
                       "--set", "eagle.num_draft_tokens=4", "--set", "eagle.num_steps=2")

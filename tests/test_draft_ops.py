@@ -1,5 +1,5 @@
 """The drafters' kernel-count work: ancestor masks by bounded matrix powers, and
-benchmarks/op_counts.py, which counts what each graphed function would launch."""
+``benchmarks/speculative.py --profile ops``, which counts what each graphed function would launch."""
 
 from __future__ import annotations
 
@@ -62,9 +62,9 @@ def op_counts(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("ops")
     sys.path.insert(0, str(BENCHMARKS))
     try:
-        module = importlib.import_module("op_counts")
-        assert module.main(["--device", "cpu", "--quick", "--out", str(out),
-                            "--methods", "plain,eagle,multi_layer_eagle", "--top", "0"]) == 0
+        speculative = importlib.import_module("speculative")
+        assert speculative.main(["--profile", "ops", "--device", "cpu", "--quick", "--out", str(out),
+                                 "--methods", "plain,eagle,multi_layer_eagle", "--top", "0"]) == 0
     finally:
         sys.path.remove(str(BENCHMARKS))
     return {r["method"]: r for r in json.loads((out / "op_counts.json").read_text())["results"]}

@@ -62,7 +62,7 @@ def greedy_view(parents, scores, tokens, argmax, valid=None, seq_len=10, k=3, se
 
 
 def design_example():
-    # DESIGN.md's worked example: r, A, B, C, D; target argmax per node [A, D, ., ., Z].
+    # The worked example of docs/INTERNALS.md: r, A, B, C, D; target argmax per node [A, D, ., ., Z].
     r, A, B, C, D, Z = 100, 1, 2, 3, 4, 9
     return greedy_view([-1, 0, 0, 1, 1], [1, .6, .25, .30, .24], [r, A, B, C, D], [A, D, 0, 0, Z])
 
@@ -71,9 +71,9 @@ def node_traces(fig):
     return {t.name: t for t in fig.data if t.name in (*STATUS_OF, "bonus")}
 
 
-def test_design_example_tree_colours_and_bonus():
+def test_worked_example_tree_colours_and_bonus():
     view = design_example()
-    np.testing.assert_array_equal(view.status, [1, 1, 2, 2, 1])  # oracle matches DESIGN.md
+    np.testing.assert_array_equal(view.status, [1, 1, 2, 2, 1])  # the worked example's outcome
     traces = node_traces(tree_figure(view))
     assert sorted(traces["accepted"].customdata) == [0, 1, 4]
     assert sorted(traces["rejected"].customdata) == [2, 3]

@@ -108,7 +108,7 @@ def test_never_reads_past_the_live_length():
 @in_interpreter
 def test_tree_node_equals_decode_of_its_root_path():
     # Independent oracle: a tree node attends exactly like the last token of its root path
-    # decoded alone (T=1) over a cache holding prefix + path. DESIGN.md's worked example tree.
+    # decoded alone (T=1) over a cache holding prefix + path. The worked example tree of docs/INTERNALS.md.
     gen = torch.Generator().manual_seed(2)
     Hq, Hkv, D, prefix = 4, 2, 32, 10
     parents = [-1, 0, 0, 1, 1]

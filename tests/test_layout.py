@@ -54,8 +54,8 @@ def test_tidy_layout_properties(tree):
         assert x[node] == x[depth == depth[node]].min()
 
 
-def test_worked_example_from_design():
-    # DESIGN.md: tokens [r, A, B, C, D], parents [-1, 0, 0, 1, 1], scores A .6 B .25 C .30 D .24.
+def test_worked_example_from_the_internals():
+    # The worked example (docs/INTERNALS.md): parents [-1, 0, 0, 1, 1], scores A .6 B .25 C .30 D .24.
     x, y = layout_tree([-1, 0, 0, 1, 1], [1.0, 0.6, 0.25, 0.30, 0.24])
     assert x[1] < x[2] and x[3] < x[4]
     assert x[1] == (x[3] + x[4]) / 2 and x[0] == (x[1] + x[2]) / 2

@@ -1,4 +1,4 @@
-"""The checker's reference against hand-worked trees (DESIGN.md's worked example and others)."""
+"""The checker's reference against hand-worked trees (the worked example of docs/INTERNALS.md and others)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from spectool.trace import reference as ref
 
-# DESIGN.md: tokens [r, A, B, C, D], parents [-1, 0, 0, 1, 1], seq_len 10.
+# The worked example of docs/INTERNALS.md: tokens [r, A, B, C, D], parents [-1, 0, 0, 1, 1], seq_len 10.
 R, A, B, C, D, Z = 1, 10, 11, 12, 13, 99
 TOKENS = [R, A, B, C, D]
 PARENTS = [-1, 0, 0, 1, 1]

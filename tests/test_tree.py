@@ -1,5 +1,5 @@
 """DraftTree, parents <-> mask, validation and EAGLE-2 tree building, against
-plain-Python oracles and the DESIGN.md worked example."""
+plain-Python oracles and the worked example of docs/INTERNALS.md."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def oracle_mask(parents: list[int]) -> list[list[bool]]:
     return mask
 
 
-# The DESIGN.md worked example: bs=1, seq_len=10, topk=2, 2 steps, N=5.
+# The worked example of docs/INTERNALS.md: bs=1, seq_len=10, topk=2, 2 steps, N=5.
 r, A, B, C, D, E, F, Z = 50, 11, 12, 13, 14, 15, 16, 17
 
 

@@ -5,7 +5,7 @@ of the last two tokens over a small Python-ish vocabulary) is decoded with
 speculative decoding by a tiny engine simulation: requests of different lengths,
 more requests than batch slots, ngram-like BFS trees (with padding nodes),
 EAGLE-like top-k trees (best N-1 by path score) or multi-layer chains, greedy or
-sampled verification. Every field is computed from its definition in DESIGN.md, so
+sampled verification. Every field is computed from its definition in docs/INTERNALS.md, so
 the result is an oracle for the checker and a realistic input for the views.
 
     trace = make_trace("eagle", num_requests=3, batch_size=2)
@@ -69,7 +69,7 @@ def ancestors_mask(parents: np.ndarray) -> np.ndarray:
 
 
 def tree_indices(parents: np.ndarray, seq_len: int, row: int) -> dict[str, np.ndarray]:
-    """depth, positions and retrieve_* of one tree from their DESIGN.md definitions."""
+    """depth, positions and retrieve_* of one tree from their definitions (docs/INTERNALS.md)."""
     n = len(parents)
     depth = np.zeros(n, np.int64)
     for i in range(1, n):

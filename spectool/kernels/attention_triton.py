@@ -5,7 +5,7 @@ indices ``< starts[b]`` are the prefix and always visible; the T new tokens sit 
 ``starts[b] .. starts[b]+T-1`` (already written) and new token k is visible to new
 token q iff ``tree_mask[b, q, k]`` (causal when the mask is None).
 
-Why it looks like this (decode is memory bound, see DESIGN.md "Performance notes"):
+Why it looks like this (decode is memory bound, see docs/INTERNALS.md, "Why it is built this way"):
 
 * ``starts`` is read on the device, so a CUDA graph captured once replays for every
   sequence length, and only the live blocks ``[0, starts+T)`` are ever loaded --

@@ -2,7 +2,7 @@
 
 At batch 1 a decoder layer's matmuls take ~100 µs on the H200 (8B shape) and every
 other kernel launch costs 3-5 µs even inside a CUDA graph, so the glue between the
-matmuls is fused into as few launches as possible (DESIGN.md "Performance notes"):
+matmuls is fused into as few launches as possible (docs/INTERNALS.md, "Why it is built this way"):
 
 * ``add_rms_norm``: residual add + RMSNorm in one pass (also plain RMSNorm);
 * ``rope`` / ``rope_write_kv``: rotary embedding of q and k in one launch, optionally

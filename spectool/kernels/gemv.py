@@ -2,7 +2,7 @@
 
 At batch 1 every projection of a decoder layer is a GEMV over a weight read once
 from memory, and the small kernels between them (residual add + RMSNorm, SiLU·mul)
-cost more in launches than in bytes (DESIGN.md "Performance notes"). The same holds
+cost more in launches than in bytes (docs/INTERNALS.md, "Why it is built this way"). The same holds
 for a batch-1 tree verify (T = 16 rows) and an EAGLE draft step (4-16 rows): at 16
 rows the product is still bound by reading the weight, and at small models every
 kernel is launch latency. These kernels compute ``y = f(x) @ W.T`` where the

@@ -1,6 +1,6 @@
 """The checker's reference: every tree and decision field re-derived the slow, obvious way.
 
-Plain Python over lists, one node at a time, straight from the definitions in DESIGN.md
+Plain Python over lists, one node at a time, straight from the definitions in docs/INTERNALS.md ("Definitions")
 (Vocabulary, part 5). Nothing here is imported from the engine's path (draft/, kernels/,
 verify.py), so a bug there cannot agree with itself: `spectool check` compares what the
 engine recorded with what these functions give.
@@ -153,7 +153,7 @@ class SampledDecision(Decision):
 
 def sampled_decision(tokens: list[int], parents: list[int], valid: list[bool], coins: list[float],
                      child_probs: list[float]) -> SampledDecision:
-    """Target-only tree sampling (DESIGN.md part 5): at each visited node its coin falls into the
+    """Target-only tree sampling (docs/INTERNALS.md, "Definitions"): at each visited node its coin falls into the
     interval of one child (accepted, the walk goes on) or past them all (the walk stops).
 
     ``child_probs[c]`` is p(tokens[c] | parent of c) after temperature / top-k / top-p.

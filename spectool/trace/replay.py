@@ -410,7 +410,7 @@ def _replay_eagle(target: _Target, info: dict, rows: list[dict], streams: dict, 
 
 def _eagle_tree(layer, model, row: dict, seq: list[int], h, root_feature, root_p: np.ndarray, tol: float,
                 dev) -> tuple[int | None, str] | None:
-    """Grow the EAGLE-2 tree again (DESIGN.md's worked example, at the draft layer): each step
+    """Grow the EAGLE-2 tree again (the worked example of docs/INTERNALS.md, at the draft layer): each step
     feeds the frontier so far after the committed prefix, every node seeing the prefix and its
     own ancestors, expands the newest frontier into top-k children each with path-score
     products and keeps the best k; the tree is the best N-1 candidates. Each step's frontier

@@ -1,7 +1,9 @@
 """How many kernels each phase of a speculative iteration would launch, counted on the CPU.
 
-    python benchmarks/op_counts.py                      # demo model, bs 1, every method
-    python benchmarks/op_counts.py --methods eagle --new-tokens 32
+    python3 benchmarks/speculative.py --profile ops                  # demo model, bs 1, every method
+    python3 benchmarks/speculative.py --profile ops --methods eagle --new-tokens 32
+
+Explains: docs/BENCHMARKS.md "Speculative decoding" (its batch-1 cells). Time: 1 to 2 minutes on the CPU.
 
 At batch 1 on the H200 an iteration is bound by the number of small kernels (each costs
 3-5 µs even inside a CUDA graph), not by bytes. This script counts them without a GPU: a
@@ -38,7 +40,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import spectool as st
 import spectool.draft.eagle as eagle_module
-import spectool.draft.multi_layer_eagle as mle_module
 import spectool.draft.tree as tree_module
 import spectool.engine as engine_module
 import spectool.kernels.ops as ops
@@ -66,7 +67,7 @@ TRITON_PATHS = (
     (engine_module, "commit_kv", 1),  # k and v moved by one kernel (kernels/gather.py)
     (tree_module, "reconstruct_indices_from_tree_mask", 1),
     # softmax + top-k of the draft heads (rows up to topk.TRITON_MAX_ROW, as the demo's vocabulary)
-    (eagle_module, "row_topk", 1), (mle_module, "row_topk", 1), (tree_module, "row_topk", 1),
+    (eagle_module, "row_topk", 1), (llama, "row_topk", 1), (tree_module, "row_topk", 1),
     (llama, "check_forward_args", 0),  # its range checks run only off CUDA
 )
 
@@ -248,7 +249,8 @@ def count_method(target, method: str, args, prompt: list[int]) -> dict:
 
 
 def print_tables(results: list[dict], top: int) -> None:
-    print("\nop_counts.py — kernel-launching aten ops per iteration (bs 1, GPU dispatch emulated on CPU)")
+    print("\nspeculative.py --profile ops — kernel-launching aten ops per iteration "
+          "(bs 1, GPU dispatch emulated on CPU)")
     for r in results:
         print(f"\n{r['method']}: {r['total']:.1f} ops/iteration over {r['iterations']} iterations "
               f"(accept {r['mean_accept_length']:.2f})")
@@ -273,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=6, help="most frequent ops to list per row (0: none)")
     args = p.parse_args(argv)
     if args.device != "cpu":
-        raise ValueError("op_counts.py counts on the CPU (it emulates the GPU's dispatch); use --device cpu")
+        p.error("--profile ops counts on the CPU (it emulates the GPU's dispatch); use --device cpu")
     if args.quick:
         args.new_tokens = 6
     methods = args.methods.split(",")
@@ -287,6 +289,3 @@ def main(argv: list[str] | None = None) -> int:
                                            "new_tokens": args.new_tokens}, "results": results}, args.out)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

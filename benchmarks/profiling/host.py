@@ -1,8 +1,11 @@
-"""Host work per engine iteration outside the timed phases .
+"""Host work per engine iteration outside the timed phases.
 
-    python benchmarks/host_overhead.py                      # CPU: methods x batch 1, 4
-    python benchmarks/host_overhead.py --profile --methods none --batches 1
-    python benchmarks/host_overhead.py --device cuda        # on the GPU machine
+    python3 benchmarks/speculative.py --profile host                   # CPU: methods x batch 1, 4
+    python3 benchmarks/speculative.py --profile host --cprofile --methods none --batches 1
+    python3 benchmarks/speculative.py --profile host --device cuda     # on a GPU
+
+Explains: docs/BENCHMARKS.md "Speculative decoding" (what the engine's loop adds beyond its phases).
+Time: about 1 minute on the CPU.
 
 On the CPU a tiny model's forward is cheap, so most of an iteration's wall time is host
 work. For each method (none and ngram on decode.py's "tiny" random-weight target, eagle and
@@ -15,7 +18,7 @@ and batch size, a greedy ``Engine.stream`` run reports medians per iteration of:
 - host_us: iteration_us - phases_us, the host work outside every phase;
 - loop_us: wall time between consecutive stream events (adds the stream loop's own work).
 
-``--profile`` prints a cProfile top-20 (by own time, the model forwards left out) of one more
+``--cprofile`` prints a cProfile top-20 (by own time, the model forwards left out) of one more
 run per configuration.
 ``--record`` measures with recording on. Prints a table; writes host_overhead.json to
 $OUT when it is set.
@@ -84,7 +87,7 @@ def measure(method: str, batch: int, args, targets: dict, demo: Path) -> dict:
            "record": args.record}
     for key in runs[0]:
         row[key] = statistics.median(r[key] for r in runs)
-    if args.profile:
+    if args.cprofile:
         prof = cProfile.Profile()
         prof.enable()
         run_once(engine, prompts, args.new_tokens, args.record)
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--record", action="store_true", help="measure with recording on")
-    p.add_argument("--profile", action="store_true", help="cProfile top-20 of one more run per configuration")
+    p.add_argument("--cprofile", action="store_true", help="cProfile top-20 of one more run per configuration")
     args = p.parse_args(argv)
     if args.new_tokens < 3 or args.prompt_len < 2 or args.repeats < 1 or min(args.batches) < 1:
         p.error("need --new-tokens >= 3, --prompt-len >= 2, --repeats >= 1 and batch sizes >= 1")
@@ -139,6 +142,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {path}")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,9 @@
 """Where a graphed decode step's time goes, kernel by kernel (torch.profiler over CUDA graph replays).
 
-    python3 benchmarks/profile_decode.py --shape 8B        # H200, bf16, batch 1, 512-token prefix
+    python3 benchmarks/decode.py --profile kernels --shape 8B        # H200, bf16, batch 1, 512-token prefix
+    python3 benchmarks/decode.py --profile kernels --shape 8B --unfused
+
+Explains: docs/BENCHMARKS.md "Plain decoding" (its "% of floor" column). Time: under a minute on an H200.
 
 One decode step (forward + final norm + lm_head + argmax, as benchmarks/decode.py
 times it) is captured in a CUDA graph and replayed under the profiler. From the
@@ -36,16 +39,16 @@ def short_name(name: str) -> str:
     return name[:60]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="8B")
     parser.add_argument("--prefix", type=int, default=512)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--unfused", action="store_true", help="without the fused one-row GEMVs")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     ops.FUSED_GEMV = not args.unfused
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks/profile_decode.py profiles CUDA kernels: it needs a GPU")
+        raise SystemExit("decode.py --profile kernels profiles CUDA kernels: it needs a GPU")
     device = torch.device("cuda")
     torch.manual_seed(0)
     cfg = model_config(args.shape, args.prefix + args.steps + 64)
@@ -110,7 +113,5 @@ def main() -> None:
         name = f"profile_decode_{args.shape}{'_unfused' * args.unfused}.json"
         with open(os.path.join(os.environ["OUT"], name), "w") as f:
             json.dump({"summary": summary, "kernels": rows}, f, indent=1)
+    return 0
 
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,10 @@
 """Where an engine iteration's time goes, per phase: GPU kernel time against host wall time.
 
-    python3 benchmarks/profile_iteration.py                      # H200: 107M shape, every method, bs 1
-    python3 benchmarks/profile_iteration.py --shape 8B --methods none ngram
+    python3 benchmarks/speculative.py --profile phases                     # H200: 107M shape, every method, bs 1
+    python3 benchmarks/speculative.py --profile phases --shape 8B --methods none ngram
+
+Explains: docs/BENCHMARKS.md "Speculative decoding" (its batch-1 cells; with ``--record``, those of
+"Recording"). Time: about 1 minute on an H200.
 
 The target has random weights of one of decode.py's shapes (default "107M", the shape of
 benchmarks/train_large_target.py's target) and the draft layers are random too: acceptance
@@ -34,23 +37,14 @@ import time
 from pathlib import Path
 
 import torch
-from decode import random_target
-from host_overhead import prompts_for
+from decode import random_drafts, random_target
 from speculative import draft_config
 
 import spectool as st
+from profiling.host import prompts_for
 from spectool import timing
-from spectool.model.draft_layer import DraftModel, save_draft
 
 METHODS = ("none", "ngram", "eagle", "multi_layer_eagle")
-
-
-def random_drafts(target, root: Path) -> Path:
-    """Random EAGLE (1 layer) and multi-layer EAGLE (4 layers) checkpoints fitting ``target``."""
-    torch.manual_seed(1)
-    for kind, layers in (("eagle", 1), ("multi_layer_eagle", 4)):
-        save_draft(DraftModel(target.config, layers, kind).to(target.dtype), root / kind)
-    return root
 
 
 def _ranged_phases(host_us: dict[str, float] | None = None):
@@ -185,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="also list each phase's K kernels with the most GPU time per iteration")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks/profile_iteration.py profiles CUDA kernels: it needs a GPU")
+        raise SystemExit("speculative.py --profile phases profiles CUDA kernels: it needs a GPU")
     target = random_target(args.shape, "cuda", args.prompt_len + 2 * args.tokens + 128)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -213,6 +207,3 @@ def main(argv: list[str] | None = None) -> int:
         Path(out, name).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
