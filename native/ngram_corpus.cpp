@@ -68,13 +68,20 @@ void bfs_pass(const Source& src, int32_t start, int breadth, Tree& tree,
 
 // The `keep` most frequent children of a node (count descending, ties in the source's order)
 // and the sum of all its children's counts, in one walk of the sibling list: no copy of the
-// children, no sort of them all.
+// children, no sort of them all. Stops after `limit` children and returns false when there
+// were more (out then holds those read so far).
 template <class Source>
-void top_children(const Source& src, int32_t id, size_t keep, ProbExpansion& out) {
+bool top_children(const Source& src, int32_t id, size_t keep, ProbExpansion& out,
+                  int64_t limit = std::numeric_limits<int64_t>::max()) {
   out.sum = 0;
   out.children = 0;
   out.top.clear();
+  bool complete = true;
   src.for_each_child(id, [&](const Child& c) {
+    if (out.children == limit) {
+      complete = false;
+      return false;
+    }
     out.sum += c.count;
     std::vector<Child>& top = out.top;
     if (keep > 0 && (top.size() < keep || c.count > top.back().count)) {
@@ -87,6 +94,7 @@ void top_children(const Source& src, int32_t id, size_t keep, ProbExpansion& out
     ++out.children;
     return true;
   });
+  return complete;
 }
 
 // Best-first by path probability, the product of count shares among siblings. With a
@@ -102,26 +110,26 @@ void prob_pass(const Source& src, int32_t start, Tree& tree, ProbScratch& scratc
   const size_t most = static_cast<size_t>(tree.n - 1);
   auto expand = [&](int32_t id, int at, double prob) {
     const ProbExpansion* e = &scratch.expansion;
-    if constexpr (std::is_same_v<Source, Trie>) {
-      const uint64_t signature = src.children_signature(id);
-      auto it = cache->find(id);
-      if (it != cache->end() && it->second.signature == signature) {
-        e = &it->second;
-      } else {
-        top_children(src, id, most, scratch.expansion);
-        scratch.expansion.signature = signature;
-        if (scratch.expansion.children >= ProbCache::kMinChildren) {
+    // Most expanded nodes have a few children (long contexts): a short walk reads them all for
+    // less than the cache's lookup costs, so only a node with more consults the cache.
+    if (!top_children(src, id, most, scratch.expansion, ProbCache::kMinChildren)) {
+      if constexpr (std::is_same_v<Source, Trie>) {
+        const uint64_t signature = src.children_signature(id);
+        auto it = cache->find(id);
+        if (it == cache->end() || it->second.signature != signature) {
+          top_children(src, id, most, scratch.expansion);
+          scratch.expansion.signature = signature;
           if (it != cache->end()) {
             it->second = scratch.expansion;
           } else {
             if (cache->size() >= ProbCache::kMaxEntries) cache->clear();
             it = cache->emplace(id, scratch.expansion).first;
           }
-          e = &it->second;
         }
+        e = &it->second;
+      } else {
+        top_children(src, id, most, scratch.expansion);
       }
-    } else {
-      top_children(src, id, most, scratch.expansion);
     }
     if (e->sum <= 0) return;
     const size_t reach = static_cast<size_t>(tree.n - tree.size + tree.fanout[at]);

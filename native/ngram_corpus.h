@@ -67,8 +67,8 @@ struct ProbExpansion {
   uint64_t signature = 0;  // Trie::children_signature when it was read
 };
 
-// Trie node -> its expansion, kept only for nodes of at least kMinChildren children (fewer
-// cost less to walk again than to look up): the nodes of frequent short contexts, costly to
+// Trie node -> its expansion, kept only for nodes of more than kMinChildren children (a walk
+// reads that many before the cache is looked up: fewer cost less to walk again than to look up): the nodes of frequent short contexts, costly to
 // walk and expanded by many requests. An entry is used only while the node's children are
 // unchanged: its signature says no child was created or counted since, and get() drops the
 // entries of the parents of evicted nodes (all of them when the trie lost track, or was reset).
