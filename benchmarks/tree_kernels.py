@@ -8,7 +8,8 @@ Prints a table and, when $OUT is set, writes $OUT/tree_kernels.json. Index kerne
 call of the Triton kernel and of the torch reference for bs x N, in interleaved rounds; verify: µs per iteration
 outside the forward (greedy and sampling, V = 128256 logits per node; on CUDA also replayed
 from a CUDA graph, as the engine runs it: sampling with its coins kernel and a temperature input,
-also with top-k 50 and top-p 0.9); draft top-k: ``row_topk`` against softmax + topk. On CUDA the
+also with top-k 50 and top-p 0.9, with the torch verify and with the fused one the engine uses when
+it records nothing; bf16 logits as the model writes them); draft top-k: ``row_topk`` against softmax + topk. On CUDA the
 timings are medians of triton.testing.do_bench (CUDA events); on CPU, medians of
 time.perf_counter over repeated calls.
 """
@@ -27,7 +28,7 @@ from spectool.draft.tree import DraftTree, parents_to_mask
 from spectool.kernels.sampling import sampling_coins
 from spectool.kernels.topk import row_topk
 from spectool.kernels.tree_indices import reconstruct_indices_torch, reconstruct_indices_triton
-from spectool.verify import verify_greedy, verify_sampling
+from spectool.verify import verify_greedy, verify_sampling, verify_sampling_fused
 
 
 def bench_us(fn, device: torch.device) -> float:
@@ -123,7 +124,7 @@ def main() -> None:
     vocab = 128256
     print(f"\nverify outside the forward (µs per iteration, V={vocab})")
     print(f"{'bs':>5} {'N':>4} {'greedy':>10} {'sampling':>10} {'greedy graphed':>15} "
-          f"{'sampling graphed':>17} {'top-k 50 top-p 0.9 gr.':>21}")
+          f"{'sampling graphed':>17} {'top-k 50 top-p 0.9 gr.':>21} {'fused gr.':>10} {'fused k50 p0.9 gr.':>19}")
     for bs, n in ((1, 16), (64, 16)):
         parents = random_parents(bs, n, g).to(device)
         tokens = torch.randint(0, vocab, (bs, n), generator=g).to(device)
@@ -133,7 +134,7 @@ def main() -> None:
         gen = torch.Generator(device.type).manual_seed(0)
         greedy = bench_us(lambda t=tree, lg=logits: verify_greedy(t, lg), device)
         sampling = bench_us(lambda t=tree, lg=logits, gn=gen: verify_sampling(t, lg, 0.8, 0, 1.0, gn), device)
-        graphed = [float("nan")] * 3
+        graphed = [float("nan")] * 5
         if device.type == "cuda":
             # As the engine's sampling step runs it: the coins kernel, a [B] temperature input.
             seed = torch.zeros(1, dtype=torch.long, device=device)
@@ -143,13 +144,21 @@ def main() -> None:
             def engine_sampling(t=tree, lg=logits, k=0, p=1.0, seed=seed, nonces=nonces, temps=temps):
                 coins = sampling_coins(seed, nonces, t.seq_lens, t.num_nodes)
                 return verify_sampling(t, lg, temps, k, p, None, coins)
+
+            bf16 = logits.bfloat16()
+
+            def fused_sampling(t=tree, lg=bf16, k=0, p=1.0, seed=seed, nonces=nonces, temps=temps):
+                coins = sampling_coins(seed, nonces, t.seq_lens, t.num_nodes)
+                return verify_sampling_fused(t, lg, temps, k, p, coins)
             graphed = [graphed_us(lambda t=tree, lg=logits: verify_greedy(t, lg)), graphed_us(engine_sampling),
-                       graphed_us(lambda f=engine_sampling: f(k=50, p=0.9))]
+                       graphed_us(lambda f=engine_sampling: f(k=50, p=0.9)), graphed_us(fused_sampling),
+                       graphed_us(lambda f=fused_sampling: f(k=50, p=0.9))]
         results["verify"].append({"bs": bs, "N": n, "greedy_us": greedy, "sampling_us": sampling,
                                   "greedy_graphed_us": graphed[0], "sampling_graphed_us": graphed[1],
-                                  "sampling_topk_topp_graphed_us": graphed[2]})
+                                  "sampling_topk_topp_graphed_us": graphed[2], "fused_graphed_us": graphed[3],
+                                  "fused_topk_topp_graphed_us": graphed[4]})
         print(f"{bs:>5} {n:>4} {greedy:>10.1f} {sampling:>10.1f} {graphed[0]:>15.1f} {graphed[1]:>17.1f} "
-              f"{graphed[2]:>21.1f}")
+              f"{graphed[2]:>21.1f} {graphed[3]:>10.1f} {graphed[4]:>19.1f}")
 
     # The drafters' selections: softmax + top-k of the head's logits per frontier node, and the
     # best k of k*k path scores (bf16 logits as the draft head writes them).

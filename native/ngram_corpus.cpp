@@ -104,6 +104,8 @@ void prob_pass(const Source& src, int32_t start, Tree& tree, ProbScratch& scratc
   std::vector<Candidate>& heap = scratch.heap;
   heap.clear();
   uint64_t seq = 0;
+  Candidate next{};
+  bool has_next = false;
   // A child ranked r among its siblings is popped only after the r before it, each of which
   // adds a node (at most n - size more) or reuses one of the tree node's children: a child
   // ranked below that can never be reached, so only the top are pushed.
@@ -136,15 +138,28 @@ void prob_pass(const Source& src, int32_t start, Tree& tree, ProbScratch& scratc
     const size_t top = std::min(e->top.size(), reach);
     for (size_t i = 0; i < top; ++i) {
       const Child& c = e->top[i];
-      heap.push_back(Candidate{prob * static_cast<double>(c.count) / static_cast<double>(e->sum), seq++, c.id, c.token, at});
+      const Candidate cand{prob * static_cast<double>(c.count) / static_cast<double>(e->sum), seq++, c.id, c.token, at};
+      // The most frequent child beating everything queued (strictly: a tie goes to the earlier
+      // push) is the next pop: it skips the heap (most expansions have one child, a long chain).
+      if (i == 0 && (heap.empty() || heap.front() < cand)) {
+        next = cand;
+        has_next = true;
+        continue;
+      }
+      heap.push_back(cand);
       std::push_heap(heap.begin(), heap.end());
     }
   };
   expand(start, 0, 1.0);
-  while (!heap.empty() && !tree.full()) {
-    std::pop_heap(heap.begin(), heap.end());
-    Candidate c = heap.back();
-    heap.pop_back();
+  while ((has_next || !heap.empty()) && !tree.full()) {
+    Candidate c = next;
+    if (has_next) {
+      has_next = false;
+    } else {
+      std::pop_heap(heap.begin(), heap.end());
+      c = heap.back();
+      heap.pop_back();
+    }
     int idx = tree.find(c.parent, c.token);
     if (idx < 0) idx = tree.add(c.token, c.parent, c.prob);
     if (!tree.full()) expand(c.id, idx, c.prob);  // a full tree would only queue the children

@@ -31,11 +31,13 @@ from spectool.draft.tree import DraftTree, MaskTree, chain_tree
 from spectool.graphs import GraphRunner
 from spectool.kernels import ops
 from spectool.kernels.sampling import sampling_coins
+from spectool.kernels.tree_indices import triton_on_cpu
 from spectool.stats import RunStats
 from spectool.timing import PhaseTimer
 from spectool.trace.recorder import PackedRows, Recorder, pack_rows
 from spectool.trace.select import Record
-from spectool.verify import VerifyResult, commit_kv, verify_greedy, verify_greedy_parts, verify_sampling
+from spectool.verify import (VerifyResult, commit_kv, verify_greedy, verify_greedy_parts, verify_sampling,
+                             verify_sampling_fused)
 
 
 @dataclass
@@ -523,7 +525,11 @@ class Engine:
         # The whole distribution: under tensor parallelism the logits are joined (one all-gather).
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
         coins = sampling_coins(self._sample_seed, self._slot_nonce[slots], tree.seq_lens, tree.num_nodes)
-        res = verify_sampling(tree, logits, temperature, top_k, top_p, None, coins)
+        if not record and (logits.is_cuda or triton_on_cpu()):
+            # Nothing recorded needs the [B, N, V] probabilities: the fused verify never makes them.
+            res = verify_sampling_fused(tree, logits, temperature, top_k, top_p, coins)
+        else:
+            res = verify_sampling(tree, logits, temperature, top_k, top_p, None, coins)
         moved, out = self._commit(tree, res, hidden, slots, record)
         if not record:
             return out

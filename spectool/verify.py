@@ -154,13 +154,7 @@ def _greedy_from_argmax(tree: DraftTree, argmax: torch.Tensor) -> VerifyResult:
                         bonus=argmax.gather(1, last[:, None])[:, 0], coins=coins, target_argmax=argmax)
 
 
-def target_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0, top_k: int = 0,
-                 top_p: float = 1.0) -> torch.Tensor:
-    """The target distribution sampling draws from: softmax(logits / temperature) cut to
-    the ``top_k`` most likely tokens (0 = all; ties at the k-th value are kept) and then
-    to the smallest most-likely set whose mass reaches ``top_p``, renormalised. float32.
-    ``temperature`` may be a [B] tensor, one per row of logits (the engine's graphed step
-    takes it as an input, so one graph serves every temperature; its values are not checked)."""
+def _check_sampling(logits: torch.Tensor, temperature: float | torch.Tensor, top_k: int, top_p: float) -> None:
     if isinstance(temperature, torch.Tensor):
         if temperature.shape != logits.shape[:1]:
             raise ValueError(f"a temperature tensor must be [B] = [{logits.shape[0]}], got {tuple(temperature.shape)}")
@@ -171,6 +165,16 @@ def target_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0, 
         raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}")
     if not (isinstance(top_p, int | float) and 0 < top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+def target_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0, top_k: int = 0,
+                 top_p: float = 1.0) -> torch.Tensor:
+    """The target distribution sampling draws from: softmax(logits / temperature) cut to
+    the ``top_k`` most likely tokens (0 = all; ties at the k-th value are kept) and then
+    to the smallest most-likely set whose mass reaches ``top_p``, renormalised. float32.
+    ``temperature`` may be a [B] tensor, one per row of logits (the engine's graphed step
+    takes it as an input, so one graph serves every temperature; its values are not checked)."""
+    _check_sampling(logits, temperature, top_k, top_p)
     if isinstance(temperature, torch.Tensor):
         temperature = temperature.float().view(-1, *([1] * (logits.dim() - 1)))
     x = logits.float() / temperature
@@ -185,6 +189,37 @@ def target_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0, 
         probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def _check_coins(coins: torch.Tensor, bs: int, n: int) -> None:
+    if coins.shape != (bs, n):
+        raise ValueError(f"coins must be [B, N] = [{bs}, {n}], got {tuple(coins.shape)}")
+
+
+def _sampled_decision(tree: DraftTree, flat: torch.Tensor, coins: torch.Tensor):
+    """The tree decision of :func:`verify_sampling` from ``flat`` [B, N], p(token | parent) of every
+    node: (accepted, status, accept_path, accept_length, last, child_of_last [B, N] bool, u [B] float64,
+    the coin left for the residual's inverse CDF at the last accepted node)."""
+    n = tree.num_nodes
+    idx = torch.arange(n, device=tree.device)
+    parents = tree.parents
+    live = tree.valid & (idx > 0)
+    same_parent = (parents[:, :, None] == parents[:, None, :]) & live[:, :, None] & live[:, None, :]
+    before = idx[None, :] < idx[:, None]  # [j, k]: k is before j
+    duplicate = (same_parent & before & (tree.tokens[:, :, None] == tree.tokens[:, None, :])).any(-1)
+    # q[j] = p(token_j | parent_j) for the first occurrence of each child token, else 0.
+    q = torch.where(live & ~duplicate, flat, 0.0)
+    upto = same_parent & (before | (idx[None, :] == idx[:, None]))
+    cum = (upto * q[:, None, :]).sum(-1)
+    coin_at_parent = coins.gather(1, parents.clamp(min=0))
+    hit = (q > 0) & (coin_at_parent < cum)
+    good = hit & ~(same_parent & before & hit[:, None, :]).any(-1)
+    accepted, status, path, length, last = _accept(tree, good)
+
+    child_of_last = live & (parents == last[:, None])
+    child_mass = torch.where(child_of_last, q, 0.0).sum(-1)
+    u = (coins.gather(1, last[:, None])[:, 0] - child_mass).clamp(min=0).double()
+    return accepted, status, path, length, last, child_of_last, u
 
 
 def verify_sampling(
@@ -220,35 +255,19 @@ def verify_sampling(
     bs, n, vocab = probs.shape
     dev = tree.device
     idx = torch.arange(n, device=dev)
-    parents = tree.parents
-    live = tree.valid & (idx > 0)
     if coins is None:
         coins = torch.rand(bs, n, generator=generator, device=dev, dtype=torch.float32)
-    elif coins.shape != (bs, n):
-        raise ValueError(f"coins must be [B, N] = [{bs}, {n}], got {tuple(coins.shape)}")
+    _check_coins(coins, bs, n)
+    flat = probs.view(bs, n * vocab).gather(1, tree.parents.clamp(min=0) * vocab + tree.tokens)
 
-    same_parent = (parents[:, :, None] == parents[:, None, :]) & live[:, :, None] & live[:, None, :]
-    before = idx[None, :] < idx[:, None]  # [j, k]: k is before j
-    duplicate = (same_parent & before & (tree.tokens[:, :, None] == tree.tokens[:, None, :])).any(-1)
-    # q[j] = p(token_j | parent_j) for the first occurrence of each child token, else 0.
-    flat = probs.view(bs, n * vocab).gather(1, parents.clamp(min=0) * vocab + tree.tokens)
-    q = torch.where(live & ~duplicate, flat, 0.0)
-    upto = same_parent & (before | (idx[None, :] == idx[:, None]))
-    cum = (upto * q[:, None, :]).sum(-1)
-    coin_at_parent = coins.gather(1, parents.clamp(min=0))
-    hit = (q > 0) & (coin_at_parent < cum)
-    good = hit & ~(same_parent & before & hit[:, None, :]).any(-1)
-    accepted, status, path, length, last = _accept(tree, good)
+    accepted, status, path, length, last, child_of_last, u = _sampled_decision(tree, flat, coins)
 
     # Bonus: inverse CDF of the residual at the last accepted node.
     rows = torch.arange(bs, device=dev)
     p_last = probs[rows, last]
-    child_of_last = live & (parents == last[:, None])
-    child_mass = torch.where(child_of_last, q, 0.0).sum(-1)
     residual = torch.cat([p_last, p_last.new_zeros(bs, 1)], 1)
     residual.scatter_(1, torch.where(child_of_last, tree.tokens, vocab), 0.0)
     residual = residual[:, :vocab]
-    u = (coins[rows, last] - child_mass).clamp(min=0).double()
     cdf = residual.double().cumsum(-1)
     bonus = (cdf <= u[:, None]).sum(-1)
     # Rounding can put u past the residual's total: take its last token; an all-zero residual
@@ -263,6 +282,42 @@ def verify_sampling(
                         coins=torch.where(accepted, coins, math.nan), target_argmax=probs.argmax(-1),
                         target_probs=probs, child_probs=torch.where(idx > 0, flat, math.nan),
                         bonus_cdf=bonus_cdf)
+
+
+def verify_sampling_fused(
+    tree: DraftTree,
+    logits: torch.Tensor,
+    temperature: float | torch.Tensor,
+    top_k: int,
+    top_p: float,
+    coins: torch.Tensor,
+) -> VerifyResult:
+    """:func:`verify_sampling` without the [B, N, V] probabilities: the same decision from each
+    node's maximum, cut and normaliser (``spectool.kernels.verify_sampling_triton``; CUDA, or CPU
+    with ``TRITON_INTERPRET=1``), for the graphed step when it records nothing. Its result's
+    ``target_probs`` is None; the rest is as :func:`verify_sampling`'s for the same coins (up to
+    float32 rounding of the probabilities, and ties at the top-p cut, which it keeps)."""
+    from spectool.kernels.verify_sampling_triton import sampling_bonus_triton, sampling_rows_triton
+
+    _check_logits(tree, logits)
+    _check_sampling(logits, temperature, top_k, top_p)
+    bs, n, _ = logits.shape
+    _check_coins(coins, bs, n)
+    dev = tree.device
+    if not isinstance(temperature, torch.Tensor):
+        temperature = torch.full((bs,), float(temperature), dtype=torch.float32, device=dev)
+    rows = sampling_rows_triton(logits, temperature, top_k, top_p)
+    m, cut, z, argmax = rows
+    parent = tree.parents.clamp(min=0)
+    x = logits.reshape(bs, -1).gather(1, parent * logits.shape[2] + tree.tokens).float() / temperature[:, None]
+    flat = torch.where(x >= cut.gather(1, parent), torch.exp(x - m.gather(1, parent)) / z.gather(1, parent), 0.0)
+    accepted, status, path, length, last, child_of_last, u = _sampled_decision(tree, flat, coins)
+    children = torch.where(child_of_last, tree.tokens, -1)
+    bonus, bonus_cdf = sampling_bonus_triton(logits, temperature, rows, last, children, u)
+    idx = torch.arange(n, device=dev)
+    return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus,
+                        coins=torch.where(accepted, coins, math.nan), target_argmax=argmax,
+                        child_probs=torch.where(idx > 0, flat, math.nan), bonus_cdf=bonus_cdf)
 
 
 def commit_kv(
