@@ -10,8 +10,10 @@ The draft is a smaller target trained by the recipe (``spectool train-target`` w
 own tokenizer; 2 layers of width 128 by default, ``--train-seconds`` of training) unless
 ``--draft`` names one. For every workload (completion, editing) and setting (a chain of 4; a
 tree of 3 steps, top-k 2, 8 tokens), one engine decodes the prompts at batch 1 with
-``ignore_eos`` and a fixed token count, after a warm-up; reported: mean accept length, decode
-tokens/s and the speedup over plain decoding in the same run. Writes $OUT/draft_model.json (or --out DIR).
+``ignore_eos`` and a fixed token count, after ``Engine.warmup()`` and a warm-up call; reported: mean
+accept length, decode tokens/s and the speedup over plain decoding in the same run, with the graph
+captures and eager steps inside the timed call (on CUDA a row with any is refused: no figures).
+Writes $OUT/draft_model.json (or --out DIR).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from speculative import load_target, run_meta, seed_all, write_json
+from speculative import load_target, refused, region_faults, run_meta, seed_all, timed_region, write_json
 
 import spectool as st
 from spectool.prompts import load_prompts
@@ -68,17 +70,30 @@ def main(argv: list[str] | None = None) -> int:
         settings = [("plain", None)] + [(n, st.DraftModelConfig(draft_dir, **s)) for n, s in SETTINGS.items()]
         for name, draft in settings:
             engine = st.Engine(target, draft=draft, max_batch_size=1, max_seq_len=longest)
-            engine.generate(prompts[:1], max_new_tokens=8, ignore_eos=True, record=False)  # warm-up, graphs
+            engine.warmup(sampling=False, record=False)  # every graph the timed call runs
+            engine.generate(prompts[:1], max_new_tokens=8, ignore_eos=True, record=False)  # Triton JIT of prefill
+            before = timed_region(engine)
             stats = engine.generate(prompts, max_new_tokens=new_tokens, ignore_eos=True, record=False).stats
-            base = base or stats.tokens_per_s
-            rows.append({"workload": workload, "setting": name, "mean_accept_length": stats.mean_accept_length,
-                         "tokens_per_s": stats.tokens_per_s, "speedup": stats.tokens_per_s / base})
+            row = {"workload": workload, "setting": name, **region_faults(engine, before)}
+            row["refused"] = refused(row, args.device)
+            if not row["refused"]:
+                if name == "plain":
+                    base = stats.tokens_per_s
+                row.update(mean_accept_length=stats.mean_accept_length, tokens_per_s=stats.tokens_per_s)
+                if base is not None:
+                    row["speedup"] = stats.tokens_per_s / base
+            rows.append(row)
     print(f"\ndraft_model.py — {run_meta(args)['gpu'] or args.device}; target {args.model}; draft {draft_dir}; "
           f"batch 1, greedy, {new_tokens} tokens per prompt")
-    print(f"{'workload':<11} {'setting':<8} {'accept':>7} {'tok/s':>9} {'speedup':>8}")
+    print(f"{'workload':<11} {'setting':<8} {'accept':>7} {'tok/s':>9} {'speedup':>8} {'captures':>8} {'eager':>5}")
     for r in rows:
+        faults = f"{r['timed_graph_captures']:>8} {r['timed_eager_steps']:>5}"
+        if r["refused"] or "speedup" not in r:  # refused, or plain decoding was (no speedup to give)
+            why = r["refused"] or "plain decoding was refused"
+            print(f"{r['workload']:<11} {r['setting']:<8} refused: {why}")
+            continue
         print(f"{r['workload']:<11} {r['setting']:<8} {r['mean_accept_length']:>7.2f} {r['tokens_per_s']:>9.1f} "
-              f"{r['speedup']:>7.2f}x")
+              f"{r['speedup']:>7.2f}x {faults}")
     write_json("draft_model.json", {"meta": run_meta(args), "draft": str(draft_dir), "rows": rows}, args.out)
     return 0
 
