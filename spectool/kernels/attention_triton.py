@@ -38,7 +38,8 @@ def _attn_split_kernel(
     sv_b, sv_h, sv_n, sv_d,
     sm_b, sm_q, sm_k,
     T, NUM_KV_HEADS, sm_scale_log2,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    NUM_SPLITS,  # not a constexpr: it follows the query count, and a new prompt length must not recompile
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -118,8 +119,8 @@ def _attn_split_kernel(
 def _attn_merge_kernel(
     OutPart, LsePart, Out,
     so_b, so_t, so_h, so_d,
-    T, NUM_HEADS,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    T, NUM_HEADS, NUM_SPLITS,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)  # ((b * NUM_HEADS) + head) * T + t
     t = pid % T
@@ -220,14 +221,14 @@ def cached_attention_triton(
     _attn_split_kernel[(B * Hkv, m_blocks, num_splits)](
         q, k_cache, v_cache, slots, starts, mask, out_part, lse_part,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides,
-        T, Hkv, sm_scale_log2,
-        GROUP=group, HEAD_DIM=D, NUM_SPLITS=num_splits, HAS_MASK=tree_mask is not None,
+        T, Hkv, sm_scale_log2, num_splits,
+        GROUP=group, HEAD_DIM=D, HAS_MASK=tree_mask is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 models stay exact
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4, num_stages=2,
     )
     _attn_merge_kernel[(B * Hq * T,)](
-        out_part, lse_part, out, *out.stride(), T, Hq,
-        HEAD_DIM=D, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
+        out_part, lse_part, out, *out.stride(), T, Hq, num_splits,
+        HEAD_DIM=D, BLOCK_S=triton.next_power_of_2(num_splits),
         BLOCK_D=block_d, num_warps=4 if block_d >= 128 else 2,
     )
     return out
