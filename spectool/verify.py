@@ -293,32 +293,24 @@ def verify_sampling_fused(
     coins: torch.Tensor,
 ) -> VerifyResult:
     """:func:`verify_sampling` without the [B, N, V] probabilities: the same decision from each
-    node's maximum, cut and normaliser (``spectool.kernels.verify_sampling_triton``; CUDA, or CPU
-    with ``TRITON_INTERPRET=1``), for the graphed step when it records nothing. Its result's
+    node's maximum, cut and normaliser (``spectool.kernels.verify_sampling_triton``: two or three
+    launches; CUDA, or CPU with ``TRITON_INTERPRET=1``), for the graphed step when it records nothing. Its result's
     ``target_probs`` is None; the rest is as :func:`verify_sampling`'s for the same coins (up to
     float32 rounding of the probabilities, and ties at the top-p cut, which it keeps)."""
-    from spectool.kernels.verify_sampling_triton import sampling_bonus_triton, sampling_rows_triton
+    from spectool.kernels.verify_sampling_triton import sampling_decide_triton, sampling_rows_triton
 
     _check_logits(tree, logits)
     _check_sampling(logits, temperature, top_k, top_p)
     bs, n, _ = logits.shape
     _check_coins(coins, bs, n)
-    dev = tree.device
     if not isinstance(temperature, torch.Tensor):
-        temperature = torch.full((bs,), float(temperature), dtype=torch.float32, device=dev)
+        temperature = torch.full((bs,), float(temperature), dtype=torch.float32, device=tree.device)
     rows = sampling_rows_triton(logits, temperature, top_k, top_p)
-    m, cut, z, argmax = rows
-    parent = tree.parents.clamp(min=0)
-    x = logits.reshape(bs, -1).gather(1, parent * logits.shape[2] + tree.tokens).float() / temperature[:, None]
-    flat = torch.where(x >= cut.gather(1, parent), torch.exp(x - m.gather(1, parent)) / z.gather(1, parent), 0.0)
-    accepted, status, path, length, last, child_of_last, u = _sampled_decision(tree, flat, coins)
-    children = torch.where(child_of_last, tree.tokens, -1)
-    bonus, bonus_cdf = sampling_bonus_triton(logits, temperature, rows, last, children, u)
-    idx = torch.arange(n, device=dev)
-    return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus,
-                        coins=torch.where(accepted, coins, math.nan), target_argmax=argmax,
-                        child_probs=torch.where(idx > 0, flat, math.nan), bonus_cdf=bonus_cdf)
-
+    status, path, length, bonus, bonus_cdf, child_probs, coins_out = sampling_decide_triton(
+        logits, temperature, rows, tree.tokens, tree.parents, tree.depth, tree.valid, tree.mask, coins,
+        tree.max_depth + 1)
+    return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus, coins=coins_out,
+                        target_argmax=rows[3], child_probs=child_probs, bonus_cdf=bonus_cdf)
 
 def commit_kv(
     k: torch.Tensor,

@@ -12,11 +12,13 @@ distribution is fixed by three numbers of its row, so here:
    sort): for top-k the largest value with at least k values ``>= c``; for top-p the smallest cut
    whose mass strictly above it is below ``top_p``; then the normaliser of the kept values.
    Values equal to the cut are kept (the reference's sort may drop some of a tie at top-p).
-3. ``_bonus_kernel``: one program per request walks the last accepted node's row once, in
-   vocabulary order, for the inverse CDF of its residual (float64 running sum, as the reference).
+3. ``_sampling_decide_kernel``: one program per request makes the whole decision with its tree in
+   registers as [N, N] tiles (each child's probability read from its parent's three numbers, the
+   coin's interval among its siblings, the deepest all-good path as in greedy verify), then walks
+   the last accepted node's row once, in vocabulary order, for the inverse CDF of its residual
+   (float64 running sum, as the reference).
 
-so ``p(t | node) = exp(x_t - m) / z`` when ``x_t >= c``, else 0. The tree decision between 2 and 3
-takes the children's probabilities only, a [B, N] gather (``spectool.verify``). No host sync.
+so ``p(t | node) = exp(x_t - m) / z`` when ``x_t >= c``, else 0. No host sync.
 """
 
 from __future__ import annotations
@@ -101,37 +103,114 @@ def _row_cut_kernel(Logits, Temp, M, Cut, Z, N, V, top_k, top_p, BLOCK: tl.const
 
 
 @triton.jit
-def _bonus_kernel(Logits, Temp, M, Cut, Z, Argmax, Last, ChildTokens, U, Bonus, BonusCdf, N, V,
-                  BLOCK: tl.constexpr, BLOCK_N: tl.constexpr):
+def _node_probs(Logits, M, Cut, Z, b, parents, tokens, live, t, N, V):
+    """p(token | parent) of the given nodes (0 where not live; a padding node reads the root)."""
+    par = b * N + tl.maximum(parents, 0)
+    x = tl.load(Logits + par * V + tokens, mask=live, other=0.0).to(tl.float32) / t
+    m = tl.load(M + par, mask=live, other=0.0)
+    cut = tl.load(Cut + par, mask=live, other=0.0)
+    z = tl.load(Z + par, mask=live, other=1.0)
+    return tl.where(x >= cut, tl.exp(x - m) / z, 0.0)
+
+
+@triton.jit
+def _sampling_decide_kernel(
+    Logits, Temp, M, Cut, Z, Argmax, Tokens, Parents, Depth, Valid, Mask, Coins,
+    Status, Path, AcceptLength, Bonus, BonusCdf, ChildProbs, CoinsOut,
+    N, V, W, BLOCK: tl.constexpr, BLOCK_V: tl.constexpr,
+):
     b = tl.program_id(0).to(tl.int64)
-    row = b * N + tl.load(Last + b)
     t = tl.load(Temp + b)
-    m = tl.load(M + row)
-    cut = tl.load(Cut + row)
-    z = tl.load(Z + row)
-    u = tl.load(U + b)
-    j = tl.arange(0, BLOCK_N)
-    children = tl.load(ChildTokens + b * N + j, mask=j < N, other=-1)  # -1: not a child of the last node
-    cdf = tl.zeros((), tl.float64)
+    rows = tl.arange(0, BLOCK)  # node j of the [j, k] tiles
+    cols = tl.arange(0, BLOCK)  # node k
+    in_r = rows < N
+    in_c = cols < N
+    tok_r = tl.load(Tokens + b * N + rows, mask=in_r, other=0)
+    tok_c = tl.load(Tokens + b * N + cols, mask=in_c, other=0)
+    par_r = tl.load(Parents + b * N + rows, mask=in_r, other=-1)
+    par_c = tl.load(Parents + b * N + cols, mask=in_c, other=-1)
+    live_r = (tl.load(Valid + b * N + rows, mask=in_r, other=0) != 0) & (rows > 0)
+    live_c = (tl.load(Valid + b * N + cols, mask=in_c, other=0) != 0) & (cols > 0)
+    depth_r = tl.load(Depth + b * N + rows, mask=in_r, other=0)
+    depth_c = tl.load(Depth + b * N + cols, mask=in_c, other=0)
+    flat_r = _node_probs(Logits, M, Cut, Z, b, par_r, tok_r, in_r, t, N, V)
+    flat_c = _node_probs(Logits, M, Cut, Z, b, par_c, tok_c, in_c, t, N, V)
+    coin_par_r = tl.load(Coins + b * N + tl.maximum(par_r, 0), mask=in_r, other=1.0)
+    coin_par_c = tl.load(Coins + b * N + tl.maximum(par_c, 0), mask=in_c, other=1.0)
+
+    # Siblings in node order, a repeated token counted once (its first occurrence): the child whose
+    # share of [0, 1) holds its parent's coin is the one taken there. Each quantity is made along
+    # both tile axes (reductions over k for node j, over j for node k).
+    sib = (par_r[:, None] == par_c[None, :]) & live_r[:, None] & live_c[None, :]
+    k_before = cols[None, :] < rows[:, None]
+    j_before = rows[:, None] < cols[None, :]
+    same_tok = tok_r[:, None] == tok_c[None, :]
+    dup_r = tl.sum((sib & k_before & same_tok).to(tl.int32), axis=1) > 0
+    dup_c = tl.sum((sib & j_before & same_tok).to(tl.int32), axis=0) > 0
+    q_r = tl.where(live_r & ~dup_r, flat_r, 0.0)
+    q_c = tl.where(live_c & ~dup_c, flat_c, 0.0)
+    cum_r = tl.sum(tl.where(sib & ~j_before, q_c[None, :], 0.0), axis=1)  # k <= j
+    cum_c = tl.sum(tl.where(sib & ~k_before, q_r[:, None], 0.0), axis=0)  # j <= k
+    hit_r = (q_r > 0) & (coin_par_r < cum_r)
+    hit_c = (q_c > 0) & (coin_par_c < cum_c)
+    good_c = hit_c & (tl.sum((sib & j_before & hit_r[:, None]).to(tl.int32), axis=0) == 0)
+    ok = good_c | (cols == 0)
+
+    # Accept the deepest node whose root path is all good (ties: the lowest index), as greedy.
+    tile = Mask + b * N * N
+    m = tl.load(tile + rows[:, None] * N + cols[None, :], mask=in_r[:, None] & in_c[None, :], other=0) != 0
+    agree = tl.sum((m & ~ok[None, :]).to(tl.int32), axis=1) == 0
+    key = tl.where(agree & in_r, tl.maximum(depth_r, 0) * N + (N - 1 - rows), -1)
+    top = tl.max(key, axis=0)
+    last = N - 1 - top % N
+    tl.store(AcceptLength + b, (top // N).to(tl.int64))
+    accepted_c = tl.load(tile + last * N + cols, mask=in_c, other=0) != 0
+    accepted_r = tl.load(tile + last * N + rows, mask=in_r, other=0) != 0
+    dc = tl.maximum(depth_c, 0)
+    path = tl.max(tl.where(accepted_c[None, :] & (dc[None, :] == rows[:, None]), cols[None, :], -1), axis=1)
+    tl.store(Path + b * W + rows, path.to(tl.int64), mask=rows < W)
+    taken = tl.max(tl.where(rows[:, None] == dc[None, :], path[:, None], -1), axis=0)
+    taken = tl.where(taken < 0, N, taken)
+    is_parent = rows[:, None] == par_c[None, :]
+    parent_accepted = tl.sum((is_parent & accepted_r[:, None]).to(tl.int32), axis=0) > 0
+    valid_c = tl.load(Valid + b * N + cols, mask=in_c, other=0) != 0
+    rejected = valid_c & parent_accepted & ~accepted_c & (cols < taken) & (cols > 0)
+    tl.store(Status + b * N + cols, accepted_c.to(tl.int8) + 2 * rejected.to(tl.int8), mask=in_c)
+    coins_c = tl.load(Coins + b * N + cols, mask=in_c, other=0.0)
+    tl.store(CoinsOut + b * N + cols, tl.where(accepted_c, coins_c, float("nan")), mask=in_c)
+    tl.store(ChildProbs + b * N + cols, tl.where(cols > 0, flat_c, float("nan")), mask=in_c)
+
+    # Bonus: the inverse CDF of the last accepted node's residual (its children's tokens zeroed),
+    # in vocabulary order, at the coin left past its children's mass (float64 sums, as the reference).
+    child_of_last = live_c & (par_c == last)
+    child_mass = tl.sum(tl.where(child_of_last, q_c, 0.0), axis=0)
+    coin_last = tl.sum(tl.where(cols == last, coins_c, 0.0), axis=0)
+    u = tl.maximum(coin_last - child_mass, 0.0).to(tl.float64)
+    children = tl.where(child_of_last, tok_c, -1)
+    row = b * N + last
+    m_l = tl.load(M + row)
+    cut_l = tl.load(Cut + row)
+    z_l = tl.load(Z + row)
+    cdf = tl.full((), 0.0, tl.float64)
     count = 0
     found = 0
-    at_cdf = tl.zeros((), tl.float64)
-    at_p = tl.zeros((), tl.float64)
+    at_cdf = tl.full((), 0.0, tl.float64)
+    at_p = tl.full((), 0.0, tl.float64)
     last_nonzero = -1
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
         x = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
-        p = tl.where((x >= cut) & (offs < V), tl.exp(x - m) / z, 0.0)
+        p = tl.where((x >= cut_l) & (offs < V), tl.exp(x - m_l) / z_l, 0.0)
         is_child = tl.sum((offs[:, None] == children[None, :]).to(tl.int32), axis=1) > 0
         r = tl.where(is_child, 0.0, p).to(tl.float64)
         c = cdf + tl.cumsum(r, axis=0)
         below = c <= u
         n_below = tl.sum(below.to(tl.int32), axis=0)
-        first = ~below & (tl.arange(0, BLOCK) == n_below)  # the first entry past u in this block
+        first = ~below & (tl.arange(0, BLOCK_V) == n_below)  # the first entry past u in this block
         take = found == 0
         at_cdf = tl.where(take, tl.sum(tl.where(first, c, 0.0), axis=0), at_cdf)
         at_p = tl.where(take, tl.sum(tl.where(first, r, 0.0), axis=0), at_p)
-        found = tl.where(take & (n_below < BLOCK), 1, found)
+        found = tl.where(take & (n_below < BLOCK_V), 1, found)
         count += n_below
         last_nonzero = tl.maximum(last_nonzero, tl.max(tl.where(r > 0, offs, -1), axis=0))
         cdf = tl.max(tl.where(offs < V, c, 0.0), axis=0)
@@ -140,9 +219,8 @@ def _bonus_kernel(Logits, Temp, M, Cut, Z, Argmax, Last, ChildTokens, U, Bonus, 
     # falls back to the argmax, whose residual probability is 0.
     past = count >= V
     bonus = tl.where(total > 0, tl.where(past, last_nonzero, count), tl.load(Argmax + row))
-    # The last token's own residual probability, for the rounding case.
     xl = tl.load(Logits + row * V + tl.maximum(last_nonzero, 0)).to(tl.float32) / t
-    pl = tl.where(xl >= cut, tl.exp(xl - m) / z, 0.0).to(tl.float64)
+    pl = tl.where(xl >= cut_l, tl.exp(xl - m_l) / z_l, 0.0).to(tl.float64)
     bonus_p = tl.where(total > 0, tl.where(past, pl, at_p), 0.0)
     before = tl.where(total > 0, tl.where(past, total - pl, at_cdf - at_p), 0.0)
     tl.store(Bonus + b, bonus.to(tl.int64))
@@ -173,17 +251,29 @@ def sampling_rows_triton(logits: torch.Tensor, temperature: torch.Tensor, top_k:
     return m.view(bs, n), cut.view(bs, n), z.view(bs, n), argmax.view(bs, n)
 
 
-def sampling_bonus_triton(logits: torch.Tensor, temperature: torch.Tensor, rows: tuple, last: torch.Tensor,
-                          child_tokens: torch.Tensor, u: torch.Tensor):
-    """The bonus token at each request's last accepted node ``last`` [B]: the inverse CDF of its
-    residual (its distribution with ``child_tokens`` [B, N] zeroed, -1 = none) at ``u`` [B] float64.
-    Returns ``(bonus int64 [B], bonus_cdf float32 [B, 2])`` as ``spectool.verify.verify_sampling``."""
+def sampling_decide_triton(logits: torch.Tensor, temperature: torch.Tensor, rows: tuple, tokens: torch.Tensor,
+                           parents: torch.Tensor, depth: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor,
+                           coins: torch.Tensor, width: int):
+    """The whole tree decision and bonus from each node's ``rows`` (``sampling_rows_triton``), one
+    program per request. Returns ``(status int8 [B, N], accept_path int64 [B, width], accept_length
+    int64 [B], bonus int64 [B], bonus_cdf float32 [B, 2], child_probs float32 [B, N], coins float32
+    [B, N])`` as ``spectool.verify.verify_sampling``."""
     bs, n, vocab = logits.shape
+    dev = logits.device
     m, cut, z, argmax = rows
-    bonus = torch.empty(bs, dtype=torch.int64, device=logits.device)
-    bonus_cdf = torch.empty(bs, 2, dtype=torch.float32, device=logits.device)
-    _bonus_kernel[(bs,)](logits.contiguous(), temperature.float().contiguous(), m, cut, z, argmax,
-                         last.contiguous(), child_tokens.contiguous(), u.double().contiguous(), bonus, bonus_cdf,
-                         n, vocab, BLOCK=min(CUT_BLOCK, triton.next_power_of_2(vocab)),
-                         BLOCK_N=max(16, triton.next_power_of_2(n)))
-    return bonus, bonus_cdf
+    status = torch.empty(bs, n, dtype=torch.int8, device=dev)
+    path = torch.empty(bs, width, dtype=torch.int64, device=dev)
+    length = torch.empty(bs, dtype=torch.int64, device=dev)
+    bonus = torch.empty(bs, dtype=torch.int64, device=dev)
+    bonus_cdf = torch.empty(bs, 2, dtype=torch.float32, device=dev)
+    child_probs = torch.empty(bs, n, dtype=torch.float32, device=dev)
+    coins_out = torch.empty(bs, n, dtype=torch.float32, device=dev)
+    if bs:
+        block = max(16, triton.next_power_of_2(max(n, width)))
+        _sampling_decide_kernel[(bs,)](
+            logits.contiguous(), temperature.float().contiguous(), m.contiguous(), cut.contiguous(), z.contiguous(),
+            argmax.contiguous(), tokens.contiguous(), parents.contiguous(), depth.contiguous(),
+            valid.contiguous().view(torch.uint8), mask.contiguous().view(torch.uint8), coins.float().contiguous(),
+            status, path, length, bonus, bonus_cdf, child_probs, coins_out, n, vocab, width,
+            BLOCK=block, BLOCK_V=min(CUT_BLOCK, triton.next_power_of_2(vocab)), num_warps=4 if block <= 64 else 8)
+    return status, path, length, bonus, bonus_cdf, child_probs, coins_out
