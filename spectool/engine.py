@@ -36,8 +36,14 @@ from spectool.stats import RunStats
 from spectool.timing import PhaseTimer
 from spectool.trace.recorder import PackedRows, Recorder, pack_rows
 from spectool.trace.select import Record
-from spectool.verify import (VerifyResult, commit_kv, verify_greedy, verify_greedy_parts, verify_sampling,
-                             verify_sampling_fused)
+from spectool.verify import (
+    VerifyResult,
+    commit_kv,
+    verify_greedy,
+    verify_greedy_parts,
+    verify_sampling,
+    verify_sampling_fused,
+)
 
 
 @dataclass
