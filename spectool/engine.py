@@ -531,8 +531,10 @@ class Engine:
         # The whole distribution: under tensor parallelism the logits are joined (one all-gather).
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
         coins = sampling_coins(self._sample_seed, self._slot_nonce[slots], tree.seq_lens, tree.num_nodes)
-        if not record and (logits.is_cuda or triton_on_cpu()):
+        if not record and top_k == 0 and top_p == 1 and (logits.is_cuda or triton_on_cpu()):
             # Nothing recorded needs the [B, N, V] probabilities: the fused verify never makes them.
+            # Its top-k / top-p cut (a bisection of whole-row passes, one program per node) is exact
+            # but not yet faster than torch's sort at a 128k vocabulary, so those keep the torch verify.
             res = verify_sampling_fused(tree, logits, temperature, top_k, top_p, coins)
         else:
             res = verify_sampling(tree, logits, temperature, top_k, top_p, None, coins)
