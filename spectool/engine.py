@@ -533,8 +533,8 @@ class Engine:
         coins = sampling_coins(self._sample_seed, self._slot_nonce[slots], tree.seq_lens, tree.num_nodes)
         if not record and top_k == 0 and top_p == 1 and (logits.is_cuda or triton_on_cpu()):
             # Nothing recorded needs the [B, N, V] probabilities: the fused verify never makes them.
-            # Its top-k / top-p cut (a bisection of whole-row passes, one program per node) is exact
-            # but not yet faster than torch's sort at a 128k vocabulary, so those keep the torch verify.
+            # Its top-k / top-p cut is exact but costs up to 68 whole-row passes by one program per node
+            # (bisections), which a 128k vocabulary makes slow: those settings keep the torch verify.
             res = verify_sampling_fused(tree, logits, temperature, top_k, top_p, coins)
         else:
             res = verify_sampling(tree, logits, temperature, top_k, top_p, None, coins)
