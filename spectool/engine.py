@@ -91,6 +91,10 @@ class GenerateResult:
     trace: object | None = None
 
 
+# The smallest batch for which the fused sampling verify is faster than the torch one (measured at 1 and 64).
+FUSED_SAMPLING_MIN_BATCH = 64
+
+
 class Engine:
     """Speculative decoding over a loaded target.
 
@@ -531,10 +535,13 @@ class Engine:
         # The whole distribution: under tensor parallelism the logits are joined (one all-gather).
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
         coins = sampling_coins(self._sample_seed, self._slot_nonce[slots], tree.seq_lens, tree.num_nodes)
-        if not record and top_k == 0 and top_p == 1 and (logits.is_cuda or triton_on_cpu()):
+        if (not record and top_k == 0 and top_p == 1 and logits.shape[0] >= FUSED_SAMPLING_MIN_BATCH
+                and (logits.is_cuda or triton_on_cpu())):
             # Nothing recorded needs the [B, N, V] probabilities: the fused verify never makes them.
             # Its top-k / top-p cut is exact but costs up to 68 whole-row passes by one program per node
             # (bisections), which a 128k vocabulary makes slow: those settings keep the torch verify.
+            # Graphed on the H200 (N 16, V 128,256) it took 1,216 µs at bs 64 against the torch verify's
+            # 1,861, but 1,034 against 343 at bs 1, where one program walking each row is too few.
             res = verify_sampling_fused(tree, logits, temperature, top_k, top_p, coins)
         else:
             res = verify_sampling(tree, logits, temperature, top_k, top_p, None, coins)
