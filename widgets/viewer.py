@@ -146,7 +146,8 @@ class TraceViewer(anywidget.AnyWidget):
                 self._requests.pop(next(iter(self._requests)))
             # A large lazily loaded trace reads every request row the first time a text is asked for:
             # the text follows in its own message, after the tree is drawn.
-            self._requests[request] = request_data(self.trace, request, with_text=len(self.trace) <= LARGE_RECORDS)
+            self._requests[request] = request_data(self.trace, request,
+                                                   with_text=len(self.trace) <= LARGE_RECORDS)
         return self._requests[request]
 
     def _view(self):

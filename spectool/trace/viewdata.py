@@ -410,7 +410,8 @@ def header_data(trace: Any) -> dict:
 
 def preload(header: dict, blob: Blob, trace: Any, request: int, chunks: Any = None) -> dict:
     """Put one request's data, and its ``chunks`` (default: all), in ``header["loaded"]`` and ``blob``."""
-    data = request_data(trace, request)
+    # A large lazily loaded trace reads every request row for the first text: that follows on its own.
+    data = request_data(trace, request, with_text=len(trace) <= LARGE_RECORDS)
     rows = request_row_numbers(trace, request)
     if chunks is None:  # every chunk: one read, then zero-copy slices
         table = trace.take(rows, NODE_SOURCE_COLUMNS).combine_chunks()
