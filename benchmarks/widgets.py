@@ -19,7 +19,7 @@ Prints a table and, when $OUT is set, writes $OUT/widgets.json. Measures:
   asks the kernel for later (a chunk, another request, a request's text the first time and again).
 The open goals: <= 2 s for 10,000 iterations, <= 3 s for 1,000,000 records (kernel and page).
 
-The 10,000-iteration trace is a synthetic recording (tests/trace_factory.py) whose rows are
+The 10,000-iteration trace is tests/browser_pages.long_trace: a synthetic recording whose rows are
 repeated and renumbered up to --iterations: what is measured depends on row count
 and tree size, not on what the trees hold.
 """
@@ -35,28 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-
-
-def big_trace(iterations: int, nodes: int):
-    """A one-request trace of `iterations` rows with `nodes`-node EAGLE-like trees."""
-    from trace_factory import make_trace
-
-    from spectool.trace.reader import Trace
-
-    small = make_trace("eagle", num_requests=1, batch_size=1, num_draft_tokens=nodes, max_new_tokens=80,
-                       seed=0)
-    steps = small.steps.filter(pc.equal(small.steps["request_id"], 0))
-    reps = -(-iterations // steps.num_rows)
-    steps = pa.concat_tables([steps] * reps).slice(0, iterations)
-    steps = steps.set_column(steps.schema.get_field_index("iteration"), "iteration",
-                             pa.array(np.arange(iterations, dtype=np.int32)))
-    return Trace.from_tables(steps, small.requests, small.run_info, small.tokenizer_json)
 
 
 def timed(fn) -> float:
@@ -130,7 +110,9 @@ def main() -> None:
     from spectool.widgets import TraceViewer
     import_s = time.perf_counter() - t0
 
-    trace = big_trace(args.iterations, args.nodes)
+    from browser_pages import long_trace
+
+    trace = long_trace(args.iterations, args.nodes)
     opens = [timed(lambda: TraceViewer(trace)) for _ in range(3)]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -18,6 +18,7 @@ and the static snapshot kept in the notebook show the last state.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,9 @@ class TraceViewer(anywidget.AnyWidget):
     """
 
     _esm = STATIC / "viewer.js"
-    header = traitlets.Dict().tag(sync=True)
+    # The header travels as UTF-8 JSON bytes: ipywidgets walks a Dict trait's every list looking for
+    # buffers, which costs seconds on a long request's per-iteration columns.
+    header_json = traitlets.Bytes().tag(sync=True)
     blob = traitlets.Bytes().tag(sync=True)
     request = traitlets.Int(0).tag(sync=True)
     position = traitlets.Int(0).tag(sync=True)
@@ -87,7 +90,9 @@ class TraceViewer(anywidget.AnyWidget):
                     preload(header, blob, self.trace, r)
             elif start in ids:
                 preload(header, blob, self.trace, start, [0])
-        super().__init__(header=header, blob=blob.bytes(), request=int(start or 0), position=0)
+        encoded = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+        super().__init__(header_json=encoded, blob=blob.bytes(), request=int(start or 0), position=0)
+        self.header = header  # what the page got (`requests`: the picker's list)
         self.add_class("spectool-viewer")
         self.error = header.get("error")
         if self.trace is not None and request is not None and not self.positions:

@@ -276,14 +276,15 @@ def _depths(parents: np.ndarray, offsets: np.ndarray, valid: np.ndarray | None =
     sizes = np.diff(offsets)
     starts = offsets[:-1]
     drawn[starts[sizes > 0]] = True
+    live = np.arange(len(sizes))
     for i in range(1, int(sizes.max()) if len(sizes) else 0):
-        rows = np.nonzero(sizes > i)[0]
-        idx = starts[rows] + i
+        live = live[sizes[live] > i]  # the rows with a node at position i
+        idx = starts[live] + i
         par = parents[idx]
         ok = (par >= 0) & (par < i)
-        pidx = starts[rows][ok] + par[ok]
+        pidx = starts[live][ok] + par[ok]
         depth[idx[ok]] = depth[pidx] + 1
-        drawn[idx[ok]] = drawn[pidx] & (True if valid is None else valid[idx[ok]])
+        drawn[idx[ok]] = drawn[pidx] if valid is None else drawn[pidx] & valid[idx[ok]]
     return depth, drawn
 
 
@@ -393,6 +394,8 @@ def header_data(trace: Any) -> dict:
     info = trace.run_info or {}
     agg = trace.aggregates(AGGREGATE_POINTS)
     table = agg.pop("requests")
+    for series in ("accept_length", "batch", "iteration_us"):  # JSON has no NaN: a bucket without timings
+        agg[series] = {k: [None if v != v else v for v in vals] for k, vals in agg[series].items()}
     requests = [{"id": int(r), "label": f"request {r} · {n} iterations · mean accept length {m:.2f}"}
                 for r, n, m in zip(table["id"], table["records"], table["mean_accept_length"]) if r >= 0]
     return {

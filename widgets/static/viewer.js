@@ -930,7 +930,8 @@ function showSnapshot(model, el, why) {
 
 export default {
   async render({model, el}) {
-    const error = (model.get('header') || {}).error;
+    const header = JSON.parse(new TextDecoder().decode(model.get('header_json') || new Uint8Array()) || '{}');
+    const error = header.error;
     showSnapshot(model, el, error || 'static snapshot: the interactive view starts when the kernel answers');
     const Plotly = await loadPlotly(model);
     if (!Plotly || !el.isConnected && !el.parentNode) return;
@@ -941,7 +942,7 @@ export default {
       if (ctl && msg && ['request', 'chunk', 'text'].includes(msg.kind)) ctl.receive(msg, own(buffers && buffers[0]));
     };
     model.on('msg:custom', reply);
-    ctl = mount(el, model.get('header'), own(model.get('blob')), Plotly, {
+    ctl = mount(el, header, own(model.get('blob')), Plotly, {
       initial: {request: model.get('request'), position: model.get('position')},
       fetch: (msg) => { try { model.send(msg); } catch (e) { /* no kernel: what was sent stays steppable */ } },
       // Tell the kernel where we are (for to_figure and the saved snapshot) once stepping pauses:
@@ -953,7 +954,7 @@ export default {
     });
     const follow = () => {
       const s = ctl.state();
-      const i = model.get('header').requests.findIndex((r) => r.id === model.get('request'));
+      const i = header.requests.findIndex((r) => r.id === model.get('request'));
       if (i >= 0 && model.get('request') !== s.request) ctl.showRequest(i, model.get('position'));
       else if (model.get('position') !== s.position) ctl.goTo(model.get('position'));
     };
