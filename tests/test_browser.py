@@ -479,7 +479,10 @@ OPEN_WATCH_JS = """(sel) => {
   const t0 = performance.now();
   const watch = new MutationObserver(() => {
     const v = document.querySelector(sel);
-    if (v && v !== old && v.querySelector('.sv-tree-area circle')) { window.__openMs = performance.now() - t0; watch.disconnect(); }
+    if (v && v !== old && v.querySelector('.sv-tree-area circle')) {
+      window.__openMs = performance.now() - t0;
+      watch.disconnect();
+    }
   });
   watch.observe(document.body, {childList: true, subtree: true});
 }"""
