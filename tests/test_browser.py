@@ -511,6 +511,9 @@ def test_a_long_trace_opens_and_steps_across_chunks_in_jupyterlab(browser, lab):
     server, root = lab
     page = browser.new_page(viewport=WIDE)
     viewer = ".jp-Cell:nth-child(2) .spectool-viewer"
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     try:
         open_notebook(page, server, "long.ipynb")
         page.wait_for_selector(f"{viewer} .sv-tree-area circle", timeout=RUN_TIMEOUT_MS)
@@ -549,6 +552,7 @@ def test_a_long_trace_opens_and_steps_across_chunks_in_jupyterlab(browser, lab):
         page.screenshot(path=str(ARTIFACTS / "lab_long_far.png"))
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "lab_long_failure.png"), full_page=True)
+        print("page errors:", errors)
         raise
     finally:
         page.close()

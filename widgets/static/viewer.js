@@ -934,7 +934,7 @@ export default {
     const error = header.error;
     showSnapshot(model, el, error || 'static snapshot: the interactive view starts when the kernel answers');
     const Plotly = await loadPlotly(model);
-    if (!Plotly || !el.isConnected && !el.parentNode) return;
+    if (!Plotly) return;  // el may not be in the page yet (plotly.js already there): mount anyway, it measures on resize
     const own = (dv) => (dv ? dv.buffer.slice(dv.byteOffset, dv.byteOffset + dv.byteLength) : new ArrayBuffer(0));
     let pending = null, ctl = null;
     // The kernel's replies to the page's questions (a request, a chunk, a text): binary arrays as a buffer.
