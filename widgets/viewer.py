@@ -58,7 +58,12 @@ PRELOAD_RECORDS = 4096
 
 
 class TraceViewer(anywidget.AnyWidget):
-    """Every view of a trace, linked, rendered in the browser from data sent once.
+    """Every view of a trace, linked, rendered in the browser from data already in the page.
+
+    The request picker is searchable (an id, or any part of a request's label). Plots over many
+    iterations are downsampled: the whole-run plot shows `Trace.aggregates` (at most 1,000 buckets
+    of consecutive iterations, each its mean with a min-max band), and a request of more than
+    1,500 iterations draws its per-iteration plots as bucket means with their min-max band too.
 
     Args:
         source: a Trace or a path to a `.sptrace` file.
