@@ -106,8 +106,10 @@ const CSS = `
 .spectool-viewer .sv-legend { display: flex; flex-wrap: wrap; gap: 4px 12px; font-size: 12px; color: #444; }
 .spectool-viewer .sv-chip { display: inline-block; width: 10px; height: 10px; border-radius: 50%;
   margin-right: 4px; border: 1px solid #333; vertical-align: -1px; }
-.spectool-viewer .sv-marker { position: absolute; width: 0; border-left: 2px solid ${HIGHLIGHT};
-  pointer-events: none; display: none; }
+/* The current-iteration marker moves on the compositor (a transform on its own layer): moving it
+   repaints nothing of the plot under it, whose filled bands cost milliseconds to raster. */
+.spectool-viewer .sv-marker { position: absolute; left: 0; width: 0; border-left: 2px solid ${HIGHLIGHT};
+  pointer-events: none; display: none; will-change: transform; }
 .spectool-viewer .sv-message { color: #a94442; }
 .spectool-viewer .sv-note { color: #666; font-size: 12px; }
 .spectool-viewer .sv-tree-area, .spectool-viewer .spectool-mask .sv-plot-area { overflow-x: auto; }
@@ -229,7 +231,7 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   // ----- controls ---------------------------------------------------------------------------
   const picker = h('select', {class: 'sv-request', 'aria-label': 'request'});
   const search = h('input', {type: 'search', class: 'sv-request-search', placeholder: `find request (${header.requests.length})`,
-                             'aria-label': 'find request', style: 'width: 11em'});
+                             'aria-label': 'find request', style: 'width: 9em'});
   const play = h('button', {class: 'sv-play', title: 'play / pause'}, '▶ play');
   const speed = h('select', {class: 'sv-speed', 'aria-label': 'play speed'});
   SPEEDS.forEach((s) => speed.append(new Option(`${s} step/s`, String(s))));
@@ -465,10 +467,14 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     const xa = full.xaxis, ya = full.yaxis;
     // plotly's own numbers, no DOM reads: the marker lives inside the plot's div
     if (p.marker.parentNode !== gd) gd.append(p.marker);
-    p.marker.style.left = `${xa._offset + xa.l2p(xval) - 1}px`;
-    p.marker.style.top = `${ya._offset}px`;
-    p.marker.style.height = `${ya._length}px`;
-    p.marker.style.display = 'block';
+    p.marker.style.transform = `translateX(${xa._offset + xa.l2p(xval) - 1}px)`;
+    if (p.marker.style.display !== 'block' || p.markerTop !== ya._offset || p.markerHeight !== ya._length) {
+      p.markerTop = ya._offset;
+      p.markerHeight = ya._length;
+      p.marker.style.top = `${ya._offset}px`;
+      p.marker.style.height = `${ya._length}px`;
+      p.marker.style.display = 'block';
+    }
   }
 
   function renderText(v) {
