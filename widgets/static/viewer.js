@@ -629,7 +629,8 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
       height: 260, margin: {l: 56, r: 12, t: 8, b: 44}, plot_bgcolor: 'white', showlegend: false,
       xaxis: {title: {text: 'iteration'}, tickformat: 'd'},
       yaxis: {title: {text: 'mean accept length (tokens)'}, rangemode: 'tozero'}}, CONFIG);
-    whole.title.textContent = `whole run: mean accept length per iteration over all ${header.requests.length} requests` +
+    const all = header.requests.length === 1 ? 'its one request' : `all ${header.requests.length} requests`;
+    whole.title.textContent = `whole run: mean accept length per iteration over ${all}` +
       (G.bucket_size > 1 ? ` · means of ${G.bucket_size} iterations, band min-max` : '');
   }
 
