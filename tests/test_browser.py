@@ -514,6 +514,7 @@ def test_a_long_trace_opens_and_steps_across_chunks_in_jupyterlab(browser, lab):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    server.shutdown_kernels()  # the notebooks before: Run All waits for this notebook's kernel alone
     try:
         open_notebook(page, server, "long.ipynb")
         page.wait_for_selector(f"{viewer} .sv-tree-area circle", timeout=RUN_TIMEOUT_MS)
