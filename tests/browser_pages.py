@@ -15,6 +15,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from trace_factory import VOCAB, make_trace
 
 from spectool.trace.reader import Trace
@@ -56,6 +59,18 @@ def hostile_trace(path: Path) -> Trace:
     trace = Trace(base.steps, requests, info, hostile_tokenizer_json())
     trace.save(path)
     return Trace.load(path)
+
+
+def long_trace(iterations: int, nodes: int) -> Trace:
+    """A one-request trace of `iterations` iterations with `nodes`-node EAGLE-like trees: a synthetic
+    recording's rows repeated and renumbered (what a view costs depends on row count and tree size)."""
+    small = make_trace("eagle", num_requests=1, batch_size=1, num_draft_tokens=nodes, max_new_tokens=80, seed=0)
+    steps = small.steps.filter(pc.equal(small.steps["request_id"], 0))
+    reps = -(-iterations // steps.num_rows)
+    steps = pa.concat_tables([steps] * reps).slice(0, iterations)
+    steps = steps.set_column(steps.schema.get_field_index("iteration"), "iteration",
+                             pa.array(np.arange(iterations, dtype=np.int32)))
+    return Trace.from_tables(steps, small.requests, small.run_info, small.tokenizer_json)
 
 
 def free_port() -> int:

@@ -24,13 +24,35 @@ def trace():
 
 
 def page_data(html: str) -> dict:
-    """The header the page's script reads, with each request's typed arrays decoded from the blob."""
+    """What the page's script reads, each request's chunks joined back into one run of iterations:
+    per-node arrays decoded from the blob (``arrays``), offsets, paths, masks and top-k starts over
+    the whole request, its text fields, and every token text the page was given (``texts``)."""
     header = json.loads(re.search(r'<script type="application/json" id="spectool-header">(.*?)</script>',
                                   html, re.S).group(1).replace("<\\/", "</"))
     blob = gzip.decompress(base64.b64decode(re.search(r'id="spectool-blob">(.*?)</script>', html, re.S).group(1)))
-    for req in header["requests"]:
-        req["arrays"] = {name: np.frombuffer(blob, dtype=np.dtype(dtype), count=n, offset=off)
-                         for name, (dtype, off, n) in req["nodes"].items()}
+    texts = dict(header["texts"])
+    requests = []
+    for req in header.get("loaded", []):
+        texts.update(req["texts"], **req["text"]["texts"])
+        req.update({k: v for k, v in req["text"].items() if k != "texts"})
+        chunks = [req["loaded"][str(c)] for c in range(req["chunks"])]
+        assert len(req["loaded"]) == req["chunks"]  # the report holds every iteration
+        arrays: dict[str, list] = {}
+        offsets, topk_start = [0], []
+        req["path"], req["masks"], req["topk_k"] = [], [], []
+        for chunk in chunks:
+            texts.update(chunk["texts"])
+            for name, (dtype, off, n) in chunk["nodes"].items():
+                arrays.setdefault(name, []).append(np.frombuffer(blob, dtype=np.dtype(dtype), count=n, offset=off))
+            offsets += [offsets[-1] + o for o in chunk["offsets"][1:]]
+            base = sum(len(a) for a in arrays["topk"][:-1])
+            topk_start += [base + s for s in chunk["topk_start"]]
+            for name in ("path", "masks", "topk_k"):
+                req[name] += chunk[name]
+        req["arrays"] = {name: np.concatenate(parts) for name, parts in arrays.items()}
+        req["offsets"], req["topk_start"] = offsets, topk_start
+        requests.append(req)
+    header["requests"], header["texts"] = requests, texts
     return header
 
 
@@ -51,7 +73,10 @@ def page_mask(req: dict, k: int) -> np.ndarray:
     return mask
 
 
-def test_report_is_standalone_and_holds_every_iteration(trace, tmp_path):
+def test_report_is_standalone_and_holds_every_iteration(trace, tmp_path, monkeypatch):
+    import spectool.trace.viewdata as viewdata
+
+    monkeypatch.setattr(viewdata, "CHUNK", 5)  # several chunks per request, joined back by page_data
     out = write_report(trace, tmp_path / "r.html")
     page = out.read_text()
     # No network: no external scripts, styles or fetches; plotly.js itself is inline.
@@ -59,6 +84,7 @@ def test_report_is_standalone_and_holds_every_iteration(trace, tmp_path):
     assert get_plotlyjs()[:2000] in page
     data = page_data(page)
     assert [r["id"] for r in data["requests"]] == trace.request_ids
+    assert all(r["chunks"] > 1 for r in data["requests"])
     for req in data["requests"]:
         r = req["id"]
         arr = req["arrays"]

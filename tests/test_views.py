@@ -197,3 +197,40 @@ def test_live_decode_legend_matches_the_checkpoint_and_colours_do_not_repeat():
     assert all(f"layer {k}" in legend for k in range(4)) and "layer 4" not in legend
     assert live.text.layout.max_height and live.text.layout.overflow == "auto"
     assert len({depth_colour(d) for d in range(1, 25)}) == 24
+
+
+def test_viewer_sends_requests_and_chunks_on_demand(eagle_trace, monkeypatch):
+    """A trace too big to send whole: the page gets the first chunk at open, then asks for more; each
+    answer holds the same nodes as `Trace.iteration` (the independent record reader)."""
+    import spectool.trace.viewdata as viewdata
+    import spectool.widgets.viewer as viewer_module
+
+    monkeypatch.setattr(viewer_module, "PRELOAD_RECORDS", 0)
+    monkeypatch.setattr(viewdata, "CHUNK", 3)
+    viewer = TraceViewer(eagle_trace)
+    [first] = viewer.header["loaded"]
+    assert first["id"] == viewer.request and list(first["loaded"]) == ["0"] and first["chunks"] > 1
+    sent = []
+    monkeypatch.setattr(viewer, "send", lambda content, buffers=None: sent.append((content, buffers)))
+    other = next(r for r in eagle_trace.request_ids if r != viewer.request)
+    viewer._message(viewer, {"kind": "request", "request": other}, [])
+    data = sent[-1][0]["data"]
+    its = eagle_trace.iterations(other)
+    assert data["id"] == other and data["iteration"] == its
+    assert data["accept_length"] == [eagle_trace.iteration(i, other).accept_length for i in its]
+    for chunk in range(data["chunks"]):
+        viewer._message(viewer, {"kind": "chunk", "request": other, "chunk": chunk}, [])
+        content, [buffer] = sent[-1]
+        meta = content["data"]
+        arrays = {name: np.frombuffer(buffer, dtype=np.dtype(dtype), count=n, offset=off)
+                  for name, (dtype, off, n) in meta["nodes"].items()}
+        for j, it in enumerate(its[chunk * 3:(chunk + 1) * 3]):
+            view = eagle_trace.iteration(it, other)
+            a, b = meta["offsets"][j], meta["offsets"][j + 1]
+            np.testing.assert_array_equal(arrays["tokens"][a:b], view.tokens)
+            np.testing.assert_array_equal(arrays["parents"][a:b], view.parents)
+            assert meta["path"][j] == [int(i) for i in view.accept_path if i >= 0]
+    viewer._message(viewer, {"kind": "text", "request": other}, [])
+    assert sent[-1][0]["data"]["output"] == eagle_trace.request(other)["output_tokens"]
+    viewer._message(viewer, {"kind": "chunk", "request": "x"}, [])  # malformed: no answer, no traceback
+    assert sent[-1][0]["kind"] == "text"

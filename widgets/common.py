@@ -25,9 +25,10 @@ def open_trace(source: Any) -> tuple[Any | None, str | None]:
             return None, f"no trace file at {source}"
         except (ValueError, OSError) as e:  # TraceFormatError is a ValueError
             return None, f"cannot read {source}: {e}"
-    if source is None or not hasattr(source, "steps"):
+    # On the class: a lazily loaded trace's `steps` property would read the whole file.
+    if source is None or not (hasattr(type(source), "steps") or "steps" in getattr(source, "__dict__", {})):
         return None, f"expected a spectool Trace or a path to a .sptrace file, got {type(source).__name__}"
-    if source.steps.num_rows == 0:
+    if len(source) == 0:  # from the index: a lazily loaded trace decodes nothing
         return source, "this trace has no draft iterations (empty trace)"
     return source, None
 

@@ -3,19 +3,27 @@
     viewer = TraceViewer("run.sptrace")     # or a Trace
     viewer                                   # Play (with speed) / slider / ← → keys, request picker, find
 
-The whole trace goes to the page once (`spectool.trace.viewdata`: a JSON header and
-a blob of typed arrays) and widgets/static/viewer.js renders every step there, the
-same module the standalone report runs: stepping needs no kernel round trip. The
-page reports its position back (`request`, `position`), so `to_figure()` and the
-static snapshot kept in the notebook show the last state.
+The page gets a header at once (`spectool.trace.viewdata.header_data`: run facts, the
+request list, whole-run series downsampled to at most 1,000 buckets with their min and max,
+calibration) and the shown request's data: its per-iteration columns and the per-node arrays
+of the iterations around the shown one, in chunks of 256 iterations sent as binary buffers.
+widgets/static/viewer.js renders every step from those (the same module the standalone report
+runs), asks the kernel for another request or chunk when it is first needed and for the next
+chunk before the player reaches it: stepping needs no kernel round trip, and a trace of a
+million records opens in the time it takes to read its index and one request. A small trace
+(at most PRELOAD_RECORDS records) is sent whole, so a saved notebook steps through all of it
+without a kernel. The page reports its position back (`request`, `position`), so `to_figure()`
+and the static snapshot kept in the notebook show the last state.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import anywidget
+import numpy as np
 import plotly.graph_objects as go
 import traitlets
 from plotly.offline import get_plotlyjs
@@ -30,16 +38,32 @@ from spectool.trace.figures import (
     tree_figure,
 )
 from spectool.trace.snapshot import iteration_svg, snapshot_html
-from spectool.trace.viewdata import view_data
+from spectool.trace.viewdata import (
+    LARGE_RECORDS,
+    Blob,
+    chunk_data,
+    chunk_rows,
+    header_data,
+    preload,
+    request_data,
+    text_data,
+)
 
 from .common import open_trace
 from .views import first_request, last_accepted, no_iterations_message
 
 STATIC = Path(__file__).parent / "static"
+# A trace of at most this many records goes to the page whole (every request, every iteration).
+PRELOAD_RECORDS = 4096
 
 
 class TraceViewer(anywidget.AnyWidget):
-    """Every view of a trace, linked, rendered in the browser from data sent once.
+    """Every view of a trace, linked, rendered in the browser from data already in the page.
+
+    The request picker is searchable (an id, or any part of a request's label). Plots over many
+    iterations are downsampled: the whole-run plot shows `Trace.aggregates` (at most 1,000 buckets
+    of consecutive iterations, each its mean with a min-max band), and a request of more than
+    1,500 iterations draws its per-iteration plots as bucket means with their min-max band too.
 
     Args:
         source: a Trace or a path to a `.sptrace` file.
@@ -47,7 +71,9 @@ class TraceViewer(anywidget.AnyWidget):
     """
 
     _esm = STATIC / "viewer.js"
-    header = traitlets.Dict().tag(sync=True)
+    # The header travels as UTF-8 JSON bytes: ipywidgets walks a Dict trait's every list looking for
+    # buffers, which costs seconds on a long request's per-iteration columns.
+    header_json = traitlets.Bytes().tag(sync=True)
     blob = traitlets.Bytes().tag(sync=True)
     request = traitlets.Int(0).tag(sync=True)
     position = traitlets.Int(0).tag(sync=True)
@@ -56,18 +82,28 @@ class TraceViewer(anywidget.AnyWidget):
     def __init__(self, source: Any, request: int | None = None):
         self.trace, error = open_trace(source)
         header: dict = {"requests": [], "texts": {}, "facts": [], "calibration": {"groups": []}, "phases": []}
-        blob = b""
+        blob = Blob()
         if self.trace is not None and not error:
-            header, blob = view_data(self.trace)
+            header = header_data(self.trace)
         if error or not header["requests"]:
             header["error"] = error or "this trace has no draft iterations"
         start = request if request is not None else (first_request(self.trace) if self.trace is not None else 0)
-        super().__init__(header=header, blob=blob, request=int(start or 0), position=0)
+        if not header.get("error"):
+            ids = [r["id"] for r in header["requests"]]
+            if len(self.trace) <= PRELOAD_RECORDS:
+                for r in ids:
+                    preload(header, blob, self.trace, r)
+            elif start in ids:
+                preload(header, blob, self.trace, start, [0])
+        encoded = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+        super().__init__(header_json=encoded, blob=blob.bytes(), request=int(start or 0), position=0)
+        self.header = header  # what the page got (`requests`: the picker's list)
         self.add_class("spectool-viewer")
         self.error = header.get("error")
         if self.trace is not None and request is not None and not self.positions:
             self.error = no_iterations_message(self.trace, request)
-        self._accept: dict[int, Any] = {}  # accept lengths per request, for the snapshot
+        self._requests: dict[int, dict] = {r["id"]: {k: v for k, v in r.items() if k != "loaded"}
+                                           for r in header.get("loaded", [])}
         self.on_msg(self._message)
         self.observe(lambda _: self._snap(), names=["request", "position"])
         self._snap()
@@ -94,8 +130,35 @@ class TraceViewer(anywidget.AnyWidget):
             self.position = position
 
     def _message(self, _widget: Any, content: dict, _buffers: list) -> None:
-        if isinstance(content, dict) and content.get("kind") == "plotly":
+        """The page's questions: plotly.js, a request's columns, a chunk of per-node arrays, a request's text."""
+        if not isinstance(content, dict):
+            return
+        kind, request = content.get("kind"), content.get("request")
+        if kind == "plotly":
             self.send({"kind": "plotly"}, buffers=[get_plotlyjs().encode()])
+        elif self.trace is None or not isinstance(request, int):
+            return
+        elif kind == "request":
+            self.send({"kind": "request", "data": self._request_data(request)})
+        elif kind == "chunk" and isinstance(content.get("chunk"), int):
+            blob = Blob()
+            data = chunk_data(chunk_rows(self.trace, request, content["chunk"]), blob, self.trace)
+            self.send({"kind": "chunk", "request": request, "chunk": content["chunk"], "data": data},
+                      buffers=[blob.bytes()])
+        elif kind == "text":
+            accept = self._request_data(request)["accept_length"]
+            self.send({"kind": "text", "request": request, "data": text_data(self.trace, request, accept)})
+
+    def _request_data(self, request: int) -> dict:
+        """A request's per-iteration columns, kept for the last few requests shown."""
+        if request not in self._requests:
+            if len(self._requests) >= 8:
+                self._requests.pop(next(iter(self._requests)))
+            # A large lazily loaded trace reads every request row the first time a text is asked for:
+            # the text follows in its own message, after the tree is drawn.
+            self._requests[request] = request_data(self.trace, request,
+                                                   with_text=len(self.trace) <= LARGE_RECORDS)
+        return self._requests[request]
 
     def _view(self):
         it = self.iteration
@@ -106,9 +169,7 @@ class TraceViewer(anywidget.AnyWidget):
         if view is None:
             self.snapshot = ""
             return
-        if self.request not in self._accept:
-            self._accept[self.request] = request_columns(self.trace.steps, self.request)["accept_length"]
-        acc = self._accept[self.request]
+        acc = np.asarray(self._request_data(self.request)["accept_length"], np.int64)
         self.snapshot = iteration_svg(view, self.trace.token_text, acc, self.position, iteration_title(view))
 
     def _repr_mimebundle_(self, **kwargs: Any):
@@ -127,7 +188,7 @@ class TraceViewer(anywidget.AnyWidget):
         sel = last_accepted(view)
         tree = tree_figure(view, sel, self.trace.token_text)
         mask = mask_figure(view, sel)
-        cols = request_columns(self.trace.steps, self.request)
+        cols = request_columns(self.trace.request_steps(self.request), self.request)
         acc = acceptance_traces(cols, self.position)
         fig = make_subplots(rows=2, cols=2, subplot_titles=("draft tree", "tree mask", "accept length",
                                                             acc[2]["name"]),

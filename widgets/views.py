@@ -15,7 +15,6 @@ from typing import Any
 import ipywidgets as widgets
 import numpy as np
 import plotly.graph_objects as go
-import pyarrow.compute as pc
 
 from spectool.trace.figures import (
     TEMPLATE,
@@ -38,8 +37,9 @@ from .saved import StaticOutput, iteration_picture
 
 def first_request(trace: Any) -> int | None:
     """The first request that has draft iterations (None when none has)."""
-    with_steps = set(pc.unique(trace.steps.column("request_id")).to_pylist())
-    return next((r for r in trace.request_ids if r in with_steps), None)
+    reqs = trace.keys()[1]  # the index: a lazily loaded trace decodes nothing
+    reqs = reqs[reqs >= 0]
+    return int(reqs.min()) if len(reqs) else None
 
 
 def no_iterations_message(trace: Any, request: int) -> str:

@@ -51,14 +51,19 @@ def write_report(trace_or_path: Any, out_html: str | Path) -> Path:
         trace = trace_or_path
         source = ""
     header, blob = view_data(trace)
-    header["source"] = source
+    out = Path(out_html)
+    out.write_text(page_html(header, blob, source), encoding="utf-8")
+    return out
+
+
+def page_html(header: dict, blob: bytes, source: str = "") -> str:
+    """A standalone page that mounts viewer.js on ``header`` and ``blob`` (`view_data`'s, or any part of
+    them: a request or chunk that is not there shows as loading)."""
+    header = dict(header, source=source)
     payload = _script_safe(json.dumps(header, separators=(",", ":"), allow_nan=False))
     title = header["title"] + (f" · {source}" if source else "")
-    page = _PAGE.format(title=html.escape(title), plotlyjs=get_plotlyjs(), header=payload,
+    return _PAGE.format(title=html.escape(title), plotlyjs=get_plotlyjs(), header=payload,
                         blob=base64.b64encode(gzip.compress(blob, 6)).decode(), module=viewer_module())
-    out = Path(out_html)
-    out.write_text(page, encoding="utf-8")
-    return out
 
 
 _PAGE = """<!DOCTYPE html>
@@ -83,7 +88,9 @@ for (let i = 0; i < raw.length; i++) packed[i] = raw.charCodeAt(i);
 // gzip: a big trace's arrays shrink several times, and parsing the page is most of its opening time.
 const buffer = await new Response(new Blob([packed]).stream().pipeThrough(new DecompressionStream('gzip')))
   .arrayBuffer();
+performance.mark('spectool-mount');
 window.spectoolViewer = mount(document.getElementById('app'), header, buffer, window.Plotly);
+performance.measure('spectool-mounted', 'spectool-mount');
 </script>
 </body></html>
 """

@@ -1,6 +1,9 @@
 // spectool's trace viewer: one renderer for the notebook widget (anywidget) and the standalone report.
-// It receives a whole trace once (a JSON header and a binary blob of typed arrays, built by
-// spectool.trace.viewdata) and renders every step in the page: no kernel round trip per step.
+// It receives a header (run facts, the request list, whole-run series) and, per request, its
+// per-iteration columns and its per-node arrays in chunks of consecutive iterations (typed arrays in
+// a binary buffer; spectool.trace.viewdata builds them). Every step is rendered in the page from
+// arrays already there: the report embeds every chunk, the notebook widget asks the kernel for a
+// request or a chunk when it is first shown and for the next chunk before the player reaches it.
 // Every string from a trace is set as text (textContent, or escaped for plotly's pseudo-HTML).
 
 const STATUS = ['not visited', 'accepted', 'rejected'];
@@ -11,6 +14,15 @@ const PHASE_NAMES = {draft_us: 'draft', index_us: 'index build', verify_us: 'ver
 const PHASE_COLORS = {draft_us: '#4e79a7', index_us: '#76b7b2', verify_us: '#e15759', commit_us: '#f28e2b',
                       trie_get_us: '#59a14f', trie_put_us: '#b07aa1'};
 const SPEEDS = [1, 2, 5, 10, 20];
+// Per-iteration plots of a longer request show bucket means with a min-max band (see fixedBuckets).
+const MAX_POINTS = 1500;
+// The picker lists at most this many matching requests (the search box narrows them).
+const PICKER_MAX = 500;
+// The text panel holds this many output tokens around the current iteration.
+const TEXT_WINDOW = 1200;
+// Ask for the next (previous) chunk this many iterations before its edge; keep this many chunks.
+const PREFETCH = 64;
+const KEEP_CHUNKS = 24;
 // The tree's levels and the mask's rows share this many pixels, so both fit one screen with the player.
 const HEIGHT = 500;
 const CONFIG = {displaylogo: false, responsive: true, displayModeBar: 'hover',
@@ -94,8 +106,10 @@ const CSS = `
 .spectool-viewer .sv-legend { display: flex; flex-wrap: wrap; gap: 4px 12px; font-size: 12px; color: #444; }
 .spectool-viewer .sv-chip { display: inline-block; width: 10px; height: 10px; border-radius: 50%;
   margin-right: 4px; border: 1px solid #333; vertical-align: -1px; }
-.spectool-viewer .sv-marker { position: absolute; width: 0; border-left: 2px solid ${HIGHLIGHT};
-  pointer-events: none; display: none; }
+/* The current-iteration marker moves on the compositor (a transform on its own layer): moving it
+   repaints nothing of the plot under it, whose filled bands cost milliseconds to raster. */
+.spectool-viewer .sv-marker { position: absolute; left: 0; width: 0; border-left: 2px solid ${HIGHLIGHT};
+  pointer-events: none; display: none; will-change: transform; }
 .spectool-viewer .sv-message { color: #a94442; }
 .spectool-viewer .sv-note { color: #666; font-size: 12px; }
 .spectool-viewer .sv-tree-area, .spectool-viewer .spectool-mask .sv-plot-area { overflow-x: auto; }
@@ -111,12 +125,27 @@ const CSS = `
 .spectool-viewer table.sv-facts td { padding: 0 12px 0 0; }
 `;
 
-// The blob's typed arrays for one request.
-function arrays(R, buffer) {
+// A chunk's typed arrays, views on its buffer.
+function arrays(meta, buffer) {
   const types = {int32: Int32Array, uint8: Uint8Array, float32: Float32Array};
   const a = {};
-  for (const [name, [dtype, off, len]] of Object.entries(R.nodes)) a[name] = new types[dtype](buffer, off, len);
+  for (const [name, [dtype, off, len]] of Object.entries(meta.nodes)) a[name] = new types[dtype](buffer, off, len);
   return a;
+}
+
+// Consecutive iterations grouped into at most MAX_POINTS equal buckets: first x, mean, min and max of y.
+export function fixedBuckets(x, y, max = MAX_POINTS) {
+  const n = x.length, size = Math.max(1, Math.ceil(n / max));
+  const out = {size, x: [], mean: [], min: [], max: []};
+  for (let a = 0; a < n; a += size) {
+    let sum = 0, lo = Infinity, hi = -Infinity, m = 0;
+    for (let k = a; k < Math.min(n, a + size); k++) {
+      const v = y[k] === null ? 0 : y[k];
+      sum += v; m++; if (v < lo) lo = v; if (v > hi) hi = v;
+    }
+    out.x.push(x[a]); out.mean.push(sum / m); out.min.push(lo); out.max.push(hi);
+  }
+  return out;
 }
 
 // Tidy layout: children best score first, leaves left to right, a parent centred over its children.
@@ -156,7 +185,37 @@ function layout(v) {
 }
 
 export function mount(root, header, buffer, Plotly, opts = {}) {
-  const text = (id) => (header.texts[id] !== undefined ? header.texts[id] : '#' + id);
+  // ----- data: requests and chunks as they arrive (all of them at once in the report) -------
+  const texts = Object.assign({}, header.texts || {});
+  const reqs = new Map(), chunks = new Map(), asked = new Set();
+  const chunkKey = (id, c) => `${id}:${c}`;
+  function addChunk(id, c, meta, buf) {
+    Object.assign(texts, meta.texts);
+    meta.a = arrays(meta, buf);
+    chunks.set(chunkKey(id, c), meta);
+    asked.delete(`chunk ${chunkKey(id, c)}`);
+    if (opts.fetch && chunks.size > KEEP_CHUNKS) {  // the kernel can send them again: keep the near ones
+      const far = [...chunks.keys()].filter((k) => k !== chunkKey(id, c) && (!R || !k.startsWith(`${R.id}:`) ||
+        Math.abs(Number(k.split(':')[1]) - Math.floor(pos / R.chunk)) > 1));
+      for (const k of far.slice(0, chunks.size - KEEP_CHUNKS)) chunks.delete(k);
+    }
+  }
+  function addRequest(data, buf) {
+    Object.assign(texts, data.texts);
+    if (data.text) Object.assign(texts, data.text.texts);
+    for (const [c, meta] of Object.entries(data.loaded || {})) addChunk(data.id, Number(c), meta, buf);
+    delete data.loaded;
+    reqs.set(data.id, data);
+    asked.delete(`request ${data.id}`);
+  }
+  for (const data of header.loaded || []) addRequest(data, buffer);
+  function ask(msg) {  // at most one question in flight per thing asked
+    const key = msg.kind === 'chunk' ? `chunk ${chunkKey(msg.request, msg.chunk)}` : `${msg.kind} ${msg.request}`;
+    if (!opts.fetch || asked.has(key)) return;
+    asked.add(key);
+    opts.fetch(msg);
+  }
+  const text = (id) => (texts[id] !== undefined ? texts[id] : '#' + id);
   const vtext = (id) => visible(text(id));
   root.classList.add('spectool-viewer');
   root.tabIndex = 0;
@@ -171,7 +230,8 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
 
   // ----- controls ---------------------------------------------------------------------------
   const picker = h('select', {class: 'sv-request', 'aria-label': 'request'});
-  header.requests.forEach((r, i) => picker.append(new Option(r.label, String(i))));
+  const search = h('input', {type: 'search', class: 'sv-request-search', placeholder: `find request (${header.requests.length})`,
+                             'aria-label': 'find request', style: 'width: 9em'});
   const play = h('button', {class: 'sv-play', title: 'play / pause'}, '▶ play');
   const speed = h('select', {class: 'sv-speed', 'aria-label': 'play speed'});
   SPEEDS.forEach((s) => speed.append(new Option(`${s} step/s`, String(s))));
@@ -180,7 +240,7 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   const next = h('button', {class: 'sv-next', title: 'next iteration (→)'}, '▶');
   const slider = h('input', {type: 'range', class: 'sv-slider', min: '0', max: '0', value: '0', 'aria-label': 'iteration'});
   const label = h('span', {class: 'sv-label'});
-  const player = h('div', {class: 'sv-bar spectool-player'}, picker, play, speed, prev, slider, next, label);
+  const player = h('div', {class: 'sv-bar spectool-player'}, search, picker, play, speed, prev, slider, next, label);
   const findKind = h('select', {class: 'sv-find-kind', 'aria-label': 'find'});
   [['zero', 'accept length 0'], ['depth', 'first rejection at depth'], ['confident', 'rejected draft with score ≥'],
    ['slowest', 'slowest iteration']].forEach(([v, t]) => findKind.append(new Option(t, v)));
@@ -215,29 +275,43 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   const timing = panel('spectool-timing', 'time per iteration by phase');
   const depthPanel = panel('spectool-depth', 'acceptance by depth');
   const calib = panel('spectool-calibration', 'calibration: draft score against acceptance (whole trace)');
-  const lower = h('div', {class: 'sv-lower'}, accept.box, timing.box, depthPanel.box, calib.box);
+  const whole = panel('spectool-aggregate', 'whole run: mean accept length per iteration (all requests)');
+  const lower = h('div', {class: 'sv-lower'}, accept.box, timing.box, depthPanel.box, calib.box, whole.box);
   const facts = h('table', {class: 'sv-facts'});
   for (const [k, v] of header.facts || []) facts.append(h('tr', {}, h('td', {}, k), h('td', {}, v)));
   const details = h('details', {}, h('summary', {}, 'run'), facts);
   root.append(player, finder, textPanel, main, lower, details);
 
   // ----- state ------------------------------------------------------------------------------
-  let R = null, A = null, ri = 0, pos = 0, chosen = null, timer = null, tokIter = null, spans = [], lit = [];
-  let view = null, lay = null;
+  let R = null, ri = 0, pos = 0, chosen = null, timer = null, tokIter = null, spans = [], lit = [];
+  let view = null, lay = null, waiting = null, textLo = 0;
 
+  // Iteration k of the current request from its chunk (null while the chunk is on its way).
   function slice(k) {
-    const a = R.offsets[k], b = R.offsets[k + 1], n = b - a;
+    const c = Math.floor(k / R.chunk), C = chunks.get(chunkKey(R.id, c));
+    if (!C) return null;
+    const j = k - c * R.chunk, A = C.a;
+    const a = C.offsets[j], b = C.offsets[j + 1], n = b - a;
     const sub = (arr) => arr.subarray(a, b);
     const topk = {};
-    const K = R.topk_k[k];
-    R.path[k].forEach((node, j) => {
-      const s = R.topk_start[k] + j * K, out = [];
-      for (let m = 0; m < K; m++) out.push([A.topk[s + m], A.topk_p[s + m]]);
+    const K = C.topk_k[j];
+    C.path[j].forEach((node, m) => {
+      const s = C.topk_start[j] + m * K, out = [];
+      for (let q = 0; q < K; q++) out.push([A.topk[s + q], A.topk_p[s + q]]);
       topk[node] = out;
     });
     return {k, n, tokens: sub(A.tokens), parents: sub(A.parents), scores: sub(A.scores), valid: sub(A.valid),
-            status: sub(A.status), argmax: sub(A.argmax), argmax_p: sub(A.argmax_p), topk, path: R.path[k],
-            bonus: R.bonus[k], iteration: R.iteration[k], accept_length: R.accept_length[k], mask: R.masks[k]};
+            status: sub(A.status), argmax: sub(A.argmax), argmax_p: sub(A.argmax_p), topk, path: C.path[j],
+            bonus: R.bonus[k], iteration: R.iteration[k], accept_length: R.accept_length[k], mask: C.masks[j]};
+  }
+
+  // The chunks next to the current one, asked for before the player gets there.
+  function prefetch(k) {
+    const c = Math.floor(k / R.chunk), j = k - c * R.chunk;
+    const want = [c];
+    if (j >= R.chunk - PREFETCH && c + 1 < R.chunks) want.push(c + 1);
+    if (j < PREFETCH && c > 0) want.push(c - 1);
+    for (const w of want) if (!chunks.has(chunkKey(R.id, w))) ask({kind: 'chunk', request: R.id, chunk: w});
   }
 
   function maskBit(v, q, c) {
@@ -393,18 +467,25 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     const xa = full.xaxis, ya = full.yaxis;
     // plotly's own numbers, no DOM reads: the marker lives inside the plot's div
     if (p.marker.parentNode !== gd) gd.append(p.marker);
-    p.marker.style.left = `${xa._offset + xa.l2p(xval) - 1}px`;
-    p.marker.style.top = `${ya._offset}px`;
-    p.marker.style.height = `${ya._length}px`;
-    p.marker.style.display = 'block';
+    p.marker.style.transform = `translateX(${xa._offset + xa.l2p(xval) - 1}px)`;
+    if (p.marker.style.display !== 'block' || p.markerTop !== ya._offset || p.markerHeight !== ya._length) {
+      p.markerTop = ya._offset;
+      p.markerHeight = ya._length;
+      p.marker.style.top = `${ya._offset}px`;
+      p.marker.style.height = `${ya._length}px`;
+      p.marker.style.display = 'block';
+    }
   }
 
   function renderText(v) {
     for (const s of lit) s.classList.remove('sv-acc', 'sv-bonus');
     lit = [];
-    const start = R.out_start[v.k], count = R.out_count[v.k];
+    const T = R.text;
+    if (!T) return;
+    const start = T.out_start[v.k], count = T.out_count[v.k];
+    if (T.output.length > TEXT_WINDOW && (start < textLo || start + count > textLo + TEXT_WINDOW)) buildText(start);
     for (let j = 0; j < count; j++) {
-      const s = spans[start + j];
+      const s = spans[start + j - textLo];
       if (!s) continue;
       s.classList.add(j < v.accept_length ? 'sv-acc' : 'sv-bonus');
       lit.push(s);
@@ -421,7 +502,16 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   }
 
   function render() {
-    view = slice(pos);
+    prefetch(pos);
+    const v = slice(pos);
+    slider.value = String(pos);
+    if (!v) {  // its chunk is on its way from the kernel: drawn when it arrives
+      waiting = {request: R.id, position: pos};
+      label.textContent = `iteration ${R.iteration[pos]} (${pos + 1}/${R.iteration.length}) · loading…`;
+      return;
+    }
+    waiting = null;
+    view = v;
     lay = layout(view);
     const sel = selectedNode(view);
     renderTree(view, sel);
@@ -432,43 +522,71 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     const extra = R.match_len[pos] >= 0 ? ` · match ${R.match_len[pos]}, breadth ${R.breadth[pos]}` : '';
     label.textContent = `iteration ${view.iteration} (${pos + 1}/${R.iteration.length}) · seq_len ${R.seq_len[pos]} · ` +
       `accept length ${view.accept_length}${extra}`;
-    slider.value = String(pos);
     if (opts.onState) opts.onState({request: R.id, position: pos, iteration: view.iteration});
   }
 
-  function buildText() {
+  // The prompt's tail, then the output: all of it, or TEXT_WINDOW tokens around output position `around`.
+  function buildText(around = 0) {
     spans = [];
+    const T = R.text;
+    if (!T) { textPanel.replaceChildren(h('b', {}, 'text '), h('span', {class: 'sv-note'}, 'loading…')); return; }
     const prompt = h('span', {class: 'sv-prompt', title: 'prompt (last tokens)'});
-    if (R.prompt_len > R.prompt_tail.length) prompt.append('… ');
-    for (const t of R.prompt_tail) appendVisible(prompt, text(t));
+    if (T.prompt_len > T.prompt_tail.length) prompt.append('… ');
+    for (const t of T.prompt_tail) appendVisible(prompt, text(t));
     const out = h('span', {class: 'sv-output'});
-    tokIter = new Int32Array(R.output.length).fill(-1);
-    R.out_start.forEach((s, k) => { for (let j = 0; j < R.out_count[k]; j++) tokIter[s + j] = k; });
-    R.output.forEach((t, j) => {
+    if (!tokIter || tokIter.owner !== R) {
+      tokIter = new Int32Array(T.output.length).fill(-1);
+      tokIter.owner = R;
+      T.out_start.forEach((s, k) => { for (let j = 0; j < T.out_count[k]; j++) tokIter[s + j] = k; });
+    }
+    textLo = T.output.length > TEXT_WINDOW ? Math.max(0, Math.min(around - TEXT_WINDOW / 3, T.output.length - TEXT_WINDOW)) : 0;
+    textLo = Math.floor(textLo);
+    const hi = Math.min(T.output.length, textLo + TEXT_WINDOW);
+    if (textLo > 0) out.append(h('span', {class: 'sv-note'}, `… ${textLo} earlier output tokens … `));
+    for (let j = textLo; j < hi; j++) {
       const s = h('span', {class: 'sv-out', 'data-pos': String(j),
         title: tokIter[j] >= 0 ? `iteration ${R.iteration[tokIter[j]]}` : 'from prefill'});
-      appendVisible(s, text(t));
+      appendVisible(s, text(T.output[j]));
       spans.push(s);
       out.append(s);
-    });
+    }
+    if (hi < T.output.length) out.append(h('span', {class: 'sv-note'}, ` … ${T.output.length - hi} more output tokens`));
     textPanel.replaceChildren(h('b', {}, 'text '), prompt, out);
-    if (!R.output.length) textPanel.append(h('span', {class: 'sv-note'}, ' (no output recorded for this request)'));
+    if (!T.output.length) textPanel.append(h('span', {class: 'sv-note'}, ' (no output recorded for this request)'));
+  }
+
+  // A band between min and max of each bucket, under its mean (only when buckets hold several iterations).
+  function bandTraces(B, color, name) {
+    if (B.size <= 1) return [];
+    return [{type: 'scatter', x: B.x, y: B.max, mode: 'lines', line: {width: 0}, hoverinfo: 'skip', showlegend: false},
+            {type: 'scatter', x: B.x, y: B.min, mode: 'lines', line: {width: 0}, fill: 'tonexty', fillcolor: color + '33',
+             hoverinfo: 'skip', name: `${name} min-max`, showlegend: false}];
   }
 
   function renderRequestPlots() {
     const it = R.iteration, n = it.length, dense = n > 600;
-    Plotly.react(accept.plot, [{type: 'scatter', x: it, y: R.accept_length, mode: dense ? 'lines' : 'lines+markers',
-      line: {color: COLORS.accepted, width: 1}, marker: {size: 5},
-      hovertemplate: 'iteration %{x}: accept length %{y}<extra></extra>'}], {
-      height: 260, margin: {l: 56, r: 12, t: 8, b: 44}, plot_bgcolor: 'white',
+    // Longer requests are drawn as bucket means (fixedBuckets) with their min-max band: a plot of
+    // thousands of points costs the page seconds and shows no more than its width in pixels.
+    const acc = fixedBuckets(it, R.accept_length);
+    const bucketNote = acc.size > 1 ? ` · means of ${acc.size} iterations, band min-max` : '';
+    Plotly.react(accept.plot, [...bandTraces(acc, COLORS.accepted, 'accept length'),
+      {type: 'scatter', x: acc.x, y: acc.mean, mode: dense ? 'lines' : 'lines+markers',
+       line: {color: COLORS.accepted, width: 1}, marker: {size: 5},
+       hovertemplate: acc.size > 1 ? `iterations %{x}+${acc.size}: mean accept length %{y:.2f}<extra></extra>`
+         : 'iteration %{x}: accept length %{y}<extra></extra>'}], {
+      height: 260, margin: {l: 56, r: 12, t: 8, b: 44}, plot_bgcolor: 'white', showlegend: false,
       xaxis: {title: {text: 'iteration'}, tickformat: 'd'},
-      yaxis: {title: {text: 'accept length (tokens)'}, rangemode: 'tozero', tickformat: 'd'}}, CONFIG);
+      yaxis: {title: {text: 'accept length (tokens)'}, rangemode: 'tozero', tickformat: acc.size > 1 ? '' : 'd'}}, CONFIG);
+    accept.title.textContent = 'accept length per iteration' + bucketNote;
     const phases = header.phases.filter((p) => R.phases[p] && R.phases[p].some((t) => t !== null && t > 0));
-    const tr = phases.map((p) => (dense
-      ? {type: 'scatter', mode: 'lines', stackgroup: 'one', x: it, y: R.phases[p].map((t) => (t === null ? 0 : t / 1000)),
-         line: {width: 0.5, color: PHASE_COLORS[p]}, name: PHASE_NAMES[p]}
-      : {type: 'bar', x: it, y: R.phases[p].map((t) => (t === null ? 0 : t / 1000)), name: PHASE_NAMES[p],
-         marker: {color: PHASE_COLORS[p]}}));
+    const ms = (p) => R.phases[p].map((t) => (t === null ? 0 : t / 1000));
+    const tr = phases.map((p) => {
+      const B = fixedBuckets(it, ms(p));
+      return dense
+        ? {type: 'scatter', mode: 'lines', stackgroup: 'one', x: B.x, y: B.mean, line: {width: 0.5, color: PHASE_COLORS[p]},
+           name: PHASE_NAMES[p]}
+        : {type: 'bar', x: B.x, y: B.mean, name: PHASE_NAMES[p], marker: {color: PHASE_COLORS[p]}};
+    });
     tr.forEach((t) => { t.hovertemplate = `${t.name}: %{y:.3f} ms (iteration %{x})<extra></extra>`; });
     const share = phases.map((p) => [p, R.phases[p].reduce((s, t) => s + (t || 0), 0)]);
     const total = share.reduce((s, [, t]) => s + t, 0);
@@ -476,20 +594,14 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
       height: 260, barmode: 'stack', bargap: 0.1, margin: {l: 56, r: 12, t: 8, b: 44}, plot_bgcolor: 'white',
       legend: {orientation: 'h', y: 1.02, yanchor: 'bottom', x: 0, font: {size: 11}},
       xaxis: {title: {text: 'iteration'}, tickformat: 'd'}, yaxis: {title: {text: 'time (ms)'}, rangemode: 'tozero'}}, CONFIG);
-    timing.title.textContent = total > 0
+    timing.title.textContent = (total > 0
       ? 'time per iteration by phase · ' + share.sort((a, b) => b[1] - a[1]).slice(0, 3)
         .map(([p, t]) => `${PHASE_NAMES[p]} ${(100 * t / total).toFixed(0)}%`).join(', ')
-      : 'time per iteration by phase · no timings recorded';
-    // Acceptance by depth over the trees that reach that depth.
+      : 'time per iteration by phase · no timings recorded') + (acc.size > 1 ? ` · means of ${acc.size} iterations` : '');
+    // Acceptance by depth over the trees that reach that depth (R.deepest: the deepest drawn node).
     const reach = [], hit = [];
     for (let k = 0; k < n; k++) {
-      const a = R.offsets[k], b = R.offsets[k + 1], dep = new Int32Array(b - a);
-      let deepest = 0;
-      for (let i = 1; i < b - a; i++) {
-        const p = A.parents[a + i];
-        if (A.valid[a + i] && p >= 0 && p < i) { dep[i] = dep[p] + 1; deepest = Math.max(deepest, dep[i]); }
-      }
-      for (let d = 1; d <= deepest; d++) { reach[d] = (reach[d] || 0) + 1; if (R.accept_length[k] >= d) hit[d] = (hit[d] || 0) + 1; }
+      for (let d = 1; d <= R.deepest[k]; d++) { reach[d] = (reach[d] || 0) + 1; if (R.accept_length[k] >= d) hit[d] = (hit[d] || 0) + 1; }
     }
     const layer = R.method === 'multi_layer_eagle';
     const ds = [];
@@ -503,6 +615,23 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
       yaxis: {title: {text: 'accepted (%)'}, tickformat: '.0%', range: [0, 1]}}, CONFIG);
     depthPanel.title.textContent = layer ? 'acceptance by layer (% of trees reaching it, this request)'
       : 'acceptance by depth (% of trees reaching it, this request)';
+  }
+
+  // Every request together: mean accept length per iteration, in Trace.aggregates' buckets with their band.
+  function renderWhole() {
+    const G = header.aggregate;
+    if (!G || !G.iteration.length) { whole.box.style.display = 'none'; return; }
+    const B = {size: G.bucket_size, x: G.iteration, mean: G.accept_length.mean, min: G.accept_length.min, max: G.accept_length.max};
+    const per = G.bucket_size > 1 ? `iterations %{x}+${G.bucket_size}` : 'iteration %{x}';
+    Plotly.react(whole.plot, [...bandTraces(B, '#1f77b4', 'accept length'),
+      {type: 'scatter', mode: 'lines', x: B.x, y: B.mean, line: {color: '#1f77b4', width: 1},
+       customdata: G.batch.mean, hovertemplate: `${per}: mean accept length %{y:.2f} over %{customdata:.1f} requests<extra></extra>`}], {
+      height: 260, margin: {l: 56, r: 12, t: 8, b: 44}, plot_bgcolor: 'white', showlegend: false,
+      xaxis: {title: {text: 'iteration'}, tickformat: 'd'},
+      yaxis: {title: {text: 'mean accept length (tokens)'}, rangemode: 'tozero'}}, CONFIG);
+    const all = header.requests.length === 1 ? 'its one request' : `all ${header.requests.length} requests`;
+    whole.title.textContent = `whole run: mean accept length per iteration over ${all}` +
+      (G.bucket_size > 1 ? ` · means of ${G.bucket_size} iterations, band min-max` : '');
   }
 
   function renderCalibration() {
@@ -525,8 +654,10 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
       legend: {font: {size: 11}, title: {text: C.unit}},
       xaxis: {title: {text: C.probability ? 'draft score (probability)' : 'draft score'}},
       yaxis: {title: {text: 'accepted (%)'}, tickformat: '.0%', range: [0, 1.02]}}, CONFIG);
+    const of = C.sampled ? `a sample of ${C.sampled[0].toLocaleString('en')} of ${C.sampled[1].toLocaleString('en')} records`
+      : 'whole trace';
     calib.title.textContent = C.groups.length
-      ? `calibration by ${C.unit}: draft score against acceptance (whole trace; marker size = count)`
+      ? `calibration by ${C.unit}: draft score against acceptance (${of}; marker size = count)`
       : 'calibration: no judged draft nodes in this trace';
   }
 
@@ -534,19 +665,9 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   // so a step never changes the page's layout (JupyterLab would re-measure every cell of the notebook).
   function fixHeights() {
     let levels = 1, rows = 1;
-    let depth = new Int32Array(64), keep = new Uint8Array(64);
-    for (let k = 0; k < R.iteration.length; k++) {  // the same rules as layout(), without placing nodes
-      const a = R.offsets[k], n = R.offsets[k + 1] - a;
-      if (n > depth.length) { depth = new Int32Array(n); keep = new Uint8Array(n); }
-      let shown = n ? 1 : 0, deepest = 0;
-      keep[0] = 1; depth[0] = 0;
-      for (let i = 1; i < n; i++) {
-        const p = A.parents[a + i];
-        keep[i] = A.valid[a + i] && p >= 0 && p < i && keep[p] ? 1 : 0;
-        if (keep[i]) { depth[i] = depth[p] + 1; shown++; deepest = Math.max(deepest, depth[i]); }
-      }
-      levels = Math.max(levels, deepest + 2);  // + the bonus token's level
-      rows = Math.max(rows, shown);
+    for (let k = 0; k < R.iteration.length; k++) {
+      levels = Math.max(levels, R.deepest[k] + 2);  // + the bonus token's level
+      rows = Math.max(rows, R.shown[k]);
     }
     const levelH = Math.max(36, Math.min(60, Math.floor(HEIGHT / levels)));
     tree.plot.style.height = `${16 + levelH * levels + 24 + 40}px`;
@@ -554,12 +675,38 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     mask.plot.style.height = `${cell * rows + 6 + 78 + 4}px`;
   }
 
+  // The picker lists the requests whose label holds the search text (an exact id first).
+  function fillPicker() {
+    const q = search.value.trim().toLowerCase();
+    const hits = [];
+    header.requests.forEach((r, i) => {
+      if (String(r.id) === q) hits.unshift(i);
+      else if (!q || r.label.toLowerCase().includes(q)) hits.push(i);
+    });
+    const shown = hits.slice(0, PICKER_MAX);
+    if (!shown.includes(ri)) shown.unshift(ri);  // the request on show stays selectable
+    picker.replaceChildren(...shown.map((i) => new Option(header.requests[i].label, String(i))));
+    if (hits.length > PICKER_MAX) picker.append(new Option(`… ${hits.length - PICKER_MAX} more: refine the search`, '', false, false));
+    picker.lastChild.disabled = hits.length > PICKER_MAX;
+    picker.value = String(ri);
+    search.title = `${hits.length} of ${header.requests.length} requests match`;
+    return hits;
+  }
+
   function showRequest(i, position = 0) {
     ri = i;
-    R = header.requests[i];
-    A = arrays(R, buffer);
+    const id = header.requests[i].id;
     picker.value = String(i);
+    if (!reqs.has(id)) {  // asked from the kernel; shown when it arrives
+      waiting = {request: id, position, index: i};
+      message.textContent = `loading request ${id}…`;
+      ask({kind: 'request', request: id});
+      return;
+    }
+    R = reqs.get(id);
+    if (!R.text) ask({kind: 'text', request: id});
     chosen = null;
+    tokIter = null;
     slider.max = String(Math.max(R.iteration.length - 1, 0));
     buildText();
     renderRequestPlots();
@@ -608,11 +755,18 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   function stop() { if (timer) { clearTimeout(timer); timer = null; } play.textContent = '▶ play'; }
   function tick() {
     if (pos >= R.iteration.length - 1) { stop(); return; }
+    if (waiting) { timer = setTimeout(tick, 50); return; }  // the chunk is on its way: wait, never skip it
     goTo(pos + 1);  // one step per tick: Play never skips an iteration
     timer = setTimeout(() => requestAnimationFrame(tick), 1000 / Number(speed.value));
   }
 
-  picker.onchange = () => { stop(); showRequest(Number(picker.value)); };
+  picker.onchange = () => { if (picker.value === '') return; stop(); showRequest(Number(picker.value)); };
+  search.oninput = () => fillPicker();
+  search.addEventListener('keydown', (e) => {
+    if (e.key !== 'Enter') return;
+    const hits = fillPicker();
+    if (hits.length) { stop(); showRequest(hits[0]); fillPicker(); }
+  });
   slider.oninput = () => goTo(Number(slider.value));
   prev.onclick = () => goTo(pos - 1);
   next.onclick = () => goTo(pos + 1);
@@ -671,6 +825,7 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   }
   Plotly.newPlot(depthPanel.plot, [], {}, CONFIG);
   Plotly.newPlot(calib.plot, [], {}, CONFIG);
+  Plotly.newPlot(whole.plot, [], {}, CONFIG);
 
   // Figures take the width they are given: redraw when the page or a side panel resizes us.
   // Widths are read here, never while rendering a step: a read after a write forces a layout.
@@ -682,7 +837,7 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     if (!w || Math.abs(w - lastWidth) < 4 || !R) return;
     lastWidth = w;
     measure();
-    for (const p of [accept, timing, depthPanel, calib]) Plotly.Plots.resize(p.plot);
+    for (const p of [accept, timing, depthPanel, calib, whole]) Plotly.Plots.resize(p.plot);
     if (R.iteration.length) render();
   });
   resize.observe(root);
@@ -690,13 +845,34 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   measure();
   const initial = opts.initial || {};
   const start = Math.max(0, header.requests.findIndex((r) => r.id === initial.request));
+  ri = start;
+  fillPicker();
   showRequest(start, initial.position || 0);
   renderCalibration();
+  renderWhole();
+
+  // A reply from the kernel: a request's columns, a chunk (its arrays in `buf`) or a request's text.
+  function receive(msg, buf) {
+    if (msg.kind === 'request') {
+      addRequest(msg.data, buf);
+      if (waiting && waiting.request === msg.data.id && waiting.index !== undefined) showRequest(waiting.index, waiting.position);
+    } else if (msg.kind === 'chunk') {
+      addChunk(msg.request, msg.chunk, msg.data, buf);
+      if (waiting && R && waiting.request === R.id && waiting.position === pos) render();
+    } else if (msg.kind === 'text') {
+      const data = reqs.get(msg.request);
+      if (!data) return;
+      data.text = msg.data;
+      Object.assign(texts, msg.data.texts);
+      if (R === data) { buildText(data.text.out_start[pos] || 0); if (view) renderText(view); }
+    }
+  }
 
   return {
-    goTo, showRequest,
-    state: () => ({request: R.id, position: pos, iteration: R.iteration[pos], selected: view ? selectedNode(view) : null}),
-    destroy() { stop(); resize.disconnect(); for (const p of [accept, timing, depthPanel, calib]) Plotly.purge(p.plot); },
+    goTo, showRequest, receive,
+    state: () => ({request: R ? R.id : null, position: pos, iteration: R ? R.iteration[pos] : null,
+                   selected: view ? selectedNode(view) : null, loading: Boolean(waiting)}),
+    destroy() { stop(); resize.disconnect(); for (const p of [accept, timing, depthPanel, calib, whole]) Plotly.purge(p.plot); },
   };
 }
 
@@ -761,15 +937,21 @@ function showSnapshot(model, el, why) {
 
 export default {
   async render({model, el}) {
-    const error = (model.get('header') || {}).error;
+    const header = JSON.parse(new TextDecoder().decode(model.get('header_json') || new Uint8Array()) || '{}');
+    const error = header.error;
     showSnapshot(model, el, error || 'static snapshot: the interactive view starts when the kernel answers');
     const Plotly = await loadPlotly(model);
-    if (!Plotly || !el.isConnected && !el.parentNode) return;
-    const dv = model.get('blob');
-    const buffer = dv ? dv.buffer.slice(dv.byteOffset, dv.byteOffset + dv.byteLength) : new ArrayBuffer(0);
-    let pending = null;
-    const ctl = mount(el, model.get('header'), buffer, Plotly, {
+    if (!Plotly) return;  // el may not be in the page yet (plotly.js already there): mount anyway, it measures on resize
+    const own = (dv) => (dv ? dv.buffer.slice(dv.byteOffset, dv.byteOffset + dv.byteLength) : new ArrayBuffer(0));
+    let pending = null, ctl = null;
+    // The kernel's replies to the page's questions (a request, a chunk, a text): binary arrays as a buffer.
+    const reply = (msg, buffers) => {
+      if (ctl && msg && ['request', 'chunk', 'text'].includes(msg.kind)) ctl.receive(msg, own(buffers && buffers[0]));
+    };
+    model.on('msg:custom', reply);
+    ctl = mount(el, header, own(model.get('blob')), Plotly, {
       initial: {request: model.get('request'), position: model.get('position')},
+      fetch: (msg) => { try { model.send(msg); } catch (e) { /* no kernel: what was sent stays steppable */ } },
       // Tell the kernel where we are (for to_figure and the saved snapshot) once stepping pauses:
       // syncing on every step would put the kernel's reply on the step's path.
       onState: (s) => {
@@ -779,12 +961,12 @@ export default {
     });
     const follow = () => {
       const s = ctl.state();
-      const i = model.get('header').requests.findIndex((r) => r.id === model.get('request'));
+      const i = header.requests.findIndex((r) => r.id === model.get('request'));
       if (i >= 0 && model.get('request') !== s.request) ctl.showRequest(i, model.get('position'));
       else if (model.get('position') !== s.position) ctl.goTo(model.get('position'));
     };
     model.on('change:position', follow);
     model.on('change:request', follow);
-    return () => { clearTimeout(pending); model.off('change:position', follow); model.off('change:request', follow); ctl.destroy(); };
+    return () => { clearTimeout(pending); model.off('msg:custom', reply); model.off('change:position', follow); model.off('change:request', follow); ctl.destroy(); };
   },
 };
