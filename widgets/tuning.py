@@ -501,7 +501,9 @@ class TuningPanel(StaticOutput, widgets.VBox):
         fmt = "%{z:.2f}" if h["metric"] == "mean_accept_length" else "%{z:.0f}"
         hover = (f"{PARAMS[h['x']][0]} %{{x}}<br>{PARAMS[h['y']][0]} %{{y}}<br>"
                  f"{METRICS[h['metric']]} %{{z:.2f}}<extra></extra>")
-        return dict(z=h["values"], x=[str(v) for v in h["x_values"]], y=[str(v) for v in h["y_values"]],
+        # A setting that cannot be built is a gap (None): NaN is not JSON, and the page would get nothing.
+        z = [[None if _nan(v) else v for v in row] for row in h["values"]]
+        return dict(z=z, x=[str(v) for v in h["x_values"]], y=[str(v) for v in h["y_values"]],
                     colorscale="Viridis", texttemplate=fmt, hovertemplate=hover, hoverongaps=False,
                     colorbar=dict(title=dict(text=METRICS[h["metric"]]), thickness=14))
 
