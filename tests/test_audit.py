@@ -71,9 +71,11 @@ def test_sampled_audit_passes_clean_and_fails_a_threshold_fault(target, short_pr
     kwargs = dict(samples=600, positions=1, temperature=1.0, alpha=1e-3)
     clean = sampled_audit(plain, spec, short_prompts[:1], **kwargs)
     assert not clean.failures, [str(t) for t in clean.tests]
-    source = textwrap.dedent(inspect.getsource(verify_module.verify_sampling))
+    # The torch sampling verify's tree decision (the one that records), read from its module at each call.
+    source = textwrap.dedent(inspect.getsource(verify_module._sampled_decision))
+    assert "coin_at_parent < cum" in source
     namespace = dict(vars(verify_module))
     exec(source.replace("coin_at_parent < cum", "coin_at_parent < cum + 0.2"), namespace)
-    monkeypatch.setattr(engine_module, "verify_sampling", namespace["verify_sampling"])
+    monkeypatch.setattr(verify_module, "_sampled_decision", namespace["_sampled_decision"])
     broken = sampled_audit(plain, spec, short_prompts[:1], **kwargs)
     assert [t.position for t in broken.failures] == [1]

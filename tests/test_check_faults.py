@@ -139,11 +139,12 @@ def test_commit_fault(target, prompts, monkeypatch):
 
 def test_sampling_threshold_fault(target, prompts, monkeypatch):
     # The coin compared with the cumulative mass plus a slack: children are accepted too often.
-    source = textwrap.dedent(inspect.getsource(verify_module.verify_sampling))
+    # The torch sampling verify's tree decision (the one that records), read from its module at each call.
+    source = textwrap.dedent(inspect.getsource(verify_module._sampled_decision))
     assert "coin_at_parent < cum" in source
     namespace = dict(vars(verify_module))
     exec(source.replace("coin_at_parent < cum", "coin_at_parent < cum + 0.1"), namespace)
-    monkeypatch.setattr(engine_module, "verify_sampling", namespace["verify_sampling"])
+    monkeypatch.setattr(verify_module, "_sampled_decision", namespace["_sampled_decision"])
     trace = run(target, prompts, "eagle", temperature=0.8)
     want = None
     for r in rows_sorted(trace):  # the first visited node whose coin fell in the slack
