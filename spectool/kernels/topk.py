@@ -68,14 +68,13 @@ def _keyed_topk(v: torch.Tensor, k: int) -> torch.Tensor:
 
 def _untied_topk(v: torch.Tensor, k: int) -> torch.Tensor:
     """:func:`_keyed_topk` from a top-k of the floats (a few times cheaper on the CPU than the
-    int64 keys), whose order among equal entries is unspecified: rows where an entry among the k
-    best equals another entry at least as large (inside the k or at the cut) are re-ranked by
-    their keys. Reads the tie count on the host, so the CPU only."""
+    int64 keys), whose order among equal entries is unspecified: rows where one of the k best
+    equals its successor in the float ranking (the (k+1)-th included, a tie at the cut) are
+    re-ranked by their keys. Reads the tie count on the host, so the CPU only."""
     rows = v.reshape(-1, v.shape[-1])
-    top, indices = rows.topk(k, dim=-1)
-    tied = (rows >= top[:, -1:]).sum(-1) > k
-    if k > 1:
-        tied |= (top[:, 1:] == top[:, :-1]).any(-1)
+    top, indices = rows.topk(min(k + 1, rows.shape[-1]), dim=-1)
+    tied = (top[:, 1:] == top[:, :-1]).any(-1)
+    indices = indices[:, :k]
     if tied.any():
         indices[tied] = _keyed_topk(rows[tied], k)
     return indices.reshape(*v.shape[:-1], k)
