@@ -13,11 +13,15 @@ round drafts every unfinished lane at its own L in one batch, then puts back the
 entries a draft overwrote:
 
 - EAGLE: the tree of S steps is the candidate prefix of the tree of S_max steps (each
-  step depends only on earlier ones), so one draft with S_max steps per lane serves every
-  num_steps and num_draft_tokens of that top-k; the EAGLE-2 selection
-  (``eagle_tree_from_candidates``) then picks each configuration's N nodes.
-- multi-layer EAGLE: layer k drafts from the drafts of layers < k, so one chain of S_max
-  drafts serves every num_steps.
+  step depends only on earlier ones), so one draft per (request, L) serves every num_steps
+  and num_draft_tokens of that top-k; the EAGLE-2 selection (``eagle_tree_from_candidates``)
+  then picks each configuration's N nodes.
+- multi-layer EAGLE: layer k drafts from the drafts of layers < k, so one chain serves
+  every num_steps.
+
+A draft runs only as many steps as the longest configuration standing at its (request, L)
+needs (a step costs more than the one before it: it feeds every earlier frontier again),
+and is run again, longer, if a longer configuration reaches that L later.
 
 Equal to the engine's accept lengths in float32 (the test runs both). In bf16 with the
 default kernels the teacher-forced forward (one prefill over the whole request) and the
