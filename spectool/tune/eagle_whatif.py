@@ -19,9 +19,9 @@ entries a draft overwrote:
 - multi-layer EAGLE: layer k drafts from the drafts of layers < k, so one chain serves
   every num_steps.
 
-A draft runs only as many steps as the longest configuration standing at its (request, L)
-needs (a step costs more than the one before it: it feeds every earlier frontier again),
-and is run again, longer, if a longer configuration reaches that L later.
+An EAGLE draft runs only as many steps as the longest configuration standing at its
+(request, L) needs (a step costs more than the one before it: it feeds every earlier frontier
+again), and is run again, longer, if a longer configuration reaches that L later.
 
 Equal to the engine's accept lengths in float32 (the test runs both). In bf16 with the
 default kernels the teacher-forced forward (one prefill over the whole request) and the
@@ -87,8 +87,12 @@ class _Lanes:
     request's teacher-forced draft state, so the lanes' drafts at different L run as one batch.
 
     Subclasses say how to teacher-force a request into a slot (``_force``), which state to copy
-    and restore (``_state``), and how to draft a batch of lanes (``draft``).
+    and restore (``_state``), and how to draft a batch of lanes (``draft``); ``short_drafts``:
+    whether a draft of fewer steps is worth a batch of its own (each EAGLE step costs more than
+    the one before; a multi-layer step costs one layer, less than splitting the batch).
     """
+
+    short_drafts = False
 
     def __init__(self, drafter, lane_requests: list[int]) -> None:
         self.drafter = drafter
@@ -124,6 +128,8 @@ class _Lanes:
 
 class EagleLanes(_Lanes):
     """EAGLE drafts at up to ``max_steps`` steps with one top-k, for many lanes at once."""
+
+    short_drafts = True
 
     def __init__(self, target, path, topk: int, max_steps: int, capacity: int, lane_requests: list[int]) -> None:
         from spectool.draft.eagle import EagleDrafter
@@ -249,7 +255,8 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
         before = [seq[i] + 1 for i in active]
         todo: dict[tuple[int, int], tuple[int, int]] = {}  # (request, L) -> (lane, steps)
         for i in active:
-            key, steps = (rid_of[i], seq[i]), configs[lane_of[i][1]].num_steps
+            key = (rid_of[i], seq[i])
+            steps = configs[lane_of[i][1]].num_steps if lanes.short_drafts else lanes.max_steps
             if steps > max(drafted.get(key, 0), todo.get(key, (0, 0))[1]):
                 todo[key] = (todo.get(key, (i, 0))[0], steps)
         by_steps: dict[int, list[tuple[int, int]]] = {}
