@@ -52,6 +52,10 @@ def cases():
     poisoned[1, 3:6] = -0.0  # equal to 0.0: ties by index
     poisoned[1, 8] = 0.0
     out += [(poisoned, 4, True), (poisoned, 4, False)]
+    inside = torch.randn(6, 64, generator=g)  # ties among the k best, none at the cut
+    inside[:, 40] = inside[:, 9] = 5.0
+    inside[:3, 2] = 5.0
+    out += [(inside, 4, True), (inside, 4, False)]
     return out
 
 

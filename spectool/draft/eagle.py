@@ -190,29 +190,32 @@ class EagleDrafter:
                                           max_depth=self.config.num_steps)
         return (*tree.tensors(), chosen_tok, chosen_p)
 
-    def _draft_candidates(self, slots, seq_lens, roots):
+    def _draft_candidates(self, slots, seq_lens, roots, num_steps: int | None = None):
         """Every step's candidates, flat and root first (tokens, scores, parents [B, 1 + C], see
         eagle_tree_from_candidates), and the per-step chosen frontier (tokens, probabilities [B, S, k]).
+        ``num_steps`` (at most the config's) stops early: each step depends only on earlier ones, so
+        the result is the first steps of the config's draft.
 
         Every step's results go straight into buffers sized for the whole draft (the fed
         frontier, its mask, the flat candidate list) instead of being concatenated step by
         step: at batch 1 on the GPU each small op is a kernel launch that costs more than
         its work.
         """
-        k, steps = self.config.topk, self.config.num_steps
+        k, steps = self.config.topk, num_steps or self.config.num_steps
         b, dev = slots.shape[0], self.device
         kk, fed = k * k, (steps - 1) * k
+        num_candidates = 1 + k + (steps - 1) * kk
         # Frontier per step (step 0: the root's top-k); steps 0..S-2 are the fed nodes, in order.
         chosen_tok = torch.empty(b, steps, k, dtype=torch.long, device=dev)
         chosen_p = torch.empty(b, steps, k, device=dev)
         fed_tok = chosen_tok.view(b, steps * k)
         fed_hidden = self.feature.new_empty(b, fed, self.feature.shape[-1])
-        fed_mask = self._fed_eye.expand(b, -1, -1).clone()  # a fed node sees its fed ancestors and itself
-        fed_pos = seq_lens[:, None] + self._fed_depth
+        fed_mask = self._fed_eye[:fed, :fed].expand(b, -1, -1).clone()  # a fed node sees its fed ancestors and itself
+        fed_pos = seq_lens[:, None] + self._fed_depth[:fed]
         # All candidates, the root first (see eagle_tree_from_candidates).
-        cand_tok = torch.empty(b, self._num_candidates, dtype=torch.long, device=dev)
-        cand_score = torch.empty(b, self._num_candidates, device=dev)
-        cand_parent = self._flat_parents.expand(b, -1).clone()
+        cand_tok = torch.empty(b, num_candidates, dtype=torch.long, device=dev)
+        cand_score = torch.empty(b, num_candidates, device=dev)
+        cand_parent = self._flat_parents[:num_candidates].expand(b, -1).clone()
         cand_tok[:, 0] = roots
         torch.index_select(self.root_i, 0, slots, out=chosen_tok[:, 0])
         torch.index_select(self.root_p, 0, slots, out=chosen_p[:, 0])

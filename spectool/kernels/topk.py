@@ -47,18 +47,37 @@ def row_topk_torch(x: torch.Tensor, k: int, softmax: bool = False) -> tuple[torc
     _check(x, k)
     v = x.float().nan_to_num(nan=float("-inf"), posinf=FLOAT32_MAX if softmax else float("inf"),
                              neginf=float("-inf"))
-    # Ranked by the (cleaned) entries themselves, not their probabilities, which can round equal.
-    # Equal entries go in index order: one top-k over unique int64 keys (the float's bits made
-    # order-preserving, then the reversed index), several times faster on the CPU than a stable
-    # sort of the row. + 0.0 turns -0.0 into 0.0, which compares equal to it.
-    bits = (v + 0.0).view(torch.int32).long()
-    n = v.shape[-1]
-    key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)) << 32) | (n - 1 - torch.arange(n, device=v.device))
-    indices = key.topk(k, dim=-1).indices
+    indices = _keyed_topk(v, k) if v.is_cuda else _untied_topk(v, k)
     if not softmax:
         return v.gather(-1, indices), indices
     # A row with no entry above -inf has NaN probabilities: 0 instead.
     return torch.softmax(v, dim=-1).gather(-1, indices).nan_to_num(nan=0.0), indices
+
+
+def _keyed_topk(v: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k best entries, ranked by the (cleaned) entries themselves, not their
+    probabilities, which can round equal; equal entries in index order."""
+    # One top-k over unique int64 keys (the float's bits made order-preserving, then the reversed
+    # index), several times faster on the CPU than a stable sort of the row. + 0.0 turns -0.0 into
+    # 0.0, which compares equal to it.
+    bits = (v + 0.0).view(torch.int32).long()
+    n = v.shape[-1]
+    key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)) << 32) | (n - 1 - torch.arange(n, device=v.device))
+    return key.topk(k, dim=-1).indices
+
+
+def _untied_topk(v: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`_keyed_topk` from a top-k of the floats (a few times cheaper on the CPU than the
+    int64 keys), whose order among equal entries is unspecified: rows where one of the k best
+    equals its successor in the float ranking (the (k+1)-th included, a tie at the cut) are
+    re-ranked by their keys. Reads the tie count on the host, so the CPU only."""
+    rows = v.reshape(-1, v.shape[-1])
+    top, indices = rows.topk(min(k + 1, rows.shape[-1]), dim=-1)
+    tied = (top[:, 1:] == top[:, :-1]).any(-1)
+    indices = indices[:, :k]
+    if tied.any():
+        indices[tied] = _keyed_topk(rows[tied], k)
+    return indices.reshape(*v.shape[:-1], k)
 
 
 @triton.jit

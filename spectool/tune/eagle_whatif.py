@@ -13,11 +13,15 @@ round drafts every unfinished lane at its own L in one batch, then puts back the
 entries a draft overwrote:
 
 - EAGLE: the tree of S steps is the candidate prefix of the tree of S_max steps (each
-  step depends only on earlier ones), so one draft with S_max steps per lane serves every
-  num_steps and num_draft_tokens of that top-k; the EAGLE-2 selection
-  (``eagle_tree_from_candidates``) then picks each configuration's N nodes.
-- multi-layer EAGLE: layer k drafts from the drafts of layers < k, so one chain of S_max
-  drafts serves every num_steps.
+  step depends only on earlier ones), so one draft per (request, L) serves every num_steps
+  and num_draft_tokens of that top-k; the EAGLE-2 selection (``eagle_tree_from_candidates``)
+  then picks each configuration's N nodes.
+- multi-layer EAGLE: layer k drafts from the drafts of layers < k, so one chain serves
+  every num_steps.
+
+An EAGLE draft runs only as many steps as the longest configuration standing at its
+(request, L) needs (a step costs more than the one before it: it feeds every earlier frontier
+again), and is run again, longer, if a longer configuration reaches that L later.
 
 Equal to the engine's accept lengths in float32 (the test runs both). In bf16 with the
 default kernels the teacher-forced forward (one prefill over the whole request) and the
@@ -83,8 +87,12 @@ class _Lanes:
     request's teacher-forced draft state, so the lanes' drafts at different L run as one batch.
 
     Subclasses say how to teacher-force a request into a slot (``_force``), which state to copy
-    and restore (``_state``), and how to draft a batch of lanes (``draft``).
+    and restore (``_state``), and how to draft a batch of lanes (``draft``); ``short_drafts``:
+    whether a draft of fewer steps is worth a batch of its own (each EAGLE step costs more than
+    the one before; a multi-layer step costs one layer, less than splitting the batch).
     """
+
+    short_drafts = False
 
     def __init__(self, drafter, lane_requests: list[int]) -> None:
         self.drafter = drafter
@@ -121,6 +129,8 @@ class _Lanes:
 class EagleLanes(_Lanes):
     """EAGLE drafts at up to ``max_steps`` steps with one top-k, for many lanes at once."""
 
+    short_drafts = True
+
     def __init__(self, target, path, topk: int, max_steps: int, capacity: int, lane_requests: list[int]) -> None:
         from spectool.draft.eagle import EagleDrafter
 
@@ -149,9 +159,9 @@ class EagleLanes(_Lanes):
         self.known[rid] = known
 
     @torch.no_grad()
-    def draft(self, lanes: list[int], seq_lens: list[int]) -> list[tuple[torch.Tensor, ...]]:
-        """Per lane, (tokens, scores, parents) [C] of every candidate of its S_max-step draft at its
-        seq_len, in the drafter's flat order (root first)."""
+    def draft(self, lanes: list[int], seq_lens: list[int], steps: int) -> list[tuple[torch.Tensor, ...]]:
+        """Per lane, (tokens, scores, parents) [C] of every candidate of its ``steps``-step draft
+        (steps <= S_max) at its seq_len, in the drafter's flat order (root first)."""
         d = self.drafter
         rids = [self.lane_requests[i] for i in lanes]
         slots = torch.tensor(lanes, device=self.device)
@@ -160,9 +170,9 @@ class EagleLanes(_Lanes):
             d.feature[lane], d.root_p[lane], d.root_i[lane] = feature[L - 1], root_p[L - 1], root_i[L - 1]
         roots = torch.stack([self.known[rid][L] for rid, L in zip(rids, seq_lens)])
         d._kv_len = max(seq_lens)
-        tok, score, par = d._draft_candidates(slots, torch.tensor(seq_lens, device=self.device), roots)[:3]
+        tok, score, par = d._draft_candidates(slots, torch.tensor(seq_lens, device=self.device), roots, steps)[:3]
         got = list(zip(tok, score, par))
-        fed = (self.max_steps - 1) * self.topk
+        fed = (steps - 1) * self.topk
         if fed:  # the fed frontier overwrote teacher-forced entries from index L on
             self._restore(lanes, seq_lens, [L + fed for L in seq_lens])
         return got
@@ -202,9 +212,9 @@ class MultiLayerLanes(_Lanes):
         d.tokens[lane, -1] = 0
 
     @torch.no_grad()
-    def draft(self, lanes: list[int], seq_lens: list[int]) -> list[list[int]]:
-        """The drafts d_1 .. d_{S_max} of each lane's draft at its seq_len (root = known[seq_len])."""
-        d, s = self.drafter, self.max_steps
+    def draft(self, lanes: list[int], seq_lens: list[int], steps: int) -> list[list[int]]:
+        """The drafts d_1 .. d_steps (steps <= S_max) of each lane's draft at its seq_len (root = known[seq_len])."""
+        d, s = self.drafter, steps
         slots = torch.tensor(lanes, device=self.device)
         lens = torch.tensor(seq_lens, device=self.device)
         top = max(seq_lens)
@@ -224,8 +234,11 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
     """Walk every lane (request, config) from its prompt length, one batched draft per round.
 
     ``lane_of[i]`` = (index into works, index into configs) of lane i. A draft depends only on
-    (request, L), so each round drafts only the (request, L) no lane drafted before (in the slot of
-    one lane standing there), and a configuration's accept length at (request, L) is worked out once.
+    (request, L), and its first S steps are the S-step draft, so each round drafts only the
+    (request, L) no lane drafted before with as many steps as a configuration standing there needs
+    (in the slot of one lane standing there, with the most steps those configurations need: a
+    position only short configurations reach costs only their steps), and a configuration's accept
+    length at (request, L) is worked out once.
     ``accept_rows(config, request_ids, seq_lens, drafts)`` gives (accept length, censored, tree) per
     row. ``on_tokens(n)``, if given, hears after each round how many output tokens the lanes
     advanced (a progress bar). Returns each lane's iterations as (seq_len, accept length, censored, tree) rows, keyed by
@@ -235,18 +248,23 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
     rid_of = [works[w].request_id for w, _ in lane_of]
     rows: dict[tuple[int, int], list] = {(works[w].request_id, c): [] for w, c in lane_of}
     drafts: dict[tuple[int, int], object] = {}
+    drafted: dict[tuple[int, int], int] = {}  # steps of the draft kept at (request, L)
     accepts: dict[tuple[int, int, int], tuple[int, bool, tuple]] = {}
     active = [i for i, (w, _) in enumerate(lane_of) if seq[i] + 1 < works[w].end]
     while active:
         before = [seq[i] + 1 for i in active]
-        todo: dict[tuple[int, int], int] = {}
+        todo: dict[tuple[int, int], tuple[int, int]] = {}  # (request, L) -> (lane, steps)
         for i in active:
             key = (rid_of[i], seq[i])
-            if key not in drafts and key not in todo:
-                todo[key] = i
-        if todo:
-            for key, got in zip(todo, lanes.draft(list(todo.values()), [k[1] for k in todo])):
-                drafts[key] = got
+            steps = configs[lane_of[i][1]].num_steps if lanes.short_drafts else lanes.max_steps
+            if steps > max(drafted.get(key, 0), todo.get(key, (0, 0))[1]):
+                todo[key] = (todo.get(key, (i, 0))[0], steps)
+        by_steps: dict[int, list[tuple[int, int]]] = {}
+        for key, (_, steps) in todo.items():
+            by_steps.setdefault(steps, []).append(key)
+        for steps, keys in by_steps.items():
+            for key, got in zip(keys, lanes.draft([todo[k][0] for k in keys], [k[1] for k in keys], steps)):
+                drafts[key], drafted[key] = got, steps
         by_config: dict[int, list[tuple[int, int]]] = {}
         for i in active:
             c = lane_of[i][1]
