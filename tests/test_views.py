@@ -234,3 +234,28 @@ def test_viewer_sends_requests_and_chunks_on_demand(eagle_trace, monkeypatch):
     assert sent[-1][0]["data"]["output"] == eagle_trace.request(other)["output_tokens"]
     viewer._message(viewer, {"kind": "chunk", "request": "x"}, [])  # malformed: no answer, no traceback
     assert sent[-1][0]["kind"] == "text"
+
+
+def test_standalone_views_step_in_the_page_and_follow_its_reports(ngram_trace):
+    """TreeView and MaskView of a trace are the page's player with their part on: the page steps,
+    reports its position, and the figure kept in the kernel shows that step's tree."""
+    r = ngram_trace.request_ids[1]
+    its = ngram_trace.iterations(r)
+    tree = TreeView(ngram_trace, request=r, iteration=its[2])
+    mask = MaskView(ngram_trace, request=r)
+    assert tree.player.parts == ["tree"] and mask.player.parts == ["mask"]
+    assert tree.children[-1] is tree.player and (tree.player.request, tree.player.position) == (r, 2)
+    assert len(tree.player.blob) > 0  # the steps are in the page already
+    for k in (0, len(its) - 1, 1):
+        tree.player.go_to(k)  # what the page reports after stepping
+        assert tree.iteration == its[k] and drawn_nodes(tree) == oracle_drawn(ngram_trace.iteration(its[k], r))
+    tree.show(its[-1])  # the kernel moves the page
+    assert tree.player.position == len(its) - 1
+    tree.highlight(2)
+    assert tree.player.selected == 2
+    mask.select_row(mask.rows.options[-1][1])
+    assert mask.player.selected == mask.rows.options[-1][1]
+    mask.player.go_to(1)  # another step: back to the accepted path
+    assert mask.iteration == its[1] and mask.chosen is None and mask.player.selected == -1
+    fixed = TreeView(ngram_trace, request=r, stepper=False)
+    assert fixed.player is None and fixed.children[-1] is fixed.fig

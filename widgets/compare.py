@@ -119,7 +119,7 @@ class CompareView(StaticOutput, widgets.VBox):
         self.jump.on_click(lambda _: self.go_to(self.first) if self.first is not None else None)
         self.summary = widgets.HTML()
         self.summary.add_class("spectool-compare-summary")
-        self.trees = [TreeView(t, request=both[0]) for t in self.traces]
+        self.trees = [TreeView(t, request=both[0], stepper=False) for t in self.traces]
         self.headers = [widgets.HTML() for _ in self.trees]
         side_by_side = [widgets.VBox([head, tree], layout=widgets.Layout(flex="1 1 0", min_width="0"))
                         for head, tree in zip(self.headers, self.trees)]

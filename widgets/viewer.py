@@ -68,6 +68,7 @@ class TraceViewer(anywidget.AnyWidget):
     Args:
         source: a Trace or a path to a `.sptrace` file.
         request: the request shown first (default: the first with draft iterations).
+        parts: what the page shows, of "tree", "mask", "text", "find" and "plots" (default: all).
     """
 
     _esm = STATIC / "viewer.js"
@@ -78,8 +79,12 @@ class TraceViewer(anywidget.AnyWidget):
     request = traitlets.Int(0).tag(sync=True)
     position = traitlets.Int(0).tag(sync=True)
     snapshot = traitlets.Unicode("").tag(sync=True)
+    # What the page shows: every part when empty; TreeView and MaskView show ["tree"] and ["mask"].
+    parts = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    # A node marked with its ancestors until the next step (-1: the accepted path).
+    selected = traitlets.Int(-1).tag(sync=True)
 
-    def __init__(self, source: Any, request: int | None = None):
+    def __init__(self, source: Any, request: int | None = None, parts: list[str] | None = None):
         self.trace, error = open_trace(source)
         header: dict = {"requests": [], "texts": {}, "facts": [], "calibration": {"groups": []}, "phases": []}
         blob = Blob()
@@ -96,7 +101,8 @@ class TraceViewer(anywidget.AnyWidget):
             elif start in ids:
                 preload(header, blob, self.trace, start, [0])
         encoded = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
-        super().__init__(header_json=encoded, blob=blob.bytes(), request=int(start or 0), position=0)
+        super().__init__(header_json=encoded, blob=blob.bytes(), request=int(start or 0), position=0,
+                         parts=list(parts or []))
         self.header = header  # what the page got (`requests`: the picker's list)
         self.add_class("spectool-viewer")
         self.error = header.get("error")

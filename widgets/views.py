@@ -1,10 +1,12 @@
 """TreeView, MaskView and AcceptanceView: one trace figure each, live in a notebook.
 
-Each view is an ipywidgets VBox holding a message line and a plotly FigureWidget.
-The figure is built once from the trace lists in `spectool.trace.figures`; moving
-to another iteration or request restyles those traces in place inside one
-`batch_update`, so a step costs one message to the frontend. `to_figure()` gives
-the same picture as a plain plotly Figure (for saved notebooks and reports).
+Each view is an ipywidgets VBox holding a message line and its figure. TreeView and MaskView
+of a trace show a player (slider, Play, ← / → keys, request picker) drawn by the TraceViewer's
+page code with only their part on (`TraceViewer(parts=["tree"])`): a step is rendered in the
+browser from data already sent, and the page tells the kernel where it is once stepping pauses.
+`fig`, a plotly FigureWidget built from the trace lists in `spectool.trace.figures`, follows the
+step on show (`show`, `highlight`, `select_row`, or the page's report) and gives `to_figure()`; it
+is what the view shows of a lone IterationView, and of a TreeView made with `stepper=False`.
 """
 
 from __future__ import annotations
@@ -71,12 +73,14 @@ class _IterationFigure(StaticOutput, widgets.VBox):
 
     Subclasses give `_traces(view)` (the data to restyle), `_layout(view)` (the
     layout that changes with it) and `_figure(view)` (the full figure, built on the
-    first draw).
+    first draw), and `part`, what the player of a trace shows.
     """
 
     css_class = ""
+    part = ""
 
-    def __init__(self, source: Any, request: int | None = None, iteration: int | None = None):
+    def __init__(self, source: Any, request: int | None = None, iteration: int | None = None,
+                 stepper: bool = True):
         super().__init__()
         self.add_class(self.css_class)
         self.message = message_box()
@@ -86,6 +90,7 @@ class _IterationFigure(StaticOutput, widgets.VBox):
         self.view: Any = None  # the IterationView on show
         self.request: int | None = None
         self.iteration: int | None = None
+        self.player: Any = None  # the page's player of a trace (None: `fig` is on show)
         if is_iteration_view(source):
             self.show_view(source)
             return
@@ -94,6 +99,35 @@ class _IterationFigure(StaticOutput, widgets.VBox):
             self.message.value = message_html(error)
             return
         self.show(iteration, request)
+        if stepper and self.view is not None:
+            self._add_player()
+
+    def _add_player(self) -> None:
+        from .viewer import TraceViewer  # viewer.py imports this module's helpers
+
+        self.player = TraceViewer(self.trace, self.request, parts=[self.part])
+        self._place_player()
+        self.player.selected = self._marked()
+        self.children = [self.message, self.player]
+        self.player.observe(self._page_moved, names=["request", "position"])
+
+    def _place_player(self) -> None:
+        """Move the page's player to the step on show (the page follows)."""
+        if self.player is not None and self.view is not None:
+            position = self.trace.iterations(self.request).index(self.iteration)
+            if (self.player.request, self.player.position) != (self.request, position):
+                self.player.show_request(self.request, position)
+
+    def _page_moved(self, _change: dict) -> None:
+        """The page stepped: the figure and the attributes follow."""
+        its = self.trace.iterations(self.player.request)
+        if its and (self.player.request, its[min(self.player.position, len(its) - 1)]) != (self.request,
+                                                                                             self.iteration):
+            self.show(its[min(self.player.position, len(its) - 1)], self.player.request)
+
+    def _marked(self) -> int:
+        """The node the page marks (-1: the accepted path)."""
+        return -1
 
     def token_text(self) -> Callable | None:
         """Token id -> text through the trace's tokenizer (None: show ids)."""
@@ -132,6 +166,9 @@ class _IterationFigure(StaticOutput, widgets.VBox):
                 with self.fig.batch_update():
                     restyle(self.fig, traces)
                     self.fig.update_layout(self._layout(view))
+            self._place_player()
+            if self.player is not None:
+                self.player.selected = self._marked()
         except ValueError as e:  # a malformed record: say which, keep the widget alive
             self.message.value = message_html(f"iteration {view.iteration}, request {view.request_id}: {e}")
             return
@@ -174,16 +211,18 @@ class TreeView(_IterationFigure):
         TreeView(trace, request=0, iteration=5, highlight=3)   # a Trace, a path, or an IterationView
 
     `highlight(node)` marks the node and its ancestors (what its mask row sees);
-    `on_node_click(callback)` calls callback(node) when a node is clicked.
+    `on_node_click(callback)` calls callback(node) when a node of `fig` is clicked. A trace's
+    tree is stepped in the page (its `player`); `stepper=False` shows `fig`, stepped by `show`.
     """
 
     css_class = "spectool-tree"
+    part = "tree"
 
     def __init__(self, source: Any, request: int | None = None, iteration: int | None = None,
-                 highlight: int | None = None):
+                 highlight: int | None = None, stepper: bool = True):
         self.selected = highlight
         self._click_callbacks: list[Callable[[int], None]] = []
-        super().__init__(source, request, iteration)
+        super().__init__(source, request, iteration, stepper)
 
     def _node(self, view: Any) -> int | None:
         return self.selected if self.selected is not None and self.selected < len(view.tokens) else None
@@ -202,6 +241,9 @@ class TreeView(_IterationFigure):
         self.selected = node
         if self.view is not None:
             self.show_view(self.view)
+
+    def _marked(self) -> int:
+        return -1 if self.selected is None else int(self.selected)
 
     def on_node_click(self, callback: Callable[[int], None]) -> None:
         """Call `callback(node)` when a node marker is clicked."""
@@ -225,14 +267,16 @@ class MaskView(_IterationFigure):
         mask.select_row(3)      # or click the heatmap, or use the row dropdown
 
     Until a row is chosen the row of the deepest accepted node is selected. A
-    linked TreeView (`tree=`) highlights the selected row's ancestors.
+    linked TreeView (`tree=`) highlights the selected row's ancestors. A trace's mask is
+    stepped in the page (its `player`, with its own row picker); `stepper=False` shows `fig`.
     """
 
     css_class = "spectool-mask"
+    part = "mask"
     FOLLOW = -1  # dropdown value: follow the accepted path
 
     def __init__(self, source: Any, request: int | None = None, iteration: int | None = None,
-                 prefix: int = 0, tree: TreeView | None = None):
+                 prefix: int = 0, tree: TreeView | None = None, stepper: bool = True):
         self.prefix = prefix
         self.tree = tree
         self.chosen: int | None = None  # the user's row; None = the deepest accepted node
@@ -240,8 +284,9 @@ class MaskView(_IterationFigure):
         self.rows = widgets.Dropdown(description="row", options=[("accepted path", self.FOLLOW)],
                                      value=self.FOLLOW)
         self.rows.observe(self._row_picked, names="value")
-        super().__init__(source, request, iteration)
-        self.children = [self.message, self.rows, self.fig]
+        super().__init__(source, request, iteration, stepper)
+        if self.player is None:  # the page's player has its own row picker
+            self.children = [self.message, self.rows, self.fig]
 
     @property
     def selected(self) -> int | None:
@@ -295,6 +340,9 @@ class MaskView(_IterationFigure):
         self.chosen = row
         if self.view is not None:
             self.show_view(self.view)
+
+    def _marked(self) -> int:
+        return -1 if self.chosen is None else int(self.chosen)
 
     def _row_picked(self, change: dict) -> None:
         if not self._syncing:

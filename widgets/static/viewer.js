@@ -184,7 +184,11 @@ function layout(v) {
   return {x, depth, shown, keep, leaves: leaf, maxDepth, bonus: hasBonus ? {x: bonusX, y: -(depth[last] + 1), parent: last} : null};
 }
 
+// The parts a view shows: all of them for the viewer; a standalone view names its own (opts.parts).
+export const PARTS = ['tree', 'mask', 'text', 'find', 'plots'];
+
 export function mount(root, header, buffer, Plotly, opts = {}) {
+  const parts = new Set(opts.parts && opts.parts.length ? opts.parts : PARTS);
   // ----- data: requests and chunks as they arrive (all of them at once in the report) -------
   const texts = Object.assign({}, header.texts || {});
   const reqs = new Map(), chunks = new Map(), asked = new Set();
@@ -280,7 +284,15 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   const facts = h('table', {class: 'sv-facts'});
   for (const [k, v] of header.facts || []) facts.append(h('tr', {}, h('td', {}, k), h('td', {}, v)));
   const details = h('details', {}, h('summary', {}, 'run'), facts);
-  root.append(player, finder, textPanel, main, lower, details);
+  if (!parts.has('find')) for (const el of [findKind, findArg, findPrev, findNext, findNote]) el.style.display = 'none';
+  if (!parts.has('mask')) rowPick.style.display = 'none';
+  main.replaceChildren(...[tree.box, mask.box].filter((_, j) => parts.has(['tree', 'mask'][j])));
+  if (main.children.length === 1) main.style.gridTemplateColumns = 'minmax(0, 1fr)';
+  root.append(player);
+  if (parts.has('find') || parts.has('mask')) root.append(finder);
+  if (parts.has('text')) root.append(textPanel);
+  root.append(main);
+  if (parts.has('plots')) root.append(lower, details);
 
   // ----- state ------------------------------------------------------------------------------
   let R = null, ri = 0, pos = 0, chosen = null, timer = null, tokIter = null, spans = [], lit = [];
@@ -514,11 +526,13 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     view = v;
     lay = layout(view);
     const sel = selectedNode(view);
-    renderTree(view, sel);
-    renderMask(view, sel);
-    renderText(view);
-    markCurrent(accept, accept.plot, R.iteration[pos]);
-    markCurrent(timing, timing.plot, R.iteration[pos]);
+    if (parts.has('tree')) renderTree(view, sel);
+    if (parts.has('mask')) renderMask(view, sel);
+    if (parts.has('text')) renderText(view);
+    if (parts.has('plots')) {
+      markCurrent(accept, accept.plot, R.iteration[pos]);
+      markCurrent(timing, timing.plot, R.iteration[pos]);
+    }
     const extra = R.match_len[pos] >= 0 ? ` · match ${R.match_len[pos]}, breadth ${R.breadth[pos]}` : '';
     label.textContent = `iteration ${view.iteration} (${pos + 1}/${R.iteration.length}) · seq_len ${R.seq_len[pos]} · ` +
       `accept length ${view.accept_length}${extra}`;
@@ -704,12 +718,12 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
       return;
     }
     R = reqs.get(id);
-    if (!R.text) ask({kind: 'text', request: id});
+    if (!R.text && parts.has('text')) ask({kind: 'text', request: id});
     chosen = null;
     tokIter = null;
     slider.max = String(Math.max(R.iteration.length - 1, 0));
     buildText();
-    renderRequestPlots();
+    if (parts.has('plots')) renderRequestPlots();
     fixHeights();
     if (!R.iteration.length) { message.textContent = `request ${R.id} has no draft iterations`; return; }
     message.textContent = '';
@@ -819,13 +833,11 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     const row = e.target.dataset && e.target.dataset.row !== undefined ? lay.shown[Number(e.target.dataset.row)] : qc && qc[0];
     if (row !== null && row !== undefined) { chosen = row; render(); }
   });
-  for (const p of [accept, timing]) {
-    Plotly.newPlot(p.plot, [], {}, CONFIG);
+  const plots = parts.has('plots') ? [accept, timing, depthPanel, calib, whole] : [];
+  for (const p of plots) Plotly.newPlot(p.plot, [], {}, CONFIG);
+  for (const p of plots.slice(0, 2)) {
     p.plot.on('plotly_click', (e) => { const k = R.iteration.indexOf(e.points[0].x); if (k >= 0) goTo(k); });
   }
-  Plotly.newPlot(depthPanel.plot, [], {}, CONFIG);
-  Plotly.newPlot(calib.plot, [], {}, CONFIG);
-  Plotly.newPlot(whole.plot, [], {}, CONFIG);
 
   // Figures take the width they are given: redraw when the page or a side panel resizes us.
   // Widths are read here, never while rendering a step: a read after a write forces a layout.
@@ -837,7 +849,7 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     if (!w || Math.abs(w - lastWidth) < 4 || !R) return;
     lastWidth = w;
     measure();
-    for (const p of [accept, timing, depthPanel, calib, whole]) Plotly.Plots.resize(p.plot);
+    for (const p of plots) Plotly.Plots.resize(p.plot);
     if (R.iteration.length) render();
   });
   resize.observe(root);
@@ -848,8 +860,14 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   ri = start;
   fillPicker();
   showRequest(start, initial.position || 0);
-  renderCalibration();
-  renderWhole();
+  if (initial.selected >= 0) select(initial.selected);
+  if (parts.has('plots')) { renderCalibration(); renderWhole(); }
+
+  // Mark a node and its ancestors (a negative node: back to the accepted path) until the next step.
+  function select(node) {
+    chosen = node >= 0 ? node : null;
+    if (view) render();
+  }
 
   // A reply from the kernel: a request's columns, a chunk (its arrays in `buf`) or a request's text.
   function receive(msg, buf) {
@@ -869,10 +887,10 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   }
 
   return {
-    goTo, showRequest, receive,
+    goTo, showRequest, receive, select,
     state: () => ({request: R ? R.id : null, position: pos, iteration: R ? R.iteration[pos] : null,
                    selected: view ? selectedNode(view) : null, loading: Boolean(waiting)}),
-    destroy() { stop(); resize.disconnect(); for (const p of [accept, timing, depthPanel, calib, whole]) Plotly.purge(p.plot); },
+    destroy() { stop(); resize.disconnect(); for (const p of plots) Plotly.purge(p.plot); },
   };
 }
 
@@ -940,8 +958,10 @@ export default {
     const header = JSON.parse(new TextDecoder().decode(model.get('header_json') || new Uint8Array()) || '{}');
     const error = header.error;
     showSnapshot(model, el, error || 'static snapshot: the interactive view starts when the kernel answers');
-    const Plotly = await loadPlotly(model);
-    if (!Plotly) return;  // el may not be in the page yet (plotly.js already there): mount anyway, it measures on resize
+    const parts = model.get('parts') || [];
+    // The tree and the mask are plain SVG: a view of those alone starts without plotly.js.
+    const Plotly = parts.length && !parts.includes('plots') ? null : await loadPlotly(model);
+    if (!Plotly && (!parts.length || parts.includes('plots'))) return;  // el may not be in the page yet (plotly.js already there): mount anyway, it measures on resize
     const own = (dv) => (dv ? dv.buffer.slice(dv.byteOffset, dv.byteOffset + dv.byteLength) : new ArrayBuffer(0));
     let pending = null, ctl = null;
     // The kernel's replies to the page's questions (a request, a chunk, a text): binary arrays as a buffer.
@@ -950,7 +970,8 @@ export default {
     };
     model.on('msg:custom', reply);
     ctl = mount(el, header, own(model.get('blob')), Plotly, {
-      initial: {request: model.get('request'), position: model.get('position')},
+      initial: {request: model.get('request'), position: model.get('position'), selected: model.get('selected')},
+      parts,
       fetch: (msg) => { try { model.send(msg); } catch (e) { /* no kernel: what was sent stays steppable */ } },
       // Tell the kernel where we are (for to_figure and the saved snapshot) once stepping pauses:
       // syncing on every step would put the kernel's reply on the step's path.
@@ -967,6 +988,11 @@ export default {
     };
     model.on('change:position', follow);
     model.on('change:request', follow);
-    return () => { clearTimeout(pending); model.off('msg:custom', reply); model.off('change:position', follow); model.off('change:request', follow); ctl.destroy(); };
+    const mark = () => ctl.select(model.get('selected'));
+    model.on('change:selected', mark);
+    return () => {
+      clearTimeout(pending); model.off('msg:custom', reply); model.off('change:position', follow);
+      model.off('change:request', follow); model.off('change:selected', mark); ctl.destroy();
+    };
   },
 };
