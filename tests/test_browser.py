@@ -251,6 +251,9 @@ def lab(tmp_path_factory, demo_model_dir):
         "TraceViewer('hostile.sptrace')",
         "CompareView('a.sptrace', 'b.sptrace')")]
     nbformat.write(nb, root / "views.ipynb")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in (
+        "from spectool.widgets import MaskView, TreeView\nTreeView('wide.sptrace')", "MaskView('wide.sptrace')")]),
+        root / "standalone.ipynb")
     server = Lab(root, work, {"SPECTOOL_MODEL_DIR": str(demo_model_dir), "SPECTOOL_MAX_NEW_TOKENS": "16",
                               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     yield server, root
@@ -555,6 +558,65 @@ def test_a_long_trace_opens_and_steps_across_chunks_in_jupyterlab(browser, lab):
         page.screenshot(path=str(ARTIFACTS / "lab_long_failure.png"), full_page=True)
         print("page errors:", errors)
         raise
+    finally:
+        page.close()
+    assert statistics.median(ms) <= STEP_FAIL_MS, f"step latency {ms} ms"
+
+
+# Counts what the page sends its kernel (every comm message goes over the kernel's websocket).
+COUNT_SENDS_JS = """() => { window.__spectoolSent = 0; const send = WebSocket.prototype.send;
+  WebSocket.prototype.send = function (data) { window.__spectoolSent++; return send.call(this, data); }; }"""
+
+
+def test_standalone_tree_and_mask_step_in_the_page_in_jupyterlab(browser, lab):
+    """TreeView and MaskView step from data in the page: each step draws that iteration's nodes and sends
+    the kernel nothing (the page reports its position once, after stepping pauses)."""
+    from spectool.trace.reader import Trace
+
+    server, root = lab
+    wide = Trace.load(root / "wide.sptrace")
+    request = wide.request_ids[0]
+    its = wide.iterations(request)
+    page = browser.new_page(viewport=VIEWPORT)
+    page.add_init_script(f"({COUNT_SENDS_JS})()")
+    try:
+        open_notebook(page, server, "standalone.ipynb")
+        tree, mask = (f".jp-Cell:nth-child({k}) .spectool-viewer" for k in (1, 2))
+        page.wait_for_function(f"() => document.querySelectorAll('{tree} .sv-tree-area circle').length > 8",
+                               timeout=RUN_TIMEOUT_MS)
+        page.wait_for_selector(f"{mask} .spectool-mask svg", timeout=60_000)
+        assert page.locator(f"{tree} .spectool-mask, {mask} .spectool-tree, {tree} .spectool-timing").count() == 0
+        page.wait_for_timeout(2500)  # the kernel's replies to opening settle
+        steps = min(len(its), 6)
+        got = page.evaluate(f"""() => {{
+          const before = window.__spectoolSent, out = [];
+          for (const sel of ['{tree}', '{mask}']) {{
+            const s = document.querySelector(sel + ' .sv-slider');
+            for (let k = 0; k < {steps}; k++) {{
+              s.value = String(k); s.dispatchEvent(new Event('input'));
+              out.push(sel === '{tree}'
+                ? [...document.querySelectorAll(sel + ' .sv-tree-area circle.sv-node')].map(c => [+c.dataset.node,
+                    ['sv-unvisited', 'sv-accepted', 'sv-rejected'].findIndex(k => c.classList.contains(k))])
+                    .sort((a, b) => a[0] - b[0])
+                : [document.querySelector(sel + ' .spectool-mask svg').dataset.nodes.split(',').map(Number),
+                   document.querySelector(sel + ' .spectool-mask h4').textContent.split(' · ')[2]]);
+            }}
+          }}
+          return {{drawn: out, sent: window.__spectoolSent - before}};
+        }}""")
+        views = [wide.iteration(its[k], request) for k in range(steps)]
+        # Oracle: the shown nodes with their recorded status; the mask's rows and its accepted path's last node.
+        trees = [[[i, int(v.status[i])] for i in drawn(v)] for v in views]
+        masks = [[drawn(v), f"row {max(int(a) for a in v.accept_path)}"] for v in views]
+        assert got["drawn"][:steps] == trees and len({str(t) for t in trees}) > 1
+        assert [[m[0], " ".join(m[1].split(" ")[:2])] for m in got["drawn"][steps:]] == masks
+        assert got["sent"] == 0, f"{got['sent']} kernel messages for {2 * steps} steps"
+        page.wait_for_timeout(2500)
+        assert page.evaluate("() => window.__spectoolSent") > 0  # the position report, once stepping paused
+        ms = step_latencies(page, tree, 14)[2:]
+        print(f"standalone TreeView step latency: median {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms")
+        page.evaluate(f"() => document.querySelector('{tree}').scrollIntoView({{block: 'start'}})")
+        page.screenshot(path=str(ARTIFACTS / "lab_standalone_views.png"))
     finally:
         page.close()
     assert statistics.median(ms) <= STEP_FAIL_MS, f"step latency {ms} ms"
