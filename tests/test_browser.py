@@ -252,7 +252,8 @@ def lab(tmp_path_factory, demo_model_dir):
         "CompareView('a.sptrace', 'b.sptrace')")]
     nbformat.write(nb, root / "views.ipynb")
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in (
-        "from spectool.widgets import MaskView, TreeView\nTreeView('wide.sptrace')", "MaskView('wide.sptrace')")]),
+        "from spectool.widgets import MaskView, TraceViewer, TreeView\nTreeView('wide.sptrace')",
+        "MaskView('wide.sptrace')", "TraceViewer('wide.sptrace')")]),
         root / "standalone.ipynb")
     server = Lab(root, work, {"SPECTOOL_MODEL_DIR": str(demo_model_dir), "SPECTOOL_MAX_NEW_TOKENS": "16",
                               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
@@ -615,6 +616,8 @@ def test_standalone_tree_and_mask_step_in_the_page_in_jupyterlab(browser, lab):
         assert page.evaluate("() => window.__spectoolSent") > 0  # the position report, once stepping paused
         ms = step_latencies(page, tree, 14)[2:]
         print(f"standalone TreeView step latency: median {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms")
+        whole = step_latencies(page, ".jp-Cell:nth-child(3) .spectool-viewer", 14)[2:]
+        print(f"TraceViewer step latency, same page: median {statistics.median(whole):.1f} ms, max {max(whole):.1f} ms")
         page.evaluate(f"() => document.querySelector('{tree}').scrollIntoView({{block: 'start'}})")
         page.screenshot(path=str(ARTIFACTS / "lab_standalone_views.png"))
     finally:

@@ -259,3 +259,8 @@ def test_standalone_views_step_in_the_page_and_follow_its_reports(ngram_trace):
     assert mask.iteration == its[1] and mask.chosen is None and mask.player.selected == -1
     fixed = TreeView(ngram_trace, request=r, stepper=False)
     assert fixed.player is None and fixed.children[-1] is fixed.fig
+
+
+def test_a_mask_with_prefix_columns_is_the_kernels_figure(ngram_trace):
+    mask = MaskView(ngram_trace, prefix=4)  # the page draws no prefix columns
+    assert mask.player is None and mask.children[-1] is mask.fig

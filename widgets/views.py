@@ -268,7 +268,8 @@ class MaskView(_IterationFigure):
 
     Until a row is chosen the row of the deepest accepted node is selected. A
     linked TreeView (`tree=`) highlights the selected row's ancestors. A trace's mask is
-    stepped in the page (its `player`, with its own row picker); `stepper=False` shows `fig`.
+    stepped in the page (its `player`, with its own row picker); `stepper=False` or `prefix > 0`
+    shows `fig`.
     """
 
     css_class = "spectool-mask"
@@ -284,7 +285,8 @@ class MaskView(_IterationFigure):
         self.rows = widgets.Dropdown(description="row", options=[("accepted path", self.FOLLOW)],
                                      value=self.FOLLOW)
         self.rows.observe(self._row_picked, names="value")
-        super().__init__(source, request, iteration, stepper)
+        # The page draws no prefix columns: a mask with them is the kernel's figure, stepped by `show`.
+        super().__init__(source, request, iteration, stepper and prefix <= 0)
         if self.player is None:  # the page's player has its own row picker
             self.children = [self.message, self.rows, self.fig]
 
