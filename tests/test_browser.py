@@ -620,6 +620,7 @@ def test_standalone_tree_and_mask_step_in_the_page_in_jupyterlab(browser, lab):
         print(f"TraceViewer step latency, same page: median {statistics.median(whole):.1f} ms, max {max(whole):.1f} ms")
         page.evaluate(f"() => document.querySelector('{tree}').scrollIntoView({{block: 'start'}})")
         page.screenshot(path=str(ARTIFACTS / "lab_standalone_views.png"))
+        page.locator(mask).screenshot(path=str(ARTIFACTS / "lab_standalone_mask.png"))
     finally:
         page.close()
     assert statistics.median(ms) <= STEP_FAIL_MS, f"step latency {ms} ms"

@@ -253,7 +253,8 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   const findNext = h('button', {class: 'sv-find-next', title: 'next match'}, 'find ▶');
   const findNote = h('span', {class: 'sv-note sv-find-note'});
   const rowPick = h('select', {class: 'sv-row', 'aria-label': 'mask row'});
-  const finder = h('div', {class: 'sv-bar sv-find'}, 'find: ', findKind, findArg, findPrev, findNext, findNote,
+  const findLabel = h('span', {}, 'find: ');
+  const finder = h('div', {class: 'sv-bar sv-find'}, findLabel, findKind, findArg, findPrev, findNext, findNote,
                    h('span', {style: 'flex: 1'}), 'mask row ', rowPick);
 
   // ----- panels -----------------------------------------------------------------------------
@@ -284,7 +285,7 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   const facts = h('table', {class: 'sv-facts'});
   for (const [k, v] of header.facts || []) facts.append(h('tr', {}, h('td', {}, k), h('td', {}, v)));
   const details = h('details', {}, h('summary', {}, 'run'), facts);
-  if (!parts.has('find')) for (const el of [findKind, findArg, findPrev, findNext, findNote]) el.style.display = 'none';
+  if (!parts.has('find')) for (const el of [findLabel, findKind, findArg, findPrev, findNext, findNote]) el.style.display = 'none';
   if (!parts.has('mask')) rowPick.style.display = 'none';
   main.replaceChildren(...[tree.box, mask.box].filter((_, j) => parts.has(['tree', 'mask'][j])));
   if (main.children.length === 1) main.style.gridTemplateColumns = 'minmax(0, 1fr)';
@@ -850,6 +851,7 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     lastWidth = w;
     measure();
     for (const p of plots) Plotly.Plots.resize(p.plot);
+    fixHeights();  // the mask's cells follow its width
     if (R.iteration.length) render();
   });
   resize.observe(root);
