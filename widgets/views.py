@@ -120,10 +120,10 @@ class _IterationFigure(StaticOutput, widgets.VBox):
 
     def _page_moved(self, _change: dict) -> None:
         """The page stepped: the figure and the attributes follow."""
-        its = self.trace.iterations(self.player.request)
-        if its and (self.player.request, its[min(self.player.position, len(its) - 1)]) != (self.request,
-                                                                                             self.iteration):
-            self.show(its[min(self.player.position, len(its) - 1)], self.player.request)
+        request, its = self.player.request, self.trace.iterations(self.player.request)
+        iteration = its[min(self.player.position, len(its) - 1)] if its else None
+        if iteration is not None and (request, iteration) != (self.request, self.iteration):
+            self.show(iteration, request)
 
     def _marked(self) -> int:
         """The node the page marks (-1: the accepted path)."""
