@@ -23,7 +23,7 @@ from spectool.trace.audit import greedy_audit  # noqa: E402
 from spectool.trace.check import check_trace  # noqa: E402
 from spectool.trace.replay import replay  # noqa: E402
 
-METHODS = ["ngram", "eagle", "multi_layer_eagle"]
+METHODS = ["ngram", "eagle", "multi_layer_eagle", "eagle3"]
 
 
 

@@ -215,8 +215,8 @@ def test_default_mode_differs_there_so_the_comparison_can_fail(target, demo_mode
 # ---------------------------------------------------------------------------------
 # (c) the engine: speculative output equals plain output, every method, batch 1 / 4 / 16
 
-METHODS = ["ngram", "eagle", "multi_layer_eagle"]
-PROMPTS_PER_BATCH = {1: 12, 4: 24, 16: 48}  # per method: 84, and 252 in all
+METHODS = ["ngram", "eagle", "multi_layer_eagle", "eagle3"]
+PROMPTS_PER_BATCH = {1: 12, 4: 24, 16: 48}  # per method: 84, and 336 in all
 MAX_NEW = 64
 MAX_SEQ = 512
 

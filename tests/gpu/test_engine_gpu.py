@@ -42,6 +42,7 @@ def draft_config(method: str, demo_dir):
         "ngram": st.NgramConfig(num_draft_tokens=12),
         "eagle": st.EagleConfig(demo_dir / "eagle", num_steps=5, topk=4, num_draft_tokens=16),
         "multi_layer_eagle": st.MultiLayerEagleConfig(demo_dir / "multi_layer_eagle", num_steps=4),
+        "eagle3": st.Eagle3Config(demo_dir / "eagle3", num_steps=5, topk=4, num_draft_tokens=16),
     }[method]
 
 
