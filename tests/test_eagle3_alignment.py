@@ -13,7 +13,7 @@ deep enough to reach every step.
 
 Argmax ties: the engine computes the logits in a cached step, the oracle in a full forward; in
 float32 they agree to ~1e-5, so a disagreement is allowed only where the oracle's top-2 logit
-gap is below ``TIE``.
+gap is below ``TIE`` (test_mle_alignment.py).
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ from __future__ import annotations
 import pytest
 import torch
 from test_engine_support import cut_prompts, demo_token_streams
-from test_mle_alignment import spy_on_drafts, walk
+from test_mle_alignment import compare_with_teacher, spy_on_drafts
 
 import spectool as st
 from spectool.model.eagle3 import load_eagle3
 from spectool.train.draft import draft_chain, greedy_accept_estimate, predicted_ids, target_view
 
-TIE = 1e-3
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                 reason="needs a GPU"))]
 
@@ -64,26 +63,8 @@ def test_engine_chain_is_the_teacher_forced_chain(demo_model_dir, device, steps,
     drafts = spy_on_drafts(engine)
     result = engine.generate(prompts, max_new_tokens=max_new, ignore_eos=True, record=False)
 
-    checked = deep = 0
-    for rid, prompt in enumerate(prompts):
-        assert result.token_ids[rid] == reference[rid][:max_new], "greedy output must equal plain greedy"
-        seq = prompt + reference[rid]
-        preds, gaps = teacher_forced(target, draft, seq, steps)
-        for r, L, chain in drafts:
-            if r != rid:
-                continue
-            for k in range(steps):
-                if chain[k] != preds[k, L - 1]:
-                    assert gaps[k, L - 1] < TIE, (
-                        f"request {rid}, seq_len {L}: step {k} drafted {chain[k]}, its teacher-forced "
-                        f"prediction is {int(preds[k, L - 1])} (engine chain {chain})")
-                checked += 1
-                deep += k > 0
-                if chain[k] != seq[L + k + 1]:
-                    break  # later steps read this wrong draft; the oracle reads the true token
-        engine_accepts = [a for r, a in zip(result.stats.columns["request_id"],
-                                            result.stats.columns["accept_length"]) if r == rid]
-        assert engine_accepts == walk(preds, seq, len(prompt), max_new)
+    _, deep = compare_with_teacher(result, reference, prompts, drafts, steps, max_new,
+                                   lambda seq: teacher_forced(target, draft, seq, steps), "step")
     assert len(drafts) == len(result.stats.columns["accept_length"])
     # Steps past the root were compared (the training-time test is about them), the last one too.
     assert max(result.stats.columns["accept_length"]) >= steps - 1

@@ -102,6 +102,35 @@ def walk(preds: torch.Tensor, seq: list[int], prompt_len: int, max_new: int) -> 
     return out
 
 
+def compare_with_teacher(result, reference, prompts, drafts, steps: int, max_new: int, oracle,
+                         what: str) -> tuple[int, int]:
+    """Each request's output equals plain greedy (``reference``), each drafted token of the engine's
+    chains (``drafts``, from ``spy_on_drafts``) equals its teacher-forced prediction ``oracle(seq)`` or
+    is a near-tie, and the engine's accept lengths are the oracle's walk. Returns the drafted tokens
+    compared and how many of them were past the root."""
+    checked = deep = 0
+    for rid, prompt in enumerate(prompts):
+        assert result.token_ids[rid] == reference[rid][:max_new], "greedy output must equal plain greedy"
+        seq = prompt + reference[rid]
+        preds, gaps = oracle(seq)
+        for r, L, chain in drafts:
+            if r != rid:
+                continue
+            for k in range(steps):
+                if chain[k] != preds[k, L - 1]:
+                    assert gaps[k, L - 1] < TIE, (
+                        f"request {rid}, seq_len {L}: {what} {k} drafted {chain[k]}, its teacher-forced "
+                        f"prediction is {int(preds[k, L - 1])} (engine chain {chain})")
+                checked += 1
+                deep += k > 0
+                if chain[k] != seq[L + k + 1]:
+                    break  # later ones read this wrong draft; the oracle reads the true token
+        engine_accepts = [a for r, a in zip(result.stats.columns["request_id"],
+                                            result.stats.columns["accept_length"]) if r == rid]
+        assert engine_accepts == walk(preds, seq, len(prompt), max_new)
+    return checked, deep
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("chained", [False, True])
 @pytest.mark.parametrize("steps,batch_size", [(4, 1), (3, 2)])
@@ -125,25 +154,8 @@ def test_engine_drafts_what_training_teaches(demo, device, steps, batch_size, ch
     drafts = spy_on_drafts(engine)
     result = engine.generate(prompts, max_new_tokens=max_new, ignore_eos=True, record=False)
 
-    checked = 0
-    for rid, prompt in enumerate(prompts):
-        assert result.token_ids[rid] == reference[rid][:max_new], "greedy output must equal plain greedy"
-        seq = prompt + reference[rid]
-        preds, gaps = teacher_forced(target, draft, seq, steps)
-        for r, L, chain in drafts:
-            if r != rid:
-                continue
-            for k in range(steps):
-                if chain[k] != preds[k, L - 1]:
-                    assert gaps[k, L - 1] < TIE, (
-                        f"request {rid}, seq_len {L}: layer {k} drafted {chain[k]}, its teacher-forced "
-                        f"prediction is {int(preds[k, L - 1])} (engine chain {chain})")
-                checked += 1
-                if chain[k] != seq[L + k + 1]:
-                    break  # later layers read this wrong draft; the oracle reads the true token
-        engine_accepts = [a for r, a in zip(result.stats.columns["request_id"],
-                                            result.stats.columns["accept_length"]) if r == rid]
-        assert engine_accepts == walk(preds, seq, len(prompt), max_new)
+    checked, _ = compare_with_teacher(result, reference, prompts, drafts, steps, max_new,
+                                      lambda seq: teacher_forced(target, draft, seq, steps), "layer")
     # Every iteration drafted, and the drafts went deep enough to test every layer: an accept
     # length of steps - 1 means the last layer's draft was compared with the oracle.
     assert len(drafts) == len(result.stats.columns["accept_length"])
