@@ -33,29 +33,43 @@ def test_coin_kernel_matches_reference_on_cuda():
         assert torch.equal(got.cpu(), sampling_coins_torch(seed, nonces, seq_lens, n)), n
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 6, 0.85)])
-def test_sampling_with_kernel_coins_is_lossless_on_cuda(temperature, top_k, top_p):
-    rng = np.random.default_rng(4321)
-    table = rng.normal(0, 1.5, (VOCAB, VOCAB))
+def two_tokens_with_kernel_coins(verify, temperature: float, top_k: int, top_p: float, seeds: tuple[int, int, int],
+                                 device: str = "cuda") -> tuple[float, torch.Tensor]:
+    """The first two emitted tokens of TRIALS seeded requests, verified by ``verify(tree, logits,
+    temperatures, top_k, top_p, coins)`` with the coins kernel's coins over adversarial trees: the
+    chi-square p-value of their joint counts against the target's exact distribution, and the first
+    verify's accept lengths. ``seeds``: the logit table's, the trees' and the coins' seeds."""
+    table_seed, tree_seed, coin_seed = seeds
+    table = np.random.default_rng(table_seed).normal(0, 1.5, (VOCAB, VOCAB))
     exact = exact_probs(table, temperature, top_k, top_p)
     want = exact[3][:, None] * exact
-    g = torch.Generator().manual_seed(98)
-    dev = torch.device("cuda")
-    seed, nonces = torch.tensor([77], device=dev), torch.arange(TRIALS, device=dev)
+    g = torch.Generator().manual_seed(tree_seed)
+    dev = torch.device(device)
+    seed, nonces = torch.tensor([coin_seed], device=dev), torch.arange(TRIALS, device=dev)
     seq_lens = torch.randint(5, 500, (TRIALS,), generator=g).to(dev)
     logits_table = torch.tensor(table, dtype=torch.float32, device=dev)
     probs_table = torch.tensor(exact, dtype=torch.float32)
     temps = torch.full((TRIALS,), temperature, device=dev)
-    tree = on_cuda(adversarial_trees(torch.full((TRIALS,), 3), probs_table, g))
-    res = verify_sampling(tree, logits_table[tree.tokens], temps, top_k, top_p, None,
-                          sampling_coins(seed, nonces, seq_lens, tree.num_nodes))
+    to_dev = (lambda tree: tree) if dev.type == "cpu" else on_cuda
+    tree = to_dev(adversarial_trees(torch.full((TRIALS,), 3), probs_table, g))
+    res = verify(tree, logits_table[tree.tokens], temps, top_k, top_p, sampling_coins(seed, nonces, seq_lens,
+                                                                                       tree.num_nodes))
     first, second, length = emitted_tokens(tree, res)
-    tree2 = on_cuda(adversarial_trees(first.cpu(), probs_table, g))
-    res2 = verify_sampling(tree2, logits_table[tree2.tokens], temps, top_k, top_p, None,
-                           sampling_coins(seed, nonces, seq_lens + length + 1, tree2.num_nodes))
+    tree2 = to_dev(adversarial_trees(first.cpu(), probs_table, g))
+    res2 = verify(tree2, logits_table[tree2.tokens], temps, top_k, top_p,
+                  sampling_coins(seed, nonces, seq_lens + length + 1, tree2.num_nodes))
     second = torch.where(length >= 1, second, emitted_tokens(tree2, res2)[0])
     counts = np.bincount((first * VOCAB + second).cpu().numpy(), minlength=VOCAB * VOCAB).astype(np.float64)
-    assert chi_square_pvalue(counts, want.ravel() * TRIALS) > ALPHA
+    return chi_square_pvalue(counts, want.ravel() * TRIALS), length
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 6, 0.85)])
+def test_sampling_with_kernel_coins_is_lossless_on_cuda(temperature, top_k, top_p):
+    def torch_verify(tree, logits, temps, top_k, top_p, coins):
+        return verify_sampling(tree, logits, temps, top_k, top_p, None, coins)
+
+    pvalue, _ = two_tokens_with_kernel_coins(torch_verify, temperature, top_k, top_p, (4321, 98, 77))
+    assert pvalue > ALPHA
 
 
 @pytest.mark.parametrize("method", ["none", "ngram", "eagle", "multi_layer_eagle"])

@@ -9,20 +9,12 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-import numpy as np  # noqa: E402
-from test_sampling_graph_gpu import on_cuda  # noqa: E402
+from test_sampling_graph_gpu import on_cuda, two_tokens_with_kernel_coins  # noqa: E402
 from test_verify import (  # noqa: E402
     ALPHA,
-    TRIALS,
-    VOCAB,
-    adversarial_trees,
-    chi_square_pvalue,
-    emitted_tokens,
-    exact_probs,
     random_batch,
 )
 
-from spectool.kernels.sampling import sampling_coins  # noqa: E402
 from spectool.verify import verify_sampling, verify_sampling_fused  # noqa: E402
 
 
@@ -47,25 +39,6 @@ def test_fused_equals_reference_at_128k(dtype, temperature, top_k, top_p):
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 6, 0.85)])
 def test_fused_with_kernel_coins_is_lossless_on_cuda(temperature, top_k, top_p):
-    rng = np.random.default_rng(2468)
-    table = rng.normal(0, 1.5, (VOCAB, VOCAB))
-    exact = exact_probs(table, temperature, top_k, top_p)
-    want = exact[3][:, None] * exact
-    g = torch.Generator().manual_seed(97)
-    dev = torch.device("cuda")
-    seed, nonces = torch.tensor([78], device=dev), torch.arange(TRIALS, device=dev)
-    seq_lens = torch.randint(5, 500, (TRIALS,), generator=g).to(dev)
-    logits_table = torch.tensor(table, dtype=torch.float32, device=dev)
-    probs_table = torch.tensor(exact, dtype=torch.float32)
-    temps = torch.full((TRIALS,), temperature, device=dev)
-    tree = on_cuda(adversarial_trees(torch.full((TRIALS,), 3), probs_table, g))
-    res = verify_sampling_fused(tree, logits_table[tree.tokens], temps, top_k, top_p,
-                                sampling_coins(seed, nonces, seq_lens, tree.num_nodes))
-    first, second, length = emitted_tokens(tree, res)
-    tree2 = on_cuda(adversarial_trees(first.cpu(), probs_table, g))
-    res2 = verify_sampling_fused(tree2, logits_table[tree2.tokens], temps, top_k, top_p,
-                                 sampling_coins(seed, nonces, seq_lens + length + 1, tree2.num_nodes))
-    second = torch.where(length >= 1, second, emitted_tokens(tree2, res2)[0])
-    counts = np.bincount((first * VOCAB + second).cpu().numpy(), minlength=VOCAB * VOCAB).astype(np.float64)
-    assert chi_square_pvalue(counts, want.ravel() * TRIALS) > ALPHA
+    pvalue, length = two_tokens_with_kernel_coins(verify_sampling_fused, temperature, top_k, top_p, (2468, 97, 78))
+    assert pvalue > ALPHA
     assert (length >= 2).float().mean() > 0.01 and (length == 0).float().mean() > 0.05
