@@ -38,7 +38,9 @@ reads besides its tensor arguments (weights, the KV cache) must keep its address
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+import gc
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -54,6 +56,20 @@ def _map(fn: Callable[[torch.Tensor], torch.Tensor], out: Outputs) -> Outputs:
     if isinstance(out, (tuple, list)):
         return type(out)(_map(fn, v) for v in out)
     raise TypeError(f"graph outputs must be tensors (or tuples/dicts of them), got {type(out).__name__}")
+
+
+@contextlib.contextmanager
+def _no_garbage_collection() -> Iterator[None]:
+    """Hold Python's cycle collector off during a capture: a collection there can free an earlier
+    engine's CUDA graphs, and destroying a graph while a stream captures invalidates the capture
+    (torch no longer collects before capturing). The garbage waits for the next collection."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _Graph:
@@ -173,7 +189,7 @@ class GraphRunner:
             self._pool = torch.cuda.graph_pool_handle()
         # Thread-local: the trace writer thread waits on CUDA events while the engine's thread
         # captures; in the default (global) mode that wait invalidates the capture.
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with _no_garbage_collection(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             outputs = self.fn(**static)
         self.stats["captures"] += 1
         return _Graph(graph, static, outputs)

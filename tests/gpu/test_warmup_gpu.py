@@ -53,3 +53,26 @@ def test_no_capture_after_warmup_and_the_same_outputs(target, demo_model_dir, pr
         assert graphs["replays"] > 0
         assert tokens == cold_tokens, (count, kwargs)
     assert sum(g["captures"] for *_, g in cold_runs) > 0, "the cold engine must capture lazily (else no test)"
+
+
+def test_engines_made_in_a_loop_capture_while_earlier_ones_are_collected(target, demo_model_dir, prompts):
+    """A fresh engine per prompt (as a benchmark or a notebook cell re-run makes them): the earlier
+    engines' graphs, left in reference cycles, are freed by the cycle collector; a collection that
+    ran while the next engine captures used to destroy a graph mid-capture and invalidate it."""
+    import gc
+
+    reference = None
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)  # collect on nearly every allocation, so one lands inside a capture
+    try:
+        for i in range(3):
+            engine = st.Engine(target, draft=draft_config("eagle", demo_model_dir), max_batch_size=4, max_seq_len=256)
+            engine.cycle = engine  # garbage only the cycle collector frees
+            result = engine.generate(prompts[:2], max_new_tokens=12, ignore_eos=True)
+            assert result.stats.graphs["captures"] > 0
+            reference = reference or result.token_ids
+            assert result.token_ids == reference, i
+            del engine
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.collect()
