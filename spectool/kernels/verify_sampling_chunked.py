@@ -129,7 +129,7 @@ def _probes(lo, hi, S: tl.constexpr):
 
 
 @triton.jit
-def _cut_state(Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top_p,
+def _cut_state(Max, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top_p,
                TOP_P: tl.constexpr, HAS_K: tl.constexpr, S: tl.constexpr, BLOCK_C: tl.constexpr):
     """The row's search interval [lo, hi] after round r - 1 (its start when r == 0) and, for top-p,
     the mass it is a fraction of (the top-k mass, else the whole row's)."""
@@ -139,6 +139,14 @@ def _cut_state(Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top_p,
         if HAS_K:
             lo = tl.load(KCut + row)
             zk = _chunk_total(KParts, row, NC, 0, BLOCK_C)
+    else:
+        # With at least k chunks, k of their maxima at or above v are k values at or above v: the k-th
+        # largest chunk maximum starts the top-k search (an empty set leaves -inf).
+        j = tl.arange(0, BLOCK_C)
+        ok = j < NC
+        vals = tl.load(Max + row * NC + j, mask=ok, other=-float("inf"))
+        at_least = tl.sum(((vals[None, :] >= vals[:, None]) & ok[None, :]).to(tl.int32), axis=1)
+        lo = tl.maximum(lo, _key(tl.max(tl.where(ok & (at_least >= top_k), vals, -float("inf")), axis=0)))
     hi = _key(m)
     if r > 0:
         base = Bounds + ((r - 1) * R + row) * 2
@@ -171,8 +179,8 @@ def _cut_round_kernel(Logits, Temp, Max, Arg, Sum, KCut, KParts, Bounds, Parts, 
     c = tl.program_id(1)
     t = tl.load(Temp + row // N)
     m, _, z = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
-    lo, hi, zk = _cut_state(Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top_p, TOP_P, HAS_K, S,
-                            BLOCK_C)
+    lo, hi, zk = _cut_state(Max, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top_p, TOP_P, HAS_K,
+                            S, BLOCK_C)
     base = Logits + row * V
     if r < ROUNDS:
         if c == 0:
