@@ -15,12 +15,14 @@ lossless test with the kernel runs on the GPU (tests/gpu/test_verify_sampling_gp
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
 from test_verify import random_batch
 
 from spectool.draft.tree import DraftTree
+from spectool.engine import Engine, _led_by
 from spectool.kernels.verify_sampling_chunked import LaunchConfig, cut_rounds
 from spectool.verify import target_probs_at, verify_sampling, verify_sampling_chunked
 
@@ -146,3 +148,22 @@ def test_chunked_rejects_an_unknown_launch_config():
     tree, g = random_batch(1, 3, 10, 0)
     with pytest.raises(ValueError, match="unknown launch config"):
         verify_sampling_chunked(tree, torch.randn(1, 3, 10), 1.0, 0, 1.0, torch.rand(1, 3), "fastest")
+
+
+@pytest.mark.triton_interpreter
+def test_chunked_trace_row_holds_what_the_torch_verify_records():
+    tree, g = random_batch(2, 4, 300, 3)
+    logits = torch.randn(2, 4, 300, generator=g) * 2
+    coins = torch.rand(2, 4, generator=g)
+    temps = torch.full((2,), 0.9)
+    want = verify_sampling(tree, logits, temps, 20, 0.8, coins=coins)
+    got = verify_sampling_chunked(tree, logits, temps, 20, 0.8, coins, WIDE)
+    engine = types.SimpleNamespace(record_topk=5)  # all the packing reads of the engine
+    assert (Engine._pack_sampling_record(engine, tree, want).layout
+            == Engine._pack_sampling_record(engine, tree, got, None, logits, temps).layout)
+    # The recorded top-k: the same tokens (argmax first), the same probabilities.
+    top_want = _led_by(want.target_probs.topk(5, dim=-1).indices, want.target_argmax)
+    top_got = _led_by(logits.topk(5, dim=-1).indices, got.target_argmax)
+    assert torch.equal(top_got, top_want)
+    torch.testing.assert_close(target_probs_at(logits, temps, got.target_rows, top_got),
+                               want.target_probs.gather(-1, top_want), rtol=1e-5, atol=1e-7)
