@@ -299,7 +299,8 @@ def verify_sampling_fused(
 ) -> VerifyResult:
     """:func:`verify_sampling` without the [B, N, V] probabilities: the same decision from each
     node's maximum, cut and normaliser (``spectool.kernels.verify_sampling_triton``: two or three
-    launches; CUDA, or CPU with ``TRITON_INTERPRET=1``), for the graphed step when it records nothing. Its result's
+    launches; CUDA, or CPU with ``TRITON_INTERPRET=1``), one program per node for the cuts and per request
+    for the bonus (the engine runs :func:`verify_sampling_chunked`; benchmarks/tree_kernels.py times both). Its result's
     ``target_probs`` is None; the rest is as :func:`verify_sampling`'s for the same coins (up to
     float32 rounding of the probabilities, and ties at the top-p cut, which it keeps)."""
     from spectool.kernels.verify_sampling_triton import sampling_decide_triton, sampling_rows_triton

@@ -99,7 +99,8 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, N, V, NC, CHUNK: tl.constexpr):
     offs = c * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
     best, i = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
-    s = tl.sum(tl.where(x > -float("inf"), tl.exp(x - best), 0.0), axis=0)  # a chunk may be all -inf
+    # A chunk may be all -inf: its sum is then 0, not exp(-inf - -inf).
+    s = tl.sum(tl.exp(x - tl.where(best > -float("inf"), best, 0.0)), axis=0)
     tl.store(Max + row * NC + c, best)
     tl.store(Arg + row * NC + c, (c * CHUNK + i).to(tl.int64))
     tl.store(Sum + row * NC + c, s)
