@@ -3,19 +3,26 @@
 Figure: docs/BENCHMARKS.md "Kernels". Time: about 1 minute on an H200.
 
     python benchmarks/tree_kernels.py            # CUDA if available, else CPU (torch reference only)
+    python benchmarks/tree_kernels.py --sampling-only --sampling-configs sweep   # every chunked launch shape
 
 Prints a table and, when $OUT is set, writes $OUT/tree_kernels.json. Index kernel: µs per
 call of the Triton kernel and of the torch reference for bs x N, in interleaved rounds; verify: µs per iteration
 outside the forward (greedy and sampling, V = 128256 logits per node; on CUDA also replayed
 from a CUDA graph, as the engine runs it: sampling with its coins kernel and a temperature input,
-also with top-k 50 and top-p 0.9, with the torch verify and with the fused one the engine uses when
-it records nothing; bf16 logits as the model writes them); draft top-k: ``row_topk`` against softmax + topk. On CUDA the
+also with top-k 50 and top-p 0.9, with the torch verify and with the fused one (one program per node for
+its cuts); bf16 logits as the model writes them); sampling verify, CUDA only: graphed per iteration at bs 1 and 64, N
+16, V 128256, float32 logits (the engine's) and bf16, temperature 0.8 alone and with top-k 50 + top-p 0.9: the torch
+verify, the fused one and the chunked one the engine runs (``--sampling-configs``: ``default``, ``sweep`` = every
+launch shape of spectool/kernels/verify_sampling_chunked.py's CONFIGS, or names joined by commas), each chunked
+cell also checked for the torch verify's decision on the same coins; draft top-k: ``row_topk`` against softmax +
+topk. On CUDA the
 timings are medians of triton.testing.do_bench (CUDA events); on CPU, medians of
 time.perf_counter over repeated calls.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -28,7 +35,8 @@ from spectool.draft.tree import DraftTree, parents_to_mask
 from spectool.kernels.sampling import sampling_coins
 from spectool.kernels.topk import row_topk
 from spectool.kernels.tree_indices import reconstruct_indices_torch, reconstruct_indices_triton
-from spectool.verify import verify_greedy, verify_sampling, verify_sampling_fused
+from spectool.kernels.verify_sampling_chunked import CONFIGS, DEFAULT_CONFIG
+from spectool.verify import verify_greedy, verify_sampling, verify_sampling_chunked, verify_sampling_fused
 
 
 def bench_us(fn, device: torch.device) -> float:
@@ -82,15 +90,81 @@ def random_parents(bs: int, n: int, g: torch.Generator) -> torch.Tensor:
     return parents
 
 
-def main() -> None:
+def sampling_configs(arg: str) -> list[str]:
+    """The chunked verify's launch shapes that ``--sampling-configs`` names."""
+    if arg == "default":
+        return [DEFAULT_CONFIG]
+    if arg == "sweep":
+        return list(CONFIGS)
+    names = arg.split(",")
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"unknown --sampling-configs {unknown}; use default, sweep or some of {sorted(CONFIGS)}")
+    return names
+
+
+def sampling_table(configs: list[str], g: torch.Generator) -> list[dict]:
+    """Graphed µs per sampling verify (coins kernel included) of the torch, fused and chunked verifies."""
+    device = torch.device("cuda")
+    vocab, n = 128256, 16
+    rows = []
+    print(f"\nsampling verify in a CUDA graph (µs per iteration, N {n}, V {vocab}, coins included; "
+          "same = the torch verify's decision on the same coins)")
+    print(f"{'dtype':>9} {'bs':>4} {'cuts':>17} {'torch':>9} {'fused':>9} {'config':>16} {'chunked':>9} "
+          f"{'vs torch':>9} {'same':>5}")
+    for dtype in (torch.float32, torch.bfloat16):
+        for bs in (1, 64):
+            parents = random_parents(bs, n, g).to(device)
+            tokens = torch.randint(0, vocab, (bs, n), generator=g).to(device)
+            tree = DraftTree.from_parents(tokens, parents, torch.zeros(bs, n, device=device),
+                                          torch.randint(0, 4096, (bs,), generator=g).to(device))
+            logits = (torch.randn(bs, n, vocab, generator=g) * 2).to(device, dtype)
+            seed = torch.zeros(1, dtype=torch.long, device=device)
+            nonces = torch.arange(bs, device=device)
+            temps = torch.full((bs,), 0.8, device=device)
+            coins = sampling_coins(seed, nonces, tree.seq_lens, n)
+            for k, p in ((0, 1.0), (50, 0.9)):
+                def step(verify, k=k, p=p, tree=tree, logits=logits, seed=seed, nonces=nonces, temps=temps, **kw):
+                    c = sampling_coins(seed, nonces, tree.seq_lens, n)
+                    return verify(tree, logits, temps, k, p, coins=c, **kw)
+
+                want = verify_sampling(tree, logits, temps, k, p, coins=coins)
+                torch_us = graphed_us(lambda step=step: step(verify_sampling))
+                fused_us = graphed_us(lambda step=step: step(verify_sampling_fused))
+                cuts = "temperature" if k == 0 else f"top-k {k} top-p {p}"
+                for name in configs:
+                    got = verify_sampling_chunked(tree, logits, temps, k, p, coins, name)
+                    same = all(torch.equal(getattr(got, f), getattr(want, f))
+                               for f in ("status", "accept_path", "bonus", "target_argmax"))
+                    us = graphed_us(lambda step=step, name=name: step(verify_sampling_chunked, config=name))
+                    row = {"dtype": str(dtype).removeprefix("torch."), "bs": bs, "N": n, "V": vocab, "top_k": k,
+                           "top_p": p, "torch_graphed_us": torch_us, "fused_graphed_us": fused_us, "config": name,
+                           "chunked_graphed_us": us, "same_decision": same}
+                    rows.append(row)
+                    print(f"{row['dtype']:>9} {bs:>4} {cuts:>17} {torch_us:>9.1f} {fused_us:>9.1f} {name:>16} "
+                          f"{us:>9.1f} {torch_us / us:>8.1f}x {str(same):>5}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sampling-configs", default="default",
+                        help="chunked sampling verify launch shapes: default, sweep or names joined by commas")
+    parser.add_argument("--sampling-only", action="store_true", help="only the sampling verify table")
+    args = parser.parse_args(argv)
+    configs = sampling_configs(args.sampling_configs)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     g = torch.Generator().manual_seed(0)
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "meta": provenance("tree_kernels", None, str(device)),
-               "index": [], "verify": []}
+               "index": [], "verify": [], "sampling": []}
 
     if device.type == "cuda":
         warm_up_gpu()
+        results["sampling"] = sampling_table(configs, g)
+    if args.sampling_only:
+        write(results)
+        return
     # The reference is ~20 small torch ops, so its eager time is the host's launch speed, which
     # drifts within a run and between machines (250-420 µs at 256 x 64 on H200 hosts). Kernel and
     # reference are therefore timed in interleaved rounds and the ratio is taken per round.
@@ -184,6 +258,11 @@ def main() -> None:
         print(f"{'x'.join(map(str, lead)):>9} {v:>6} {k:>3} {str(softmax):>8} {row['row_topk_us']:>9.1f} "
               f"{row['torch_us']:>8.1f} {row['row_topk_graphed_us']:>17.1f} {row['torch_graphed_us']:>14.1f}")
 
+    write(results)
+
+
+def write(results: dict) -> None:
+    """$OUT/tree_kernels.json, when $OUT is set."""
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "tree_kernels.json"), "w") as f:

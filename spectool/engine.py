@@ -39,10 +39,11 @@ from spectool.trace.select import Record
 from spectool.verify import (
     VerifyResult,
     commit_kv,
+    target_probs_at,
     verify_greedy,
     verify_greedy_parts,
     verify_sampling,
-    verify_sampling_fused,
+    verify_sampling_chunked,
 )
 
 
@@ -89,10 +90,6 @@ class GenerateResult:
     finish_reasons: list[str]
     stats: RunStats
     trace: object | None = None
-
-
-# The smallest batch for which the fused sampling verify is faster than the torch one (measured at 1 and 64).
-FUSED_SAMPLING_MIN_BATCH = 64
 
 
 class Engine:
@@ -535,20 +532,17 @@ class Engine:
         # The whole distribution: under tensor parallelism the logits are joined (one all-gather).
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
         coins = sampling_coins(self._sample_seed, self._slot_nonce[slots], tree.seq_lens, tree.num_nodes)
-        if (not record and top_k == 0 and top_p == 1 and logits.shape[0] >= FUSED_SAMPLING_MIN_BATCH
-                and (logits.is_cuda or triton_on_cpu())):
-            # Nothing recorded needs the [B, N, V] probabilities: the fused verify never makes them.
-            # Its top-k / top-p cut is exact but costs up to 68 whole-row passes by one program per node
-            # (bisections), which a 128k vocabulary makes slow: those settings keep the torch verify.
-            # Graphed on the H200 (N 16, V 128,256) it took 1,216 µs at bs 64 against the torch verify's
-            # 1,861, but 1,034 against 343 at bs 1, where one program walking each row is too few.
-            res = verify_sampling_fused(tree, logits, temperature, top_k, top_p, coins)
+        if logits.is_cuda or triton_on_cpu():
+            # Never makes the [B, N, V] probabilities: every vocabulary pass is split over (row, chunk)
+            # programs, the top-k / top-p cuts found by fixed-round searches; what a trace records
+            # is read from its rows (``_pack_sampling_record``).
+            res = verify_sampling_chunked(tree, logits, temperature, top_k, top_p, coins)
         else:
             res = verify_sampling(tree, logits, temperature, top_k, top_p, None, coins)
         moved, out = self._commit(tree, res, hidden, slots, record)
         if not record:
             return out
-        packed = self._pack_sampling_record(tree, res, moved)
+        packed = self._pack_sampling_record(tree, res, moved, logits, temperature)
         self._record_layouts.setdefault(("sampling", tree.num_nodes), packed.layout)
         return (*out, packed.data)
 
@@ -834,12 +828,20 @@ class Engine:
             req.slot = -1
         free_slots.sort()
 
-    def _pack_sampling_record(self, tree: DraftTree, res: VerifyResult, moved=None) -> PackedRows:
+    def _pack_sampling_record(self, tree: DraftTree, res: VerifyResult, moved=None, logits=None,
+                              temperature=None) -> PackedRows:
         """The trace fields of a sampling iteration (packed inside its verify step); the top-k is
-        of the distribution it drew from (after temperature, top-k and top-p)."""
-        k = min(self.record_topk, res.target_probs.shape[-1])
-        top_i = _led_by(res.target_probs.topk(k, dim=-1).indices, res.target_argmax)
-        top_p = res.target_probs.gather(-1, top_i)
+        of the distribution it drew from (after temperature, top-k and top-p). Without the [B, N, V]
+        probabilities (the chunked verify) it is the top-k of the logits, which rank the kept tokens
+        the same way, with their probabilities read from the verify's rows."""
+        if res.target_probs is None:
+            k = min(self.record_topk, logits.shape[-1])
+            top_i = _led_by(logits.topk(k, dim=-1).indices, res.target_argmax)
+            top_p = target_probs_at(logits, temperature, res.target_rows, top_i)
+        else:
+            k = min(self.record_topk, res.target_probs.shape[-1])
+            top_i = _led_by(res.target_probs.topk(k, dim=-1).indices, res.target_argmax)
+            top_p = res.target_probs.gather(-1, top_i)
         return pack_rows([*_record_tensors(tree, res, top_i, top_p, moved), ("coins", res.coins),
                           ("child_probs", res.child_probs), ("bonus_cdf", res.bonus_cdf)])
 

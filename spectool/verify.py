@@ -22,6 +22,7 @@ import torch
 from spectool.draft.tree import DraftTree
 from spectool.kernels.gather import commit_kv_torch, commit_kv_triton
 from spectool.kernels.tree_indices import triton_on_cpu
+from spectool.kernels.verify_sampling_chunked import LaunchConfig
 from spectool.model.parallel import argmax_of_parts
 
 NOT_VISITED, ACCEPTED, REJECTED = 0, 1, 2
@@ -40,7 +41,9 @@ class VerifyResult:
     temperature / top-k / top-p (sampling only; None when greedy). Sampling also gives what
     its trace row needs to re-derive the decision: ``child_probs`` [B, N], p(token | parent)
     of every node (NaN at the root), and ``bonus_cdf`` [B, 2], the residual mass before the
-    bonus token and the bonus token's residual probability.
+    bonus token and the bonus token's residual probability. ``target_rows`` (the chunked sampling
+    verify, which makes no ``target_probs``): each node's distribution as five [B, N] tensors
+    (``spectool.kernels.verify_sampling_chunked``), what :func:`target_probs_at` reads.
     """
 
     status: torch.Tensor
@@ -52,6 +55,7 @@ class VerifyResult:
     target_probs: torch.Tensor | None = None
     child_probs: torch.Tensor | None = None
     bonus_cdf: torch.Tensor | None = None
+    target_rows: tuple[torch.Tensor, ...] | None = None
 
 
 def _check_logits(tree: DraftTree, logits: torch.Tensor) -> None:
@@ -171,7 +175,8 @@ def target_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0, 
                  top_p: float = 1.0) -> torch.Tensor:
     """The target distribution sampling draws from: softmax(logits / temperature) cut to
     the ``top_k`` most likely tokens (0 = all; ties at the k-th value are kept) and then
-    to the smallest most-likely set whose mass reaches ``top_p``, renormalised. float32.
+    to the smallest most-likely set whose mass reaches ``top_p``, renormalised (equal values
+    ranked by token id, so a tie at that cut keeps its lowest ids). float32.
     ``temperature`` may be a [B] tensor, one per row of logits (the engine's graphed step
     takes it as an input, so one graph serves every temperature; its values are not checked)."""
     _check_sampling(logits, temperature, top_k, top_p)
@@ -183,7 +188,7 @@ def target_probs(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0, 
         x = x.masked_fill(x < kth, -math.inf)
     probs = torch.softmax(x, dim=-1)
     if top_p < 1:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
+        sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
         # Drop a token when the mass before it already reaches top_p.
         drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
         probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
@@ -294,7 +299,8 @@ def verify_sampling_fused(
 ) -> VerifyResult:
     """:func:`verify_sampling` without the [B, N, V] probabilities: the same decision from each
     node's maximum, cut and normaliser (``spectool.kernels.verify_sampling_triton``: two or three
-    launches; CUDA, or CPU with ``TRITON_INTERPRET=1``), for the graphed step when it records nothing. Its result's
+    launches; CUDA, or CPU with ``TRITON_INTERPRET=1``), one program per node for the cuts and per request
+    for the bonus (the engine runs :func:`verify_sampling_chunked`; benchmarks/tree_kernels.py times both). Its result's
     ``target_probs`` is None; the rest is as :func:`verify_sampling`'s for the same coins (up to
     float32 rounding of the probabilities, and ties at the top-p cut, which it keeps)."""
     from spectool.kernels.verify_sampling_triton import sampling_decide_triton, sampling_rows_triton
@@ -311,6 +317,58 @@ def verify_sampling_fused(
         tree.max_depth + 1)
     return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus, coins=coins_out,
                         target_argmax=rows[3], child_probs=child_probs, bonus_cdf=bonus_cdf)
+
+def verify_sampling_chunked(
+    tree: DraftTree,
+    logits: torch.Tensor,
+    temperature: float | torch.Tensor,
+    top_k: int,
+    top_p: float,
+    coins: torch.Tensor,
+    config: str | LaunchConfig | None = None,
+) -> VerifyResult:
+    """:func:`verify_sampling` without the [B, N, V] probabilities, every vocabulary pass split over
+    (row, chunk) programs (``spectool.kernels.verify_sampling_chunked``; CUDA, or CPU with
+    ``TRITON_INTERPRET=1``). The same decision for the same coins, ties at the top-k and top-p cuts
+    included (up to float32 rounding of the probabilities); ``target_probs`` is None and
+    ``target_rows`` holds each node's distribution instead (:func:`target_probs_at`).
+    ``config``: the launch shape, one of ``CONFIGS`` there by name or a ``LaunchConfig`` (None:
+    ``DEFAULT_CONFIG``)."""
+    from spectool.kernels.verify_sampling_chunked import (
+        CONFIGS,
+        DEFAULT_CONFIG,
+        sampling_decide_chunked,
+        sampling_rows_chunked,
+    )
+
+    _check_logits(tree, logits)
+    _check_sampling(logits, temperature, top_k, top_p)
+    bs, n, _ = logits.shape
+    _check_coins(coins, bs, n)
+    if isinstance(config, str) and config not in CONFIGS:
+        raise ValueError(f"unknown launch config {config!r}; one of {sorted(CONFIGS)}")
+    launch = config if isinstance(config, LaunchConfig) else CONFIGS[config or DEFAULT_CONFIG]
+    if not isinstance(temperature, torch.Tensor):
+        temperature = torch.full((bs,), float(temperature), dtype=torch.float32, device=tree.device)
+    rows = sampling_rows_chunked(logits, temperature, top_k, top_p, launch)
+    status, path, length, bonus, bonus_cdf, child_probs, coins_out = sampling_decide_chunked(
+        logits, temperature, rows, tree.tokens, tree.parents, tree.depth, tree.valid, tree.mask, coins,
+        tree.max_depth + 1, launch)
+    return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus, coins=coins_out,
+                        target_argmax=rows[4], child_probs=child_probs, bonus_cdf=bonus_cdf, target_rows=rows)
+
+
+def target_probs_at(logits: torch.Tensor, temperature: float | torch.Tensor, rows: tuple[torch.Tensor, ...],
+                    ids: torch.Tensor) -> torch.Tensor:
+    """:func:`target_probs` gathered at ``ids`` [B, N, K] from a chunked verify's ``target_rows``
+    (what a sampling trace records, without the [B, N, V] probabilities). float32."""
+    m, z, cut, cut_id, _ = rows
+    if isinstance(temperature, torch.Tensor):
+        temperature = temperature.float().view(-1, 1, 1)
+    x = logits.gather(-1, ids).float() / temperature
+    kept = (x > cut[..., None]) | ((x == cut[..., None]) & (ids <= cut_id[..., None]))
+    return torch.where(kept, torch.exp(x - m[..., None]) / z[..., None], 0.0)
+
 
 def commit_kv(
     k: torch.Tensor,

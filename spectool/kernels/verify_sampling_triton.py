@@ -114,13 +114,12 @@ def _node_probs(Logits, M, Cut, Z, b, parents, tokens, live, t, N, V):
 
 
 @triton.jit
-def _sampling_decide_kernel(
-    Logits, Temp, M, Cut, Z, Argmax, Tokens, Parents, Depth, Valid, Mask, Coins,
-    Status, Path, AcceptLength, Bonus, BonusCdf, ChildProbs, CoinsOut,
-    N, V, W, BLOCK: tl.constexpr, BLOCK_V: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)
-    t = tl.load(Temp + b)
+def _tree_decision(b, flat, Tokens, Parents, Depth, Valid, Mask, Coins, N, W, BLOCK: tl.constexpr):
+    """The tree decision of request ``b`` given ``flat`` [BLOCK], p(token | parent) of each node, with
+    the tree in registers as [N, N] tiles: the coin's interval among each node's siblings, then the
+    deepest all-good path as in greedy verify. Returns (status, accept path [BLOCK] (-1 past it),
+    accept length, coins (NaN where not accepted), child probabilities (NaN at the root), the last
+    accepted node, the coin left for its residual (float64), and its children's tokens (-1 elsewhere))."""
     rows = tl.arange(0, BLOCK)  # node j of the [j, k] tiles
     cols = tl.arange(0, BLOCK)  # node k
     in_r = rows < N
@@ -133,8 +132,6 @@ def _sampling_decide_kernel(
     live_c = (tl.load(Valid + b * N + cols, mask=in_c, other=0) != 0) & (cols > 0)
     depth_r = tl.load(Depth + b * N + rows, mask=in_r, other=0)
     depth_c = tl.load(Depth + b * N + cols, mask=in_c, other=0)
-    flat_r = _node_probs(Logits, M, Cut, Z, b, par_r, tok_r, in_r, t, N, V)
-    flat_c = _node_probs(Logits, M, Cut, Z, b, par_c, tok_c, in_c, t, N, V)
     coin_par_r = tl.load(Coins + b * N + tl.maximum(par_r, 0), mask=in_r, other=1.0)
     coin_par_c = tl.load(Coins + b * N + tl.maximum(par_c, 0), mask=in_c, other=1.0)
 
@@ -147,8 +144,8 @@ def _sampling_decide_kernel(
     same_tok = tok_r[:, None] == tok_c[None, :]
     dup_r = tl.sum((sib & k_before & same_tok).to(tl.int32), axis=1) > 0
     dup_c = tl.sum((sib & j_before & same_tok).to(tl.int32), axis=0) > 0
-    q_r = tl.where(live_r & ~dup_r, flat_r, 0.0)
-    q_c = tl.where(live_c & ~dup_c, flat_c, 0.0)
+    q_r = tl.where(live_r & ~dup_r, flat, 0.0)
+    q_c = tl.where(live_c & ~dup_c, flat, 0.0)
     cum_r = tl.sum(tl.where(sib & ~j_before, q_c[None, :], 0.0), axis=1)  # k <= j
     cum_c = tl.sum(tl.where(sib & ~k_before, q_r[:, None], 0.0), axis=0)  # j <= k
     hit_r = (q_r > 0) & (coin_par_r < cum_r)
@@ -163,30 +160,55 @@ def _sampling_decide_kernel(
     key = tl.where(agree & in_r, tl.maximum(depth_r, 0) * N + (N - 1 - rows), -1)
     top = tl.max(key, axis=0)
     last = N - 1 - top % N
-    tl.store(AcceptLength + b, (top // N).to(tl.int64))
     accepted_c = tl.load(tile + last * N + cols, mask=in_c, other=0) != 0
     accepted_r = tl.load(tile + last * N + rows, mask=in_r, other=0) != 0
     dc = tl.maximum(depth_c, 0)
     path = tl.max(tl.where(accepted_c[None, :] & (dc[None, :] == rows[:, None]), cols[None, :], -1), axis=1)
-    tl.store(Path + b * W + rows, path.to(tl.int64), mask=rows < W)
+    path = tl.where(rows < W, path, -1)
     taken = tl.max(tl.where(rows[:, None] == dc[None, :], path[:, None], -1), axis=0)
     taken = tl.where(taken < 0, N, taken)
     is_parent = rows[:, None] == par_c[None, :]
     parent_accepted = tl.sum((is_parent & accepted_r[:, None]).to(tl.int32), axis=0) > 0
     valid_c = tl.load(Valid + b * N + cols, mask=in_c, other=0) != 0
     rejected = valid_c & parent_accepted & ~accepted_c & (cols < taken) & (cols > 0)
-    tl.store(Status + b * N + cols, accepted_c.to(tl.int8) + 2 * rejected.to(tl.int8), mask=in_c)
+    status = accepted_c.to(tl.int8) + 2 * rejected.to(tl.int8)
     coins_c = tl.load(Coins + b * N + cols, mask=in_c, other=0.0)
-    tl.store(CoinsOut + b * N + cols, tl.where(accepted_c, coins_c, float("nan")), mask=in_c)
-    tl.store(ChildProbs + b * N + cols, tl.where(cols > 0, flat_c, float("nan")), mask=in_c)
+    coins_out = tl.where(accepted_c, coins_c, float("nan"))
+    child_probs = tl.where(cols > 0, flat, float("nan"))
 
-    # Bonus: the inverse CDF of the last accepted node's residual (its children's tokens zeroed),
-    # in vocabulary order, at the coin left past its children's mass (float64 sums, as the reference).
+    # What the residual at the last accepted node needs: its children's tokens and the coin left
+    # past their mass (float64, as the reference).
     child_of_last = live_c & (par_c == last)
     child_mass = tl.sum(tl.where(child_of_last, q_c, 0.0), axis=0)
     coin_last = tl.sum(tl.where(cols == last, coins_c, 0.0), axis=0)
     u = tl.maximum(coin_last - child_mass, 0.0).to(tl.float64)
     children = tl.where(child_of_last, tok_c, -1)
+    return status, path, (top // N).to(tl.int64), coins_out, child_probs, last, u, children
+
+
+@triton.jit
+def _sampling_decide_kernel(
+    Logits, Temp, M, Cut, Z, Argmax, Tokens, Parents, Depth, Valid, Mask, Coins,
+    Status, Path, AcceptLength, Bonus, BonusCdf, ChildProbs, CoinsOut,
+    N, V, W, BLOCK: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.load(Temp + b)
+    nodes = tl.arange(0, BLOCK)
+    in_n = nodes < N
+    tok = tl.load(Tokens + b * N + nodes, mask=in_n, other=0)
+    par = tl.load(Parents + b * N + nodes, mask=in_n, other=-1)
+    flat = _node_probs(Logits, M, Cut, Z, b, par, tok, in_n, t, N, V)
+    status, path, length, coins_out, child_probs, last, u, children = _tree_decision(
+        b, flat, Tokens, Parents, Depth, Valid, Mask, Coins, N, W, BLOCK)
+    tl.store(AcceptLength + b, length)
+    tl.store(Path + b * W + nodes, path.to(tl.int64), mask=nodes < W)
+    tl.store(Status + b * N + nodes, status, mask=in_n)
+    tl.store(CoinsOut + b * N + nodes, coins_out, mask=in_n)
+    tl.store(ChildProbs + b * N + nodes, child_probs, mask=in_n)
+
+    # Bonus: the inverse CDF of the last accepted node's residual (its children's tokens zeroed),
+    # in vocabulary order, at the coin left past its children's mass (float64 sums, as the reference).
     row = b * N + last
     m_l = tl.load(M + row)
     cut_l = tl.load(Cut + row)

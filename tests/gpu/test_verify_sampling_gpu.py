@@ -1,6 +1,7 @@
-"""The fused sampling verify on CUDA: the decision of the torch reference for the same coins at a
-128k vocabulary (float32 and bf16 logits), and exactly lossless by the statistical test of
-tests/test_verify.py with the kernel's coins."""
+"""The fused and the chunked sampling verifies on CUDA: the decision of the torch reference for the
+same coins at a 128k vocabulary (float32 and bf16 logits, bs 1 and 16, every launch shape of the
+chunked one), and exactly lossless by the statistical test of tests/test_verify.py with the
+kernel's coins."""
 
 from __future__ import annotations
 
@@ -15,30 +16,64 @@ from test_verify import (  # noqa: E402
     random_batch,
 )
 
-from spectool.verify import verify_sampling, verify_sampling_fused  # noqa: E402
+from spectool.kernels.verify_sampling_chunked import CONFIGS  # noqa: E402
+from spectool.verify import (  # noqa: E402
+    target_probs_at,
+    verify_sampling,
+    verify_sampling_chunked,
+    verify_sampling_fused,
+)
 
 
-# bf16 logits tie often; at a top-p cut the two may keep different parts of a tie (the fused verify
-# keeps it whole), so bf16 runs the settings without one.
+def case_at_128k(bs: int, dtype: torch.dtype, temperature: float):
+    tree, g = random_batch(bs, 16, 128256, 0)
+    tree = on_cuda(tree)
+    logits = (torch.randn(bs, 16, 128256, generator=g) * 4).to("cuda", dtype)
+    coins = torch.rand(bs, 16, generator=g).cuda()
+    return tree, logits, coins, torch.full((bs,), temperature, device="cuda")
+
+
+def assert_decision(got, want, rtol=1e-4):
+    for name in ("status", "accept_path", "accept_length", "bonus"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    torch.testing.assert_close(got.child_probs, want.child_probs, equal_nan=True, rtol=rtol, atol=1e-6)
+
+
+# bf16 logits tie often; at a top-p cut the fused verify keeps a tie whole where the reference keeps
+# its lowest ids, so bf16 runs it on the settings without one.
 @pytest.mark.parametrize("dtype, temperature, top_k, top_p", [
     (torch.float32, 1.0, 0, 1.0), (torch.float32, 0.7, 50, 0.9), (torch.float32, 1.0, 0, 0.8),
     (torch.bfloat16, 1.0, 0, 1.0), (torch.bfloat16, 0.7, 50, 1.0)])
 def test_fused_equals_reference_at_128k(dtype, temperature, top_k, top_p):
-    bs, n, vocab = 16, 16, 128256
-    tree, g = random_batch(bs, n, vocab, 0)
-    tree = on_cuda(tree)
-    logits = (torch.randn(bs, n, vocab, generator=g) * 4).to("cuda", dtype)
-    coins = torch.rand(bs, n, generator=g).cuda()
-    temps = torch.full((bs,), temperature, device="cuda")
+    tree, logits, coins, temps = case_at_128k(16, dtype, temperature)
     want = verify_sampling(tree, logits, temps, top_k, top_p, coins=coins)
-    got = verify_sampling_fused(tree, logits, temps, top_k, top_p, coins)
-    for name in ("status", "accept_path", "accept_length", "bonus"):
-        assert torch.equal(getattr(got, name), getattr(want, name)), name
-    torch.testing.assert_close(got.child_probs, want.child_probs, equal_nan=True, rtol=1e-4, atol=1e-6)
+    assert_decision(verify_sampling_fused(tree, logits, temps, top_k, top_p, coins), want)
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 6, 0.85)])
-def test_fused_with_kernel_coins_is_lossless_on_cuda(temperature, top_k, top_p):
-    pvalue, length = two_tokens_with_kernel_coins(verify_sampling_fused, temperature, top_k, top_p, (2468, 97, 78))
+# The chunked verify keeps the reference's tie rule at both cuts (the interpreter tests build ties
+# at each), so bf16 runs with top-k and top-p too; top-p alone over 100k tied bf16 values would put
+# the cut where the two float32 sums of the mass before it may round apart, so it runs on float32.
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("bs", [1, 16])
+@pytest.mark.parametrize("dtype, temperature, top_k, top_p", [
+    (torch.float32, 1.0, 0, 1.0), (torch.float32, 0.7, 50, 0.9), (torch.float32, 1.0, 0, 0.8),
+    (torch.bfloat16, 1.0, 0, 1.0), (torch.bfloat16, 0.7, 50, 0.9)])
+def test_chunked_equals_reference_at_128k(config, bs, dtype, temperature, top_k, top_p):
+    tree, logits, coins, temps = case_at_128k(bs, dtype, temperature)
+    want = verify_sampling(tree, logits, temps, top_k, top_p, coins=coins)
+    got = verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
+    assert_decision(got, want)
+    assert torch.equal(got.target_argmax, want.target_argmax)
+    # The rows keep exactly the reference's tokens.
+    ids = torch.arange(logits.shape[-1], device="cuda").expand(logits.shape).contiguous()
+    probs = target_probs_at(logits, temps, got.target_rows, ids)
+    assert torch.equal(probs > 0, want.target_probs > 0)
+    torch.testing.assert_close(probs, want.target_probs, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("verify", [verify_sampling_fused, verify_sampling_chunked])
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 6, 0.85), (1.0, 0, 0.7)])
+def test_kernel_verify_with_kernel_coins_is_lossless_on_cuda(verify, temperature, top_k, top_p):
+    pvalue, length = two_tokens_with_kernel_coins(verify, temperature, top_k, top_p, (2468, 97, 78))
     assert pvalue > ALPHA
     assert (length >= 2).float().mean() > 0.01 and (length == 0).float().mean() > 0.05

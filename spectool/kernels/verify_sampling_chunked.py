@@ -1,0 +1,458 @@
+"""The sampling verify with every vocabulary pass split over (row, chunk) programs (the torch
+reference is ``spectool.verify.verify_sampling``; the rows it finds give ``spectool.verify.target_probs``
+through ``spectool.verify.target_probs_at``).
+
+A node's distribution after temperature, top-k and top-p is fixed by five numbers of its row:
+its maximum ``m`` of ``x = logits / temperature``, its argmax, a cut value ``c``, a cut id and the
+normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_t == c`` and
+``t <= cut id``, else 0. They are found without a sort, each pass one program per (row, chunk):
+
+1. ``_stats_kernel``: per chunk the maximum, its first index and the sum of ``exp(x - max)``.
+2. ``_cut_round_kernel`` (top-k, then top-p): a search over the floats' ordered integer keys with
+   ``probes`` thresholds per round, so a fixed number of rounds (8 for 16 probes) covers the 2**32
+   keys and the step stays graph-capturable; each round's programs first combine the previous
+   round's per-chunk counts (top-k) or masses (top-p) into the row's new interval. Top-k: the largest
+   key with at least k values at or above it (all of a tie at the k-th value is kept, as the
+   reference's ``x < kth`` mask). Top-p: the smallest key whose mass strictly above it is below
+   ``top_p`` of the top-k mass. A last round measures the kept mass and the count of values equal to
+   the cut, and a round whose interval is already one key reads nothing.
+3. ``_finish_kernel``, one program per row: the five numbers. At a top-p cut the reference sorts
+   stably, so equal values keep token-id order and only the first of a tie whose mass before them
+   is below ``top_p`` are kept: the cut id is the last of those, found by the per-chunk tie counts
+   and a scan of one chunk.
+4. ``_residual_kernel``, per (request, chunk): the tree decision (``_tree_decision``, the same as the
+   one-program-per-request verify's) and each chunk's mass of the last accepted node's residual (its
+   children's tokens zeroed), float64.
+5. ``_bonus_kernel``, one program per request: the chunk that holds the coin, then its inverse CDF
+   within that chunk, in vocabulary order (float64, as the reference's cumsum).
+
+No host sync, and a fixed launch sequence for given (top_k > 0, top_p < 1). The launch shape is one
+of ``CONFIGS`` (``benchmarks/tree_kernels.py --sampling-configs sweep`` times them all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spectool.kernels.triton_import import tl, triton
+from spectool.kernels.verify_sampling_triton import _tree_decision
+
+LOWEST_KEY = -2139095041  # the key of -inf
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How the vocabulary is split: ``chunk`` entries per program, ``sub`` per step inside it (the
+    [sub, probes] tiles of the cut rounds), ``probes`` thresholds per cut round, ``warps`` per program."""
+
+    chunk: int
+    sub: int
+    probes: int
+    warps: int
+
+
+CONFIGS = {
+    "c1024-p16-w4": LaunchConfig(1024, 256, 16, 4),
+    "c2048-p16-w4": LaunchConfig(2048, 256, 16, 4),
+    "c4096-p16-w4": LaunchConfig(4096, 256, 16, 4),
+    "c4096-p16-w8": LaunchConfig(4096, 512, 16, 8),
+    "c8192-p16-w8": LaunchConfig(8192, 512, 16, 8),
+    "c4096-p32-w8": LaunchConfig(4096, 256, 32, 8),
+    "c8192-p64-w8": LaunchConfig(8192, 128, 64, 8),
+    "c16384-p16-w16": LaunchConfig(16384, 512, 16, 16),
+}
+# Chosen before any GPU timing: 63 chunks of a 128k row, enough for top-k 50's search to start at
+# the 50th chunk maximum; ``--sampling-configs sweep`` is how to replace it.
+DEFAULT_CONFIG = "c2048-p16-w4"
+
+
+def cut_rounds(probes: int) -> int:
+    """Search rounds that narrow the 2**32 float keys to one with ``probes`` thresholds a round."""
+    size, rounds = 2**32, 0
+    while size > 1:
+        size = -(-size // (probes + 1))
+        rounds += 1
+    return rounds
+
+
+@triton.jit
+def _key(x):
+    """float32 -> int64 keys in the same order (negative floats reversed, -0 the same as +0)."""
+    bits = x.to(tl.int32, bitcast=True).to(tl.int64)
+    return tl.where(x == 0, 0, tl.where(bits < 0, -(bits & 0x7FFFFFFF) - 1, bits))
+
+
+@triton.jit
+def _value(key):
+    """The float32 of a key (the inverse of ``_key``)."""
+    bits = tl.where(key < 0, -(key + 1) | -2147483648, key).to(tl.int32)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _stats_kernel(Logits, Temp, Max, Arg, Sum, N, V, NC, CHUNK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    t = tl.load(Temp + row // N)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
+    best, i = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    # A chunk may be all -inf: its sum is then 0, not exp(-inf - -inf).
+    s = tl.sum(tl.exp(x - tl.where(best > -float("inf"), best, 0.0)), axis=0)
+    tl.store(Max + row * NC + c, best)
+    tl.store(Arg + row * NC + c, (c * CHUNK + i).to(tl.int64))
+    tl.store(Sum + row * NC + c, s)
+
+
+@triton.jit
+def _row_stats(Max, Arg, Sum, row, NC, BLOCK_C: tl.constexpr):
+    """The row's maximum, first argmax and sum of exp(x - maximum) from its chunks'."""
+    j = tl.arange(0, BLOCK_C)
+    ok = j < NC
+    vals = tl.load(Max + row * NC + j, mask=ok, other=-float("inf"))
+    m = tl.max(vals, axis=0)
+    arg = tl.min(tl.where(ok & (vals == m), tl.load(Arg + row * NC + j, mask=ok, other=0), 2**62), axis=0)
+    z = tl.sum(tl.where(ok, tl.load(Sum + row * NC + j, mask=ok, other=0.0) * tl.exp(vals - m), 0.0), axis=0)
+    return m, arg, z
+
+
+@triton.jit
+def _chunk_total(Parts, row, NC, col, BLOCK_C: tl.constexpr):
+    """Sum over the row's chunks of column ``col`` of a [R, NC, 2] table."""
+    j = tl.arange(0, BLOCK_C)
+    return tl.sum(tl.load(Parts + (row * NC + j) * 2 + col, mask=j < NC, other=0.0), axis=0)
+
+
+@triton.jit
+def _probes(lo, hi, S: tl.constexpr):
+    """``S`` thresholds splitting the keys [lo, hi] into S + 1 parts of nearly equal size."""
+    j = tl.arange(0, S).to(tl.int64) + 1
+    return lo + ((hi - lo + 1) * j) // (S + 1)
+
+
+@triton.jit
+def _cut_state(Max, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top_p,
+               TOP_P: tl.constexpr, HAS_K: tl.constexpr, S: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The row's search interval [lo, hi] after round r - 1 (its start when r == 0) and, for top-p,
+    the mass it is a fraction of (the top-k mass, else the whole row's)."""
+    lo = tl.full((), LOWEST_KEY, tl.int64)
+    zk = z
+    if TOP_P:
+        if HAS_K:
+            lo = tl.load(KCut + row)
+            zk = _chunk_total(KParts, row, NC, 0, BLOCK_C)
+    else:
+        # With at least k chunks, k of their maxima at or above v are k values at or above v: the k-th
+        # largest chunk maximum starts the top-k search (an empty set leaves -inf).
+        j = tl.arange(0, BLOCK_C)
+        ok = j < NC
+        vals = tl.load(Max + row * NC + j, mask=ok, other=-float("inf"))
+        at_least = tl.sum(((vals[None, :] >= vals[:, None]) & ok[None, :]).to(tl.int32), axis=1)
+        lo = tl.maximum(lo, _key(tl.max(tl.where(ok & (at_least >= top_k), vals, -float("inf")), axis=0)))
+    hi = _key(m)
+    if r > 0:
+        base = Bounds + ((r - 1) * R + row) * 2
+        lo = tl.load(base)
+        hi = tl.load(base + 1)
+        if lo < hi:
+            thr = _probes(lo, hi, S)
+            j = tl.arange(0, S)
+            cc = tl.arange(0, BLOCK_C)
+            tile = Parts + ((((r - 1) % 2) * R + row) * NC + cc[:, None]) * S + j[None, :]
+            tot = tl.sum(tl.load(tile, mask=(cc < NC)[:, None], other=0.0), axis=0)
+            if TOP_P:
+                below = tot < top_p * zk  # mass strictly above the threshold
+                new_lo = tl.max(tl.where(below, lo, thr + 1), axis=0)
+                new_hi = tl.min(tl.where(below, thr, hi), axis=0)
+            else:
+                enough = tot >= top_k  # values at or above the threshold
+                new_lo = tl.max(tl.where(enough, thr, lo), axis=0)
+                new_hi = tl.min(tl.where(enough, hi, thr - 1), axis=0)
+            lo = new_lo
+            hi = new_hi
+    return lo, hi, zk
+
+
+@triton.jit
+def _cut_round_kernel(Logits, Temp, Max, Arg, Sum, KCut, KParts, Bounds, Parts, CutOut, MeasureOut,
+                      N, V, NC, R, r, ROUNDS, top_k, top_p, TOP_P: tl.constexpr, HAS_K: tl.constexpr,
+                      CHUNK: tl.constexpr, SUB: tl.constexpr, S: tl.constexpr, BLOCK_C: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    t = tl.load(Temp + row // N)
+    m, _, z = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
+    lo, hi, zk = _cut_state(Max, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top_p, TOP_P, HAS_K,
+                            S, BLOCK_C)
+    base = Logits + row * V
+    if r < ROUNDS:
+        if c == 0:
+            tl.store(Bounds + (r * R + row) * 2, lo)
+            tl.store(Bounds + (r * R + row) * 2 + 1, hi)
+        if lo < hi:
+            thr = _probes(lo, hi, S)
+            acc = tl.zeros([S], tl.float32)
+            for start in range(0, CHUNK, SUB):
+                offs = c * CHUNK + start + tl.arange(0, SUB)
+                inb = offs < V
+                x = tl.load(base + offs, mask=inb, other=-float("inf")).to(tl.float32) / t
+                k = _key(x)
+                if TOP_P:
+                    e = tl.where(inb, tl.exp(x - m), 0.0)
+                    acc += tl.sum(tl.where(k[:, None] > thr[None, :], e[:, None], 0.0), axis=0)
+                else:
+                    acc += tl.sum(((k[:, None] >= thr[None, :]) & inb[:, None]).to(tl.float32), axis=0)
+            tl.store(Parts + (((r % 2) * R + row) * NC + c) * S + tl.arange(0, S), acc)
+    else:
+        # The interval is one key: the cut. Measure the kept mass (top-k: at or above it; top-p:
+        # strictly above it) and the values equal to it.
+        cut = hi if TOP_P else lo
+        if c == 0:
+            tl.store(CutOut + row, cut)
+        mass = 0.0
+        ties = 0.0
+        for start in range(0, CHUNK, SUB):
+            offs = c * CHUNK + start + tl.arange(0, SUB)
+            inb = offs < V
+            x = tl.load(base + offs, mask=inb, other=-float("inf")).to(tl.float32) / t
+            k = _key(x)
+            e = tl.where(inb, tl.exp(x - m), 0.0)
+            if TOP_P:
+                mass += tl.sum(tl.where(k > cut, e, 0.0), axis=0)
+            else:
+                mass += tl.sum(tl.where(k >= cut, e, 0.0), axis=0)
+            ties += tl.sum(((k == cut) & inb).to(tl.float32), axis=0)
+        tl.store(MeasureOut + (row * NC + c) * 2, mass)
+        tl.store(MeasureOut + (row * NC + c) * 2 + 1, ties)
+
+
+@triton.jit
+def _finish_kernel(Logits, Temp, Max, Arg, Sum, KCut, KParts, PCut, PParts, M, Z, Cut, CutId, Argmax,
+                   N, V, NC, top_p, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+                   CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_C: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    m, arg, z = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
+    cut = -float("inf")
+    cut_id = V.to(tl.int64)
+    if HAS_K:
+        cut = _value(tl.load(KCut + row))
+        z = _chunk_total(KParts, row, NC, 0, BLOCK_C)
+    if HAS_P:
+        key = tl.load(PCut + row)
+        cut = _value(key)
+        above = _chunk_total(PParts, row, NC, 0, BLOCK_C)
+        ties = _chunk_total(PParts, row, NC, 1, BLOCK_C)
+        e = tl.exp(cut - m)
+        # The reference keeps the r-th of the tie (0-based, token-id order) while the mass before it,
+        # above + r * e, is below top_p of the top-k mass.
+        keep = tl.minimum(tl.maximum(tl.ceil((top_p * z - above) / e), 1.0), ties)
+        z = above + keep * e
+        if keep < ties:
+            # The keep-th tie: its chunk from the per-chunk counts, then its place in that chunk.
+            j = tl.arange(0, BLOCK_C)
+            counts = tl.load(PParts + (row * NC + j) * 2 + 1, mask=j < NC, other=0.0)
+            held = tl.cumsum(counts, axis=0)
+            chunk = tl.sum((held < keep).to(tl.int32), axis=0)
+            need = keep - tl.sum(tl.where(j < chunk, counts, 0.0), axis=0)
+            t = tl.load(Temp + row // N)
+            seen = 0.0
+            found = tl.full((), -1, tl.int64)
+            for start in range(0, CHUNK, SUB):
+                offs = chunk * CHUNK + start + tl.arange(0, SUB)
+                x = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
+                tie = ((_key(x) == key) & (offs < V)).to(tl.float32)
+                upto = seen + tl.cumsum(tie, axis=0)
+                found = tl.maximum(found, tl.max(tl.where((tie > 0) & (upto == need), offs, -1), axis=0))
+                seen += tl.sum(tie, axis=0)
+            cut_id = found
+    tl.store(M + row, m)
+    tl.store(Z + row, z)
+    tl.store(Cut + row, cut)
+    tl.store(CutId + row, cut_id)
+    tl.store(Argmax + row, arg)
+
+
+@triton.jit
+def _kept_probs(Logits, M, Z, Cut, CutId, row, ids, mask, t, V):
+    """p(ids | row) of the kept distribution (0 where not ``mask``)."""
+    row = row + ids * 0  # a row per id (a scalar row is broadcast)
+    x = tl.load(Logits + row * V + ids, mask=mask, other=0.0).to(tl.float32) / t
+    m = tl.load(M + row, mask=mask, other=0.0)
+    z = tl.load(Z + row, mask=mask, other=1.0)
+    cut = tl.load(Cut + row, mask=mask, other=0.0)
+    cut_id = tl.load(CutId + row, mask=mask, other=0)
+    kept = (x > cut) | ((x == cut) & (ids <= cut_id))
+    return tl.where(kept & mask, tl.exp(x - m) / z, 0.0)
+
+
+@triton.jit
+def _decision(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins, b, N, V, W,
+              BLOCK: tl.constexpr):
+    t = tl.load(Temp + b)
+    nodes = tl.arange(0, BLOCK)
+    in_n = nodes < N
+    tok = tl.load(Tokens + b * N + nodes, mask=in_n, other=0)
+    par = tl.load(Parents + b * N + nodes, mask=in_n, other=-1)
+    flat = _kept_probs(Logits, M, Z, Cut, CutId, b * N + tl.maximum(par, 0), tok, in_n, t, V)
+    status, path, length, coins_out, child_probs, last, u, children = _tree_decision(
+        b, flat, Tokens, Parents, Depth, Valid, Mask, Coins, N, W, BLOCK)
+    return t, status, path, length, coins_out, child_probs, last, u, children
+
+
+@triton.jit
+def _residual(Logits, M, Z, Cut, CutId, row, offs, children, t, V):
+    """The residual at ``offs`` of ``row`` (its kept probabilities, ``children``'s tokens zeroed), float64."""
+    p = _kept_probs(Logits, M, Z, Cut, CutId, row, offs, offs < V, t, V)
+    is_child = tl.sum((offs[:, None] == children[None, :]).to(tl.int32), axis=1) > 0
+    return tl.where(is_child, 0.0, p).to(tl.float64)
+
+
+@triton.jit
+def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins,
+                     Status, Path, AcceptLength, ChildProbs, CoinsOut, ResSum, ResLast, N, V, W, NC,
+                     CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    t, status, path, length, coins_out, child_probs, last, u, children = _decision(
+        Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins, b, N, V, W, BLOCK)
+    if c == 0:
+        nodes = tl.arange(0, BLOCK)
+        tl.store(AcceptLength + b, length)
+        tl.store(Path + b * W + nodes, path.to(tl.int64), mask=nodes < W)
+        tl.store(Status + b * N + nodes, status, mask=nodes < N)
+        tl.store(CoinsOut + b * N + nodes, coins_out, mask=nodes < N)
+        tl.store(ChildProbs + b * N + nodes, child_probs, mask=nodes < N)
+    row = b * N + last
+    total = tl.full((), 0.0, tl.float64)
+    last_nonzero = tl.full((), -1, tl.int64)
+    for start in range(0, CHUNK, SUB):
+        offs = c * CHUNK + start + tl.arange(0, SUB)
+        r = _residual(Logits, M, Z, Cut, CutId, row, offs, children, t, V)
+        total += tl.sum(r, axis=0)
+        last_nonzero = tl.maximum(last_nonzero, tl.max(tl.where(r > 0, offs, -1), axis=0).to(tl.int64))
+    tl.store(ResSum + b * NC + c, total)
+    tl.store(ResLast + b * NC + c, last_nonzero)
+
+
+@triton.jit
+def _bonus_kernel(Logits, Temp, M, Z, Cut, CutId, Argmax, Tokens, Parents, Depth, Valid, Mask, Coins,
+                  ResSum, ResLast, Bonus, BonusCdf, N, V, W, NC,
+                  CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    t, _, _, _, _, _, last, u, children = _decision(
+        Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins, b, N, V, W, BLOCK)
+    row = b * N + last
+    j = tl.arange(0, BLOCK_C)
+    sums = tl.load(ResSum + b * NC + j, mask=j < NC, other=0.0)
+    total = tl.sum(sums, axis=0)
+    ends = tl.cumsum(sums, axis=0)
+    chunk = tl.sum(((ends <= u) & (j < NC)).to(tl.int32), axis=0)  # the chunk whose mass holds u
+    last_nonzero = tl.max(tl.load(ResLast + b * NC + j, mask=j < NC, other=-1), axis=0)
+    bonus = last_nonzero  # rounding can put u past the residual's total: its last token
+    if chunk < NC:
+        cdf = tl.sum(tl.where(j < chunk, sums, 0.0), axis=0)
+        found = tl.full((), V, tl.int64)
+        for start in range(0, CHUNK, SUB):
+            offs = chunk * CHUNK + start + tl.arange(0, SUB)
+            r = _residual(Logits, M, Z, Cut, CutId, row, offs, children, t, V)
+            c = cdf + tl.cumsum(r, axis=0)
+            found = tl.minimum(found, tl.min(tl.where((c > u) & (offs < V), offs, V), axis=0).to(tl.int64))
+            cdf = tl.max(tl.where(offs < V, c, cdf), axis=0)
+        # Past the chunk by rounding of its sum: the chunk's last token.
+        bonus = tl.where(found < V, found, tl.load(ResLast + b * NC + chunk))
+    bonus = tl.maximum(bonus, 0)  # -1: no residual mass at all (handled below)
+    at = bonus + tl.arange(0, 2)
+    p = tl.sum(tl.where(at == bonus, _residual(Logits, M, Z, Cut, CutId, row, at, children, t, V), 0.0), axis=0)
+    # The residual mass before the bonus token, in vocabulary order.
+    before = tl.full((), 0.0, tl.float64)
+    bchunk = bonus // CHUNK
+    before += tl.sum(tl.where(j < bchunk, sums, 0.0), axis=0)
+    for start in range(0, CHUNK, SUB):
+        offs = bchunk * CHUNK + start + tl.arange(0, SUB)
+        r = _residual(Logits, M, Z, Cut, CutId, row, offs, children, t, V)
+        before += tl.sum(tl.where(offs < bonus, r, 0.0), axis=0)
+    # An all-zero residual (the children hold all the mass) falls back to the argmax, probability 0.
+    has_mass = total > 0
+    tl.store(Bonus + b, tl.where(has_mass, bonus, tl.load(Argmax + row)))
+    tl.store(BonusCdf + b * 2, tl.where(has_mass, before, 0.0).to(tl.float32))
+    tl.store(BonusCdf + b * 2 + 1, tl.where(has_mass, p, 0.0).to(tl.float32))
+
+
+def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int, top_p: float,
+                          config: LaunchConfig) -> tuple[torch.Tensor, ...]:
+    """Each node's distribution as ``(m, z, cut, cut_id, argmax)``, [B, N] each (float32 for the first
+    three, int64): see the module docstring. ``temperature`` is [B] float32."""
+    bs, n, vocab = logits.shape
+    dev = logits.device
+    rows = bs * n
+    logits = logits.contiguous()
+    temperature = temperature.float().contiguous()
+    chunk = min(config.chunk, triton.next_power_of_2(vocab))
+    sub = min(config.sub, chunk)
+    nc = triton.cdiv(vocab, chunk)
+    block_c = max(2, triton.next_power_of_2(nc))
+    f32 = dict(dtype=torch.float32, device=dev)
+    vals, sums = torch.empty(rows, nc, **f32), torch.empty(rows, nc, **f32)
+    idx = torch.empty(rows, nc, dtype=torch.int64, device=dev)
+    warps = config.warps
+    _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, n, vocab, nc, CHUNK=chunk, num_warps=warps)
+    has_k, has_p = 0 < top_k < vocab, top_p < 1
+    k_cut, p_cut = (torch.empty(rows if has else 1, dtype=torch.int64, device=dev) for has in (has_k, has_p))
+    k_parts, p_parts = (torch.empty(rows if has else 1, nc, 2, **f32) for has in (has_k, has_p))
+    if has_k or has_p:
+        s = config.probes
+        rounds = cut_rounds(s)
+        bounds = torch.empty(rounds, rows, 2, dtype=torch.int64, device=dev)
+        parts = torch.empty(2, rows, nc, s, **f32)
+        phases = ([(False, k_cut, k_parts)] if has_k else []) + ([(True, p_cut, p_parts)] if has_p else [])
+        for is_p, cut_out, measure in phases:
+            for r in range(rounds + 1):
+                _cut_round_kernel[(rows, nc)](
+                    logits, temperature, vals, idx, sums, k_cut, k_parts, bounds, parts, cut_out, measure,
+                    n, vocab, nc, rows, r, rounds, top_k, float(top_p), TOP_P=is_p, HAS_K=has_k,
+                    CHUNK=chunk, SUB=sub, S=s, BLOCK_C=block_c, num_warps=warps)
+    m, z, cut = (torch.empty(rows, **f32) for _ in range(3))
+    cut_id, argmax = (torch.empty(rows, dtype=torch.int64, device=dev) for _ in range(2))
+    _finish_kernel[(rows,)](logits, temperature, vals, idx, sums, k_cut, k_parts, p_cut, p_parts, m, z, cut, cut_id,
+                            argmax, n, vocab, nc, float(top_p), HAS_K=has_k, HAS_P=has_p, CHUNK=chunk, SUB=sub,
+                            BLOCK_C=block_c, num_warps=warps)
+    return tuple(a.view(bs, n) for a in (m, z, cut, cut_id, argmax))
+
+
+def sampling_decide_chunked(logits: torch.Tensor, temperature: torch.Tensor, rows: tuple, tokens: torch.Tensor,
+                            parents: torch.Tensor, depth: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor,
+                            coins: torch.Tensor, width: int, config: LaunchConfig):
+    """The tree decision and bonus from each node's ``rows`` (:func:`sampling_rows_chunked`). Returns
+    ``(status int8 [B, N], accept_path int64 [B, width], accept_length int64 [B], bonus int64 [B],
+    bonus_cdf float32 [B, 2], child_probs float32 [B, N], coins float32 [B, N])`` as
+    ``spectool.verify.verify_sampling``."""
+    bs, n, vocab = logits.shape
+    dev = logits.device
+    m, z, cut, cut_id, argmax = (a.contiguous() for a in rows)
+    status = torch.empty(bs, n, dtype=torch.int8, device=dev)
+    path = torch.empty(bs, width, dtype=torch.int64, device=dev)
+    length = torch.empty(bs, dtype=torch.int64, device=dev)
+    bonus = torch.empty(bs, dtype=torch.int64, device=dev)
+    bonus_cdf = torch.empty(bs, 2, dtype=torch.float32, device=dev)
+    child_probs = torch.empty(bs, n, dtype=torch.float32, device=dev)
+    coins_out = torch.empty(bs, n, dtype=torch.float32, device=dev)
+    if bs:
+        chunk = min(config.chunk, triton.next_power_of_2(vocab))
+        nc = triton.cdiv(vocab, chunk)
+        block = max(16, triton.next_power_of_2(max(n, width)))
+        # The [sub, N] child-token tiles of the residual stay at the cut rounds' tile size.
+        sub = min(chunk, max(16, config.sub * 16 // block))
+        res_sum = torch.empty(bs, nc, dtype=torch.float64, device=dev)
+        res_last = torch.empty(bs, nc, dtype=torch.int64, device=dev)
+        tree = (tokens.contiguous(), parents.contiguous(), depth.contiguous(), valid.contiguous().view(torch.uint8),
+                mask.contiguous().view(torch.uint8), coins.float().contiguous())
+        logits, temperature = logits.contiguous(), temperature.float().contiguous()
+        warps = max(config.warps, 4 if block <= 64 else 8)
+        _residual_kernel[(bs, nc)](logits, temperature, m, z, cut, cut_id, *tree, status, path, length, child_probs,
+                                   coins_out, res_sum, res_last, n, vocab, width, nc, CHUNK=chunk, SUB=sub,
+                                   BLOCK=block, num_warps=warps)
+        _bonus_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, argmax, *tree, res_sum, res_last, bonus,
+                             bonus_cdf, n, vocab, width, nc, CHUNK=chunk, SUB=sub, BLOCK=block,
+                             BLOCK_C=max(2, triton.next_power_of_2(nc)), num_warps=warps)
+    return status, path, length, bonus, bonus_cdf, child_probs, coins_out

@@ -1,0 +1,169 @@
+"""The chunk-parallel sampling verify (spectool/kernels/verify_sampling_chunked.py) against the torch
+reference ``verify_sampling``, under TRITON_INTERPRET=1 (unless this process started with it, the
+file re-runs itself in a child pytest that does).
+
+For the same coins both make the same decision: statuses, accept paths and lengths, bonus tokens
+and the target argmax are equal, the children's probabilities and the bonus CDF agree to float32
+rounding, and the distribution the rows describe keeps exactly the reference's tokens with its
+probabilities. Small launch shapes make several chunks per row, so every cross-chunk step (the cut
+searches, a tie spread over chunks, the chunk that holds the coin) runs. Cases: bs 1 and larger, up
+to 64 nodes, temperature alone and with top-k / top-p, ties at either cut, rows where everything but
+one token is masked, coins next to 1 and trees whose children hold all the mass. The statistical
+lossless test with the kernel runs on the GPU (tests/gpu/test_verify_sampling_gpu.py).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+from test_verify import random_batch
+
+from spectool.draft.tree import DraftTree
+from spectool.engine import Engine, _led_by
+from spectool.kernels.verify_sampling_chunked import LaunchConfig, cut_rounds
+from spectool.verify import target_probs_at, verify_sampling, verify_sampling_chunked
+
+EXACT = ("status", "accept_path", "accept_length", "bonus", "target_argmax")
+# Three chunks of a 1,200-token row, 16 probes (8 cut rounds); one chunk with 64 probes (6 rounds).
+VOCAB = 1200
+SMALL = LaunchConfig(chunk=512, sub=512, probes=16, warps=4)
+WIDE = LaunchConfig(chunk=2048, sub=2048, probes=64, warps=4)
+# 10 chunks: at least k of them, so the k-th largest chunk maximum starts the top-k search.
+TINY = LaunchConfig(chunk=128, sub=128, probes=16, warps=4)
+
+
+def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
+    triton_interpreter_child()
+
+
+def test_cut_rounds_narrow_every_float_key_to_one():
+    for probes in (1, 16, 64, 256):
+        size = 2**32
+        for _ in range(cut_rounds(probes)):
+            size = math.ceil(size / (probes + 1))
+        assert size == 1
+        assert math.ceil(2**32 / (probes + 1) ** (cut_rounds(probes) - 1)) > 1
+
+
+def assert_same_decision(tree: DraftTree, logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                         coins: torch.Tensor, config: LaunchConfig = SMALL) -> None:
+    want = verify_sampling(tree, logits, temperature, top_k, top_p, coins=coins)
+    temps = torch.full((logits.shape[0],), temperature)
+    got = verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
+    for name in EXACT:
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert torch.equal(got.coins.isnan(), want.coins.isnan())
+    assert torch.allclose(got.coins.nan_to_num(), want.coins.nan_to_num())
+    torch.testing.assert_close(got.child_probs, want.child_probs, equal_nan=True, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.bonus_cdf, want.bonus_cdf, rtol=1e-5, atol=1e-6)
+    ids = torch.arange(logits.shape[-1]).expand(logits.shape).contiguous()
+    probs = target_probs_at(logits, temps, got.target_rows, ids)
+    assert torch.equal(probs > 0, want.target_probs > 0)
+    torch.testing.assert_close(probs, want.target_probs, rtol=1e-5, atol=1e-7)
+
+
+def lifted(tree: DraftTree, logits: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """The drafted tokens among the likely ones, so the cuts decide some of them."""
+    bs, n, _ = logits.shape
+    out = logits.clone()
+    out.scatter_(2, tree.tokens[:, None, :].expand(bs, n, n), 2.5 + torch.rand(bs, n, n, generator=g))
+    return out
+
+
+@pytest.mark.triton_interpreter
+@pytest.mark.parametrize("bs, n, temperature", [(1, 16, 0.7), (5, 9, 1.3), (2, 64, 1.0)])
+def test_chunked_equals_reference_with_temperature(bs, n, temperature):
+    tree, g = random_batch(bs, n, VOCAB, bs + n)
+    logits = lifted(tree, torch.randn(bs, n, VOCAB, generator=g) * 2, g)
+    assert_same_decision(tree, logits, temperature, 0, 1.0, torch.rand(bs, n, generator=g))
+
+
+@pytest.mark.triton_interpreter
+@pytest.mark.parametrize("bs, n, top_k, top_p, config", [(1, 5, 50, 1.0, SMALL), (1, 5, 0, 0.9, SMALL),
+                                                         (2, 8, 50, 0.9, WIDE), (3, 4, 7, 0.6, WIDE),
+                                                         (1, 2, 6, 1.0, TINY)])
+def test_chunked_equals_reference_with_top_k_and_top_p(bs, n, top_k, top_p, config):
+    vocab = VOCAB
+    tree, g = random_batch(bs, n, 40, top_k)
+    logits = lifted(tree, torch.randn(bs, n, vocab, generator=g) * 2, g)
+    assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
+
+
+@pytest.mark.triton_interpreter
+def test_chunked_ties_at_both_cuts():
+    bs, n, vocab = 2, 4, VOCAB
+    tree, g = random_batch(bs, n, vocab, 5)
+    # Ten tokens share the top value, spread over the three chunks, and the drafted ones are among
+    # them: top-k 4 keeps the whole tie; top-p 0.35 keeps the first four ids of it (each holds about
+    # a tenth of the mass, so the cut falls mid-tie, away from a rounding boundary).
+    logits = torch.randn(bs, n, vocab, generator=g) - 8
+    tie = torch.stack([torch.randperm(vocab, generator=g)[:10] for _ in range(bs * n)]).view(bs, n, 10)
+    tie[:, :, :n] = tree.tokens[:, None, :]
+    logits.scatter_(2, tie, 3.0)
+    coins = torch.rand(bs, n, generator=g)
+    assert_same_decision(tree, logits, 1.0, 4, 1.0, coins, WIDE)
+    assert_same_decision(tree, logits, 1.0, 0, 0.35, coins)
+    assert_same_decision(tree, logits, 1.0, 4, 0.35, coins, WIDE)
+    # Integer logits: ties everywhere, at the k-th value included.
+    coarse = torch.randint(0, 6, (bs, n, vocab), generator=g).float()
+    assert_same_decision(tree, coarse, 1.0, 30, 1.0, coins, WIDE)
+    small, g = random_batch(1, 2, vocab, 6)
+    assert_same_decision(small, coarse[:1, :2], 1.0, 6, 1.0, coins[:1, :2], TINY)
+
+
+@pytest.mark.triton_interpreter
+def test_chunked_rows_with_one_token_left():
+    bs, n, vocab = 2, 4, VOCAB
+    tree, g = random_batch(bs, n, 6, 8)
+    coins = torch.rand(bs, n, generator=g)
+    # Every logit but one is -inf (whole chunks of them), or top-k 1 / a tiny top-p leaves one token.
+    masked = torch.full((bs, n, vocab), -math.inf)
+    masked.scatter_(2, torch.randint(0, 6, (bs, n, 1), generator=g), 1.0)
+    assert_same_decision(tree, masked, 1.0, 0, 1.0, coins)
+    logits = torch.randn(bs, n, vocab, generator=g)
+    logits[..., :6] += 3
+    assert_same_decision(tree, logits, 1.0, 1, 1.0, coins, WIDE)
+    assert_same_decision(tree, logits, 1.0, 0, 1e-4, coins, WIDE)
+
+
+@pytest.mark.triton_interpreter
+def test_chunked_at_the_ends_of_the_residual():
+    bs, n, vocab = 4, 6, VOCAB
+    tree, g = random_batch(bs, n, vocab, 21, pad_max=0)
+    logits = torch.randn(bs, n, vocab, generator=g)
+    # Coins next to 1: the bonus is the residual's last tokens (or past its total by rounding).
+    assert_same_decision(tree, logits, 1.0, 0, 1.0, torch.full((bs, n), 1 - 2**-24))
+    # top-k 1 and the argmax drafted under every node: the children hold all the mass.
+    argmax_tree = DraftTree.from_parents(
+        torch.full((bs, n), 700), tree.parents, tree.scores, tree.seq_lens, tree.valid)
+    peaked = logits.clone()
+    peaked[..., 700] = 10.0
+    assert_same_decision(argmax_tree, peaked, 1.0, 1, 1.0, torch.rand(bs, n, generator=g), WIDE)
+
+
+def test_chunked_rejects_an_unknown_launch_config():
+    tree, g = random_batch(1, 3, 10, 0)
+    with pytest.raises(ValueError, match="unknown launch config"):
+        verify_sampling_chunked(tree, torch.randn(1, 3, 10), 1.0, 0, 1.0, torch.rand(1, 3), "fastest")
+
+
+@pytest.mark.triton_interpreter
+def test_chunked_trace_row_holds_what_the_torch_verify_records():
+    tree, g = random_batch(2, 4, 300, 3)
+    logits = torch.randn(2, 4, 300, generator=g) * 2
+    coins = torch.rand(2, 4, generator=g)
+    temps = torch.full((2,), 0.9)
+    want = verify_sampling(tree, logits, temps, 20, 0.8, coins=coins)
+    got = verify_sampling_chunked(tree, logits, temps, 20, 0.8, coins, WIDE)
+    engine = types.SimpleNamespace(record_topk=5)  # all the packing reads of the engine
+    assert (Engine._pack_sampling_record(engine, tree, want).layout
+            == Engine._pack_sampling_record(engine, tree, got, None, logits, temps).layout)
+    # The recorded top-k: the same tokens (argmax first), the same probabilities.
+    top_want = _led_by(want.target_probs.topk(5, dim=-1).indices, want.target_argmax)
+    top_got = _led_by(logits.topk(5, dim=-1).indices, got.target_argmax)
+    assert torch.equal(top_got, top_want)
+    torch.testing.assert_close(target_probs_at(logits, temps, got.target_rows, top_got),
+                               want.target_probs.gather(-1, top_want), rtol=1e-5, atol=1e-7)
