@@ -55,13 +55,14 @@ def configs(method: str, draft_dir: str, quick: bool, most: int) -> list:
 
 
 def calibration_grid(points: dict[str, list], batch_sizes: list[int]) -> dict:
-    """What calibrate must measure for these configurations: their batch sizes, tree sizes, top-k, steps."""
+    """What calibrate must measure for these configurations: their batch sizes, tree sizes, top-k, steps
+    (EAGLE run at each (top-k, steps) with a tree size some configuration there uses)."""
     eagle = points.get("eagle", [])
-    mle = points.get("multi_layer_eagle", [])
     nodes = {1} | {c.num_draft_tokens for cs in points.values() for c in cs}
     return dict(batch_sizes=sorted(set(batch_sizes) | {1}), num_nodes=sorted(nodes),
-                topks=sorted({c.topk for c in eagle}) or [1],
-                eagle_steps=sorted({c.num_steps for c in eagle} | {c.num_steps for c in mle}) or [1],
+                topks=sorted({c.topk for c in eagle}) or [1], eagle_steps=sorted({c.num_steps for c in eagle}) or [1],
+                eagle_num_nodes={(c.topk, c.num_steps): c.num_draft_tokens for c in eagle},
+                ngram_num_nodes=sorted({c.num_draft_tokens for c in points.get("ngram", [])}),
                 ngram="ngram" in points)
 
 
