@@ -66,6 +66,12 @@ def calibration_grid(points: dict[str, list], batch_sizes: list[int]) -> dict:
                 ngram="ngram" in points)
 
 
+def context_of(prompts: dict[str, list[list[int]]], new_tokens: int) -> int:
+    """The cache length the calibration starts from: the workload's mean prompt, half decoded."""
+    lengths = [len(p) for ps in prompts.values() for p in ps]
+    return max(8, round(sum(lengths) / max(1, len(lengths))) + new_tokens // 2)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(p)
@@ -87,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--batch-sizes needs sizes >= 1 and --max-configs >= 1")
     methods = args.methods.split(",")
     points = {m: configs(m, args.draft_dir, args.quick, args.max_configs) for m in methods}
+    prompts = {m: [target.encode(t)[-256:] for t in load_prompts(args.prompts, WORKLOAD[m])[:n_prompts]]
+               for m in methods}
     seconds = {}
     t0 = time.perf_counter()
     if args.profile and Path(args.profile).is_file():
@@ -97,29 +105,28 @@ def main(argv: list[str] | None = None) -> int:
         profile = calibrate(target, eagle_path=f"{args.draft_dir}/eagle" if has["eagle"] else None,
                             multi_layer_path=f"{args.draft_dir}/multi_layer_eagle" if has["multi_layer_eagle"]
                             else None, repeats=2 if args.quick else args.calibration_repeats,
-                            context=32 if args.quick else 256, **grid)
+                            context=context_of(prompts, new_tokens), **grid)
         if args.profile:
             profile.save(args.profile)
     seconds["calibrate"] = time.perf_counter() - t0
     rows = []
     t0 = time.perf_counter()
     for method in methods:
-        prompts = [target.encode(t)[-256:] for t in load_prompts(args.prompts, WORKLOAD[method])[:n_prompts]]
         cfgs = points[method]
         base = cfgs[len(cfgs) // 2]
         recorded = st.Engine(target, draft=base, max_batch_size=batch_sizes[-1], max_seq_len=2048).generate(
-            prompts, max_new_tokens=new_tokens, ignore_eos=True).trace
+            prompts[method], max_new_tokens=new_tokens, ignore_eos=True).trace
         for bs in batch_sizes:
             result = tune(recorded, grid=cfgs, profile=profile, batch_size=bs, target=target,
                           allow_other_model=True, progress=False)
             for cfg, pred in zip(cfgs, result.predictions):
                 engine = st.Engine(target, draft=cfg, max_batch_size=bs, max_seq_len=2048)
-                engine.generate(prompts[:1], max_new_tokens=8, record=False, ignore_eos=True)  # graphs, warm-up
+                engine.generate(prompts[method][:1], max_new_tokens=8, record=False, ignore_eos=True)  # warm-up
                 runs = []
                 for _ in range(max(1, args.repeats)):
                     if method == "ngram":  # the trie outlives a generate call: each run starts from an empty one
                         engine.drafter.corpus.reset()
-                    runs.append(engine.generate(prompts, max_new_tokens=new_tokens, record=False,
+                    runs.append(engine.generate(prompts[method], max_new_tokens=new_tokens, record=False,
                                                 ignore_eos=True).stats)
                 best = max(runs, key=lambda s: s.tokens_per_s)
                 pt = result.tokens_per_s(pred)
