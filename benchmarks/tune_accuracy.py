@@ -4,7 +4,7 @@ Figure: docs/BENCHMARKS.md "What-if tuner". Time: 3 to 5 minutes on an H200.
 
     python benchmarks/tune_accuracy.py --profile $OUT/demo-h200.json                # H200, demo model
     python benchmarks/tune_accuracy.py --model /tmp/large/target --draft-dir /tmp/large \
-        --prompts /tmp/large/prompts.jsonl --batch-sizes 1,4 --max-configs 4 \
+        --prompts /tmp/large/prompts.jsonl --batch-sizes 1,4 --max-configs 8 \
         --num-prompts 4 --new-tokens 96 --repeats 2                               # the trained larger target
     python benchmarks/tune_accuracy.py --device cpu --quick                         # smoke test
 
@@ -18,8 +18,9 @@ float32 on the CPU; in bf16 the teacher-forced and incremental forwards round di
 spectool/tune/eagle_whatif.py) and of tokens/s (the profile's model of an iteration against the engine's
 measured iterations). Tokens/s come from ``--profile``; when that is not a file it is
 measured first, in the same run, by ``spectool.tune.calibrate`` on exactly the batch sizes,
-tree sizes, top-k and steps the points use (and written to ``--profile`` when given). Prints
-a table and the seconds each phase took; writes $OUT/tune_accuracy.json (or --out).
+tree sizes, top-k and steps the points use, from a cache as long as the workload's mean prompt
+plus half its output (and written to ``--profile`` when given). Prints a table and the seconds
+each phase took; writes $OUT/tune_accuracy.json (or --out).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         profile = calibrate(target, eagle_path=f"{args.draft_dir}/eagle" if has["eagle"] else None,
                             multi_layer_path=f"{args.draft_dir}/multi_layer_eagle" if has["multi_layer_eagle"]
                             else None, repeats=2 if args.quick else args.calibration_repeats,
-                            context=context_of(prompts, new_tokens), **grid)
+                            context=32 if args.quick else context_of(prompts, new_tokens), **grid)
         if args.profile:
             profile.save(args.profile)
     seconds["calibrate"] = time.perf_counter() - t0
