@@ -79,7 +79,12 @@ class _Runs:
         from spectool.engine import Engine
 
         runs = WARM_ITERATIONS + self.iterations * (SEARCH if isinstance(draft, NgramConfig) else 1)
-        new_tokens = (runs + 2) * most_tokens_per_iteration + 1
+        room = self.target.config.max_position_embeddings - self.context - num_nodes - 8
+        if room < 2:
+            raise ValueError(f"--context {self.context} leaves no room for decoding within the model's "
+                             f"{self.target.config.max_position_embeddings} positions")
+        # Past the room a run ends early (its last iterations, with part of the batch, are not timed).
+        new_tokens = min(room, (runs + 2) * most_tokens_per_iteration + 1)
         return Engine(self.target, draft=draft, max_batch_size=self.max_batch_size,
                       max_seq_len=self.context + new_tokens + num_nodes + 8), new_tokens
 
@@ -101,8 +106,9 @@ class _Runs:
                 if len(times) == self.iterations or k + 1 >= WARM_ITERATIONS + SEARCH * self.iterations:
                     break
         if not times:
-            raise ValueError(f"calibration of {engine.method} at batch {batch_size}: no iteration verified a "
-                             "drafted tree (the target does not continue the repeated prompts)")
+            why = (" verified a drafted tree (the target does not continue the repeated prompts)" if full_trees
+                   else " ran with the whole batch (too few positions left past --context)")
+            raise ValueError(f"calibration of {engine.method} at batch {batch_size}: no iteration{why}")
         return float(statistics.median(times))
 
 
