@@ -22,6 +22,7 @@
 #                        speculative.py on it (STDLIB names the packed corpus, default
 #                        .corpus/stdlib-3.11.tar.xz when present; else this Python's stdlib)
 #   tune_accuracy 300 s  What-if tuner: predicted against measured, shipped H200 profile    tune_accuracy.json
+#                        ($OUT/profiles/demo-h200.json instead when a tune_profiles part wrote it)
 #   tune_large    530 s  What-if tuner on the 113M target: trains it into out/large when     large/tune_accuracy.json
 #                        absent (150 s budget), then 8 configurations x batch 1 and 4 per method,
 #                        calibrated in the same run
@@ -88,7 +89,10 @@ for part in $PARTS; do
         sweep) large_model; run sweep 45 sweep "${model[@]}" --budget-s 30 --out "$OUT" ;;
         ngram) run ngram 150 ngram_corpus --iters 100 ;;
         tune_profiles) run tune_profiles 300 tune_profiles --out "$OUT/profiles" --repeats 10 ;;
-        tune_accuracy) run tune_accuracy 300 tune_accuracy --profile spectool/tune/profiles/demo-h200.json ;;
+        tune_accuracy)
+            profile=spectool/tune/profiles/demo-h200.json  # or the one a tune_profiles part just measured
+            [ -f "$OUT/profiles/demo-h200.json" ] && profile="$OUT/profiles/demo-h200.json"
+            run tune_accuracy 300 tune_accuracy --profile "$profile" ;;
         tune_large)
             if [ ! -f out/large/target/config.json ]; then
                 stdlib="${STDLIB:-.corpus/stdlib-3.11.tar.xz}"
