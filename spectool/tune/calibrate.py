@@ -69,7 +69,8 @@ class _Runs:
         vocab = target.config.vocab_size
         self.target, self.context, self.iterations = target, context, max(1, iterations)
         self.max_batch_size = max_batch_size
-        # One chunk per request, repeated: the N-gram corpus then has every continuation.
+        # One chunk per request, repeated: the N-gram corpus matches it (and the target's own outputs, put
+        # in as they come), so its trees fill whatever the target makes of the prompt.
         chunk = max(1, min(CHUNK, context // 4))
         self.prompts = [(rng.integers(1, vocab, chunk).tolist() * (context // chunk + 1))[:context]
                         for _ in range(max_batch_size)]

@@ -125,8 +125,9 @@ class CostProfile:
             return self._draft_cache[method]
         table = (self.data.get("draft_us") or {}).get(method)
         if table is None:
+            flag = {"eagle": " --eagle-path DIR", "multi_layer_eagle": " --multi-layer-path DIR"}.get(method, "")
             raise TuneError(f"cost profile {self.source or '?'} has no {method} draft timings: "
-                            f"calibrate with that draft (spectool bench --calibrate --draft {method})")
+                            f"calibrate with that draft (spectool bench --calibrate{flag})")
         bs, measured = table["batch_sizes"], table["iteration_us"]
         if method == "ngram":
             rest = [[us - self.plain_us(b) - self.tree_us(b, n) for n, us in zip(table["num_nodes"], row)]
