@@ -23,8 +23,8 @@
 #                        .corpus/stdlib-3.11.tar.xz when present; else this Python's stdlib)
 #   tune_accuracy 300 s  What-if tuner: predicted against measured, shipped H200 profile    tune_accuracy.json
 #                        ($OUT/profiles/demo-h200.json instead when a tune_profiles part wrote it)
-#   tune_large    530 s  What-if tuner on the 113M target: trains it into out/large when     large/tune_accuracy.json
-#                        absent (150 s budget), then 8 configurations x batch 1 and 4 per method,
+#   tune_large    510 s  What-if tuner on the 113M target: trains it into out/large when     large/tune_accuracy.json
+#                        absent (120 s budget), then 8 configurations x batch 1 and 4 per method,
 #                        calibrated in the same run
 #   draft_model   270 s  Standalone draft model (trains its small draft for 120 s first)   draft_model.json
 #   tests         150 s  tests/gpu (no figure: the GPU behaviour the figures rely on)       gpu_tests.txt
@@ -44,7 +44,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # in case the editable inst
 start=$SECONDS
 
 declare -A LIMIT=([decode]=130 [speculative]=120 [recording]=120 [kernels]=135 [step_times]=70
-                  [vs_transformers]=60 [sweep]=45 [ngram]=150 [tune_profiles]=300 [large]=470 [tune_accuracy]=300 [tune_large]=530
+                  [vs_transformers]=60 [sweep]=45 [ngram]=150 [tune_profiles]=300 [large]=470 [tune_accuracy]=300 [tune_large]=510
                   [draft_model]=270 [tests]=150)
 total=0
 for part in $PARTS; do
@@ -96,14 +96,14 @@ for part in $PARTS; do
         tune_large)
             if [ ! -f out/large/target/config.json ]; then
                 stdlib="${STDLIB:-.corpus/stdlib-3.11.tar.xz}"
-                train=(--out out/large --budget-s 150)
+                train=(--out out/large --budget-s 120)
                 [ -f "$stdlib" ] && train+=(--stdlib "$stdlib")
                 rm -rf out/large
-                run tune_large 210 train_large_target "${train[@]}"
+                run tune_large 180 train_large_target "${train[@]}"
             fi
             mkdir -p "$OUT/large"; rm -f "$OUT/large/large-h200.json"  # calibrated again in this run, for this target
-            run tune_large 320 tune_accuracy --model out/large/target --draft-dir out/large \
-                --prompts out/large/prompts.jsonl --batch-sizes 1,4 --max-configs 8 --num-prompts 4 --new-tokens 96 \
+            run tune_large 330 tune_accuracy --model out/large/target --draft-dir out/large \
+                --prompts out/large/prompts.jsonl --batch-sizes 1,4 --max-configs 8 --num-prompts 4 --new-tokens 64 \
                 --repeats 2 --profile "$OUT/large/large-h200.json" --out "$OUT/large" ;;
         draft_model) run draft_model 270 draft_model --device cuda ;;
         large)

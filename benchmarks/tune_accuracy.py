@@ -67,6 +67,15 @@ def calibration_grid(points: dict[str, list], batch_sizes: list[int]) -> dict:
                 ngram="ngram" in points)
 
 
+def print_row(r: dict) -> None:
+    c = r["config"]
+    short = ",".join(f"{k[:4]}={c[k]}" for k in ("num_steps", "topk", "max_bfs_breadth", "num_draft_tokens") if k in c)
+    acc_err = "n/a" if r["accept_error"] is None else f"{r['accept_error']:+.1%}"
+    print(f"{r['method']:<18} {short:<28} {r['batch_size']:>3} {r['predicted_accept_length']:>11.2f} "
+          f"{r['measured_accept_length']:>6.2f} {acc_err:>6} {r['predicted_tokens_per_s']:>10.1f} "
+          f"{r['measured_tokens_per_s']:>8.1f} {r['tokens_per_s_error']:>+6.1%}", flush=True)
+
+
 def context_of(prompts: dict[str, list[list[int]]], new_tokens: int) -> int:
     """The cache length the calibration starts from: the workload's mean prompt, half decoded."""
     lengths = [len(p) for ps in prompts.values() for p in ps]
@@ -110,7 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             profile.save(args.profile)
     seconds["calibrate"] = time.perf_counter() - t0
+    print(f"profile {profile.source} ({profile.device}): {seconds['calibrate']:.0f} s", flush=True)
+    print(f"{'method':<18} {'config':<28} {'bs':>3} {'accept pred':>11} {'meas':>6} {'err':>6} "
+          f"{'tok/s pred':>10} {'meas':>8} {'err':>6}")
     rows = []
+
+    def save() -> None:  # after every method: a run cut short still leaves the points it measured
+        write_json("tune_accuracy.json", {"meta": {**run_meta(args), "profile": profile.source,
+                                                   "profile_device": profile.device, "seconds": seconds},
+                                          "rows": rows}, args.out)
+
     t0 = time.perf_counter()
     for method in methods:
         cfgs = points[method]
@@ -139,25 +157,15 @@ def main(argv: list[str] | None = None) -> int:
                              if best.mean_accept_length else None,
                              "predicted_tokens_per_s": pt, "measured_tokens_per_s": best.tokens_per_s,
                              "tokens_per_s_error": pt / best.tokens_per_s - 1})
+                print_row(rows[-1])
+        save()
     seconds["record, predict and run"] = time.perf_counter() - t0
-    print(f"{'method':<18} {'config':<28} {'bs':>3} {'accept pred':>11} {'meas':>6} {'err':>6} "
-          f"{'tok/s pred':>10} {'meas':>8} {'err':>6}")
-    for r in rows:
-        c = r["config"]
-        short = ",".join(f"{k[:4]}={c[k]}" for k in ("num_steps", "topk", "max_bfs_breadth", "num_draft_tokens")
-                         if k in c)
-        acc_err = "n/a" if r["accept_error"] is None else f"{r['accept_error']:+.1%}"
-        print(f"{r['method']:<18} {short:<28} {r['batch_size']:>3} {r['predicted_accept_length']:>11.2f} "
-              f"{r['measured_accept_length']:>6.2f} {acc_err:>6} {r['predicted_tokens_per_s']:>10.1f} "
-              f"{r['measured_tokens_per_s']:>8.1f} {r['tokens_per_s_error']:>+6.1%}")
     within = {m: sum(abs(r["tokens_per_s_error"]) <= 0.10 for r in rows if r["method"] == m) for m in methods}
     print("points with tokens/s within 10 %: " + ", ".join(
         f"{m} {within[m]}/{sum(r['method'] == m for r in rows)}" for m in methods))
     seconds["total"] = time.perf_counter() - t_start
     print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
-    write_json("tune_accuracy.json", {"meta": {**run_meta(args), "profile": profile.source,
-                                               "profile_device": profile.device, "seconds": seconds},
-                                      "rows": rows}, args.out)
+    save()
     return 0
 
 
