@@ -17,7 +17,7 @@
 #                        (these three run on the 113M target when out/large holds it, as after
 #                        PARTS=large on the same machine, else on the demo model)
 #   ngram         150 s  N-gram corpus (on the CPU cores)                                   ngram_corpus.json
-#   tune_profiles 300 s  What-if tuner: the cost profiles spectool ships                    profiles/*.json
+#   tune_profiles 450 s  What-if tuner: the cost profiles spectool ships (a call of its own) profiles/*.json
 #   large         470 s  Speculative decoding, 113M target: trains it into out/large, then  large/speculative.json
 #                        speculative.py on it (STDLIB names the packed corpus, default
 #                        .corpus/stdlib-3.11.tar.xz when present; else this Python's stdlib)
@@ -44,7 +44,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # in case the editable inst
 start=$SECONDS
 
 declare -A LIMIT=([decode]=130 [speculative]=120 [recording]=120 [kernels]=135 [step_times]=70
-                  [vs_transformers]=60 [sweep]=45 [ngram]=150 [tune_profiles]=300 [large]=470 [tune_accuracy]=300 [tune_large]=510
+                  [vs_transformers]=60 [sweep]=45 [ngram]=150 [tune_profiles]=450 [large]=470 [tune_accuracy]=300 [tune_large]=510
                   [draft_model]=270 [tests]=150)
 total=0
 for part in $PARTS; do
@@ -88,7 +88,7 @@ for part in $PARTS; do
         vs_transformers) large_model; run vs_transformers 60 vs_transformers "${model[@]}" ;;
         sweep) large_model; run sweep 45 sweep "${model[@]}" --budget-s 30 --out "$OUT" ;;
         ngram) run ngram 150 ngram_corpus --iters 100 ;;
-        tune_profiles) run tune_profiles 300 tune_profiles --out "$OUT/profiles" --repeats 10 ;;
+        tune_profiles) run tune_profiles 450 tune_profiles --out "$OUT/profiles" --repeats 10 ;;
         tune_accuracy)
             profile=spectool/tune/profiles/demo-h200.json  # or the one a tune_profiles part just measured
             [ -f "$OUT/profiles/demo-h200.json" ] && profile="$OUT/profiles/demo-h200.json"

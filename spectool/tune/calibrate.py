@@ -10,8 +10,9 @@ for multi-layer EAGLE. The verify step is also timed alone per (batch size, N), 
 the engine's graphed step with a host sync after each call: only its growth with N is
 used, to carry an iteration measured at one tree size to another.
 
-The prompts repeat a random chunk of tokens, so the N-gram corpus matches and its trees are
-full (N-gram iterations whose tree was the roots alone are left out of its timings). The
+The prompts repeat a random chunk of tokens, and the N-gram corpus is given every token of
+the vocabulary once, so its trees are full whatever the target outputs (N-gram iterations
+whose tree was the roots alone are left out of its timings). The
 first iterations of every run (graph captures, a first draft made inside its iteration)
 are left out. See ``spectool.tune.cost_profile`` for the JSON it produces.
 """
@@ -69,8 +70,7 @@ class _Runs:
         vocab = target.config.vocab_size
         self.target, self.context, self.iterations = target, context, max(1, iterations)
         self.max_batch_size = max_batch_size
-        # One chunk per request, repeated: the N-gram corpus matches it (and the target's own outputs, put
-        # in as they come), so its trees fill whatever the target makes of the prompt.
+        # One chunk per request, repeated: what the prompts hold recurs, as in the text a drafter meets.
         chunk = max(1, min(CHUNK, context // 4))
         self.prompts = [(rng.integers(1, vocab, chunk).tolist() * (context // chunk + 1))[:context]
                         for _ in range(max_batch_size)]
@@ -194,11 +194,15 @@ def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Seque
 def _ngram_costs(runs: _Runs, bss, ns, progress) -> dict:
     """The N-gram engine's iteration per (B, N), over iterations that verified a full tree."""
     dev = torch.device(runs.target.device)
+    # Every token once, in a random order: each token then has a continuation in the corpus, so a tree
+    # is drafted whatever the target outputs (a random-weight target's outputs take long to repeat).
+    every_token = np.random.default_rng(1).permutation(runs.target.config.vocab_size).tolist()
     us = [[0.0] * len(ns) for _ in bss]
     bar = _bar(len(bss) * len(ns), progress, "ngram")
     for j, n in enumerate(ns):
         config = NgramConfig(num_draft_tokens=n)
         engine, new_tokens = runs.engine(config, min(n - 1, config.max_trie_depth) + 1, n)
+        engine.drafter.corpus.batch_put([every_token], req_ids=None, total_lens=None)
         for i, b in enumerate(bss):
             us[i][j] = runs.median_us(engine, new_tokens, b, full_trees=True)
             bar.update(1)
