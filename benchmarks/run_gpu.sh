@@ -17,11 +17,15 @@
 #                        (these three run on the 113M target when out/large holds it, as after
 #                        PARTS=large on the same machine, else on the demo model)
 #   ngram         150 s  N-gram corpus (on the CPU cores)                                   ngram_corpus.json
-#   tune_profiles 150 s  What-if tuner: the cost profiles spectool ships                    profiles/*.json
+#   tune_profiles 450 s  What-if tuner: the cost profiles spectool ships (a call of its own) profiles/*.json
 #   large         470 s  Speculative decoding, 113M target: trains it into out/large, then  large/speculative.json
 #                        speculative.py on it (STDLIB names the packed corpus, default
 #                        .corpus/stdlib-3.11.tar.xz when present; else this Python's stdlib)
 #   tune_accuracy 300 s  What-if tuner: predicted against measured, shipped H200 profile    tune_accuracy.json
+#                        ($OUT/profiles/demo-h200.json instead when a tune_profiles part wrote it)
+#   tune_large    510 s  What-if tuner on the 113M target: trains it into out/large when     large/tune_accuracy.json
+#                        absent (120 s budget), then 8 configurations x batch 1 and 4 per method,
+#                        calibrated in the same run
 #   draft_model   270 s  Standalone draft model (trains its small draft for 120 s first)   draft_model.json
 #   tests         150 s  tests/gpu (no figure: the GPU behaviour the figures rely on)       gpu_tests.txt
 # Default PARTS: "decode speculative recording kernels" (<= 505 s of limits, plus <= 60 s to build
@@ -40,7 +44,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # in case the editable inst
 start=$SECONDS
 
 declare -A LIMIT=([decode]=130 [speculative]=120 [recording]=120 [kernels]=135 [step_times]=70
-                  [vs_transformers]=60 [sweep]=45 [ngram]=150 [tune_profiles]=150 [large]=470 [tune_accuracy]=300
+                  [vs_transformers]=60 [sweep]=45 [ngram]=150 [tune_profiles]=450 [large]=470 [tune_accuracy]=300 [tune_large]=510
                   [draft_model]=270 [tests]=150)
 total=0
 for part in $PARTS; do
@@ -84,8 +88,23 @@ for part in $PARTS; do
         vs_transformers) large_model; run vs_transformers 60 vs_transformers "${model[@]}" ;;
         sweep) large_model; run sweep 45 sweep "${model[@]}" --budget-s 30 --out "$OUT" ;;
         ngram) run ngram 150 ngram_corpus --iters 100 ;;
-        tune_profiles) run tune_profiles 150 tune_profiles --out "$OUT/profiles" --repeats 5 ;;
-        tune_accuracy) run tune_accuracy 300 tune_accuracy --profile spectool/tune/profiles/demo-h200.json ;;
+        tune_profiles) run tune_profiles 450 tune_profiles --out "$OUT/profiles" --repeats 10 ;;
+        tune_accuracy)
+            profile=spectool/tune/profiles/demo-h200.json  # or the one a tune_profiles part just measured
+            [ -f "$OUT/profiles/demo-h200.json" ] && profile="$OUT/profiles/demo-h200.json"
+            run tune_accuracy 300 tune_accuracy --profile "$profile" ;;
+        tune_large)
+            if [ ! -f out/large/target/config.json ]; then
+                stdlib="${STDLIB:-.corpus/stdlib-3.11.tar.xz}"
+                train=(--out out/large --budget-s 120)
+                [ -f "$stdlib" ] && train+=(--stdlib "$stdlib")
+                rm -rf out/large
+                run tune_large 180 train_large_target "${train[@]}"
+            fi
+            mkdir -p "$OUT/large"; rm -f "$OUT/large/large-h200.json"  # calibrated again in this run, for this target
+            run tune_large 330 tune_accuracy --model out/large/target --draft-dir out/large \
+                --prompts out/large/prompts.jsonl --batch-sizes 1,4 --max-configs 8 --num-prompts 4 --new-tokens 64 \
+                --repeats 2 --profile "$OUT/large/large-h200.json" --out "$OUT/large" ;;
         draft_model) run draft_model 270 draft_model --device cuda ;;
         large)
             stdlib="${STDLIB:-.corpus/stdlib-3.11.tar.xz}"

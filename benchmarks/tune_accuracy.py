@@ -4,7 +4,7 @@ Figure: docs/BENCHMARKS.md "What-if tuner". Time: 3 to 5 minutes on an H200.
 
     python benchmarks/tune_accuracy.py --profile $OUT/demo-h200.json                # H200, demo model
     python benchmarks/tune_accuracy.py --model /tmp/large/target --draft-dir /tmp/large \
-        --prompts /tmp/large/prompts.jsonl --batch-sizes 1,4 --max-configs 4 \
+        --prompts /tmp/large/prompts.jsonl --batch-sizes 1,4 --max-configs 8 \
         --num-prompts 4 --new-tokens 96 --repeats 2                               # the trained larger target
     python benchmarks/tune_accuracy.py --device cpu --quick                         # smoke test
 
@@ -18,8 +18,9 @@ float32 on the CPU; in bf16 the teacher-forced and incremental forwards round di
 spectool/tune/eagle_whatif.py) and of tokens/s (the profile's model of an iteration against the engine's
 measured iterations). Tokens/s come from ``--profile``; when that is not a file it is
 measured first, in the same run, by ``spectool.tune.calibrate`` on exactly the batch sizes,
-tree sizes, top-k and steps the points use (and written to ``--profile`` when given). Prints
-a table and the seconds each phase took; writes $OUT/tune_accuracy.json (or --out).
+tree sizes, top-k and steps the points use, from a cache as long as the workload's mean prompt
+plus half its output (and written to ``--profile`` when given). Prints a table and the seconds
+each phase took; writes $OUT/tune_accuracy.json (or --out).
 """
 
 from __future__ import annotations
@@ -55,14 +56,30 @@ def configs(method: str, draft_dir: str, quick: bool, most: int) -> list:
 
 
 def calibration_grid(points: dict[str, list], batch_sizes: list[int]) -> dict:
-    """What calibrate must measure for these configurations: their batch sizes, tree sizes, top-k, steps."""
+    """What calibrate must measure for these configurations: their batch sizes, tree sizes, top-k, steps
+    (EAGLE run at each (top-k, steps) with a tree size some configuration there uses)."""
     eagle = points.get("eagle", [])
-    mle = points.get("multi_layer_eagle", [])
     nodes = {1} | {c.num_draft_tokens for cs in points.values() for c in cs}
     return dict(batch_sizes=sorted(set(batch_sizes) | {1}), num_nodes=sorted(nodes),
-                topks=sorted({c.topk for c in eagle}) or [1],
-                eagle_steps=sorted({c.num_steps for c in eagle} | {c.num_steps for c in mle}) or [1],
+                topks=sorted({c.topk for c in eagle}) or [1], eagle_steps=sorted({c.num_steps for c in eagle}) or [1],
+                eagle_num_nodes={(c.topk, c.num_steps): c.num_draft_tokens for c in eagle},
+                ngram_num_nodes=sorted({c.num_draft_tokens for c in points.get("ngram", [])}),
                 ngram="ngram" in points)
+
+
+def print_row(r: dict) -> None:
+    c = r["config"]
+    short = ",".join(f"{k[:4]}={c[k]}" for k in ("num_steps", "topk", "max_bfs_breadth", "num_draft_tokens") if k in c)
+    acc_err = "n/a" if r["accept_error"] is None else f"{r['accept_error']:+.1%}"
+    print(f"{r['method']:<18} {short:<28} {r['batch_size']:>3} {r['predicted_accept_length']:>11.2f} "
+          f"{r['measured_accept_length']:>6.2f} {acc_err:>6} {r['predicted_tokens_per_s']:>10.1f} "
+          f"{r['measured_tokens_per_s']:>8.1f} {r['tokens_per_s_error']:>+6.1%}", flush=True)
+
+
+def context_of(prompts: dict[str, list[list[int]]], new_tokens: int) -> int:
+    """The cache length the calibration starts from: the workload's mean prompt, half decoded."""
+    lengths = [len(p) for ps in prompts.values() for p in ps]
+    return max(8, round(sum(lengths) / max(1, len(lengths))) + new_tokens // 2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--batch-sizes needs sizes >= 1 and --max-configs >= 1")
     methods = args.methods.split(",")
     points = {m: configs(m, args.draft_dir, args.quick, args.max_configs) for m in methods}
+    prompts = {m: [target.encode(t)[-256:] for t in load_prompts(args.prompts, WORKLOAD[m])[:n_prompts]]
+               for m in methods}
     seconds = {}
     t0 = time.perf_counter()
     if args.profile and Path(args.profile).is_file():
@@ -96,29 +115,37 @@ def main(argv: list[str] | None = None) -> int:
         profile = calibrate(target, eagle_path=f"{args.draft_dir}/eagle" if has["eagle"] else None,
                             multi_layer_path=f"{args.draft_dir}/multi_layer_eagle" if has["multi_layer_eagle"]
                             else None, repeats=2 if args.quick else args.calibration_repeats,
-                            context=32 if args.quick else 256, **grid)
+                            context=32 if args.quick else context_of(prompts, new_tokens), **grid)
         if args.profile:
             profile.save(args.profile)
     seconds["calibrate"] = time.perf_counter() - t0
+    print(f"profile {profile.source} ({profile.device}): {seconds['calibrate']:.0f} s", flush=True)
+    print(f"{'method':<18} {'config':<28} {'bs':>3} {'accept pred':>11} {'meas':>6} {'err':>6} "
+          f"{'tok/s pred':>10} {'meas':>8} {'err':>6}")
     rows = []
+
+    def save() -> None:  # after every method: a run cut short still leaves the points it measured
+        write_json("tune_accuracy.json", {"meta": {**run_meta(args), "profile": profile.source,
+                                                   "profile_device": profile.device, "seconds": seconds},
+                                          "rows": rows}, args.out)
+
     t0 = time.perf_counter()
     for method in methods:
-        prompts = [target.encode(t)[-256:] for t in load_prompts(args.prompts, WORKLOAD[method])[:n_prompts]]
         cfgs = points[method]
         base = cfgs[len(cfgs) // 2]
         recorded = st.Engine(target, draft=base, max_batch_size=batch_sizes[-1], max_seq_len=2048).generate(
-            prompts, max_new_tokens=new_tokens, ignore_eos=True).trace
+            prompts[method], max_new_tokens=new_tokens, ignore_eos=True).trace
         for bs in batch_sizes:
             result = tune(recorded, grid=cfgs, profile=profile, batch_size=bs, target=target,
                           allow_other_model=True, progress=False)
             for cfg, pred in zip(cfgs, result.predictions):
                 engine = st.Engine(target, draft=cfg, max_batch_size=bs, max_seq_len=2048)
-                engine.generate(prompts[:1], max_new_tokens=8, record=False, ignore_eos=True)  # graphs, warm-up
+                engine.generate(prompts[method][:1], max_new_tokens=8, record=False, ignore_eos=True)  # warm-up
                 runs = []
                 for _ in range(max(1, args.repeats)):
                     if method == "ngram":  # the trie outlives a generate call: each run starts from an empty one
                         engine.drafter.corpus.reset()
-                    runs.append(engine.generate(prompts, max_new_tokens=new_tokens, record=False,
+                    runs.append(engine.generate(prompts[method], max_new_tokens=new_tokens, record=False,
                                                 ignore_eos=True).stats)
                 best = max(runs, key=lambda s: s.tokens_per_s)
                 pt = result.tokens_per_s(pred)
@@ -130,25 +157,15 @@ def main(argv: list[str] | None = None) -> int:
                              if best.mean_accept_length else None,
                              "predicted_tokens_per_s": pt, "measured_tokens_per_s": best.tokens_per_s,
                              "tokens_per_s_error": pt / best.tokens_per_s - 1})
+                print_row(rows[-1])
+        save()
     seconds["record, predict and run"] = time.perf_counter() - t0
-    print(f"{'method':<18} {'config':<28} {'bs':>3} {'accept pred':>11} {'meas':>6} {'err':>6} "
-          f"{'tok/s pred':>10} {'meas':>8} {'err':>6}")
-    for r in rows:
-        c = r["config"]
-        short = ",".join(f"{k[:4]}={c[k]}" for k in ("num_steps", "topk", "max_bfs_breadth", "num_draft_tokens")
-                         if k in c)
-        acc_err = "n/a" if r["accept_error"] is None else f"{r['accept_error']:+.1%}"
-        print(f"{r['method']:<18} {short:<28} {r['batch_size']:>3} {r['predicted_accept_length']:>11.2f} "
-              f"{r['measured_accept_length']:>6.2f} {acc_err:>6} {r['predicted_tokens_per_s']:>10.1f} "
-              f"{r['measured_tokens_per_s']:>8.1f} {r['tokens_per_s_error']:>+6.1%}")
     within = {m: sum(abs(r["tokens_per_s_error"]) <= 0.10 for r in rows if r["method"] == m) for m in methods}
     print("points with tokens/s within 10 %: " + ", ".join(
         f"{m} {within[m]}/{sum(r['method'] == m for r in rows)}" for m in methods))
     seconds["total"] = time.perf_counter() - t_start
     print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
-    write_json("tune_accuracy.json", {"meta": {**run_meta(args), "profile": profile.source,
-                                               "profile_device": profile.device, "seconds": seconds},
-                                      "rows": rows}, args.out)
+    save()
     return 0
 
 

@@ -1,6 +1,7 @@
 """Cost profiles for ``spectool tune``, measured on this device (run on the H200 to ship them).
 
-Figure: docs/BENCHMARKS.md "What-if tuner". Time: 3 to 6 minutes on an H200.
+Figure: docs/BENCHMARKS.md "What-if tuner". Time: 3 to 7 minutes on an H200 (every draft grid point
+is the engine running that configuration, its graphs captured for each batch size).
 
     python benchmarks/tune_profiles.py --out spectool/tune/profiles          # H200: demo + 8B shape
     python benchmarks/tune_profiles.py --device cpu --quick --out /tmp/p     # smoke test
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=default_device())
     p.add_argument("--out", required=True, help="directory for the profile JSON files")
     p.add_argument("--quick", action="store_true", help="tiny grids and shape (CPU smoke test)")
-    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=20, help="timed verify calls / engine iterations per grid point")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     quick = dict(batch_sizes=(1, 2), num_nodes=(1, 4), topks=(1, 2), eagle_steps=(1, 2), repeats=2, context=32)
     full = dict(batch_sizes=(1, 2, 4, 8, 16), num_nodes=(1, 2, 4, 5, 8, 12, 16, 24, 32, 48, 64),
-                topks=(1, 2, 4, 8), eagle_steps=(1, 2, 3, 4, 5, 6, 7, 8), repeats=args.repeats, context=256)
+                topks=(1, 2, 4, 8), eagle_steps=(1, 2, 3, 4, 6, 8), repeats=args.repeats, context=256)
     grid = quick if args.quick else full
 
     demo = st.demo_model()

@@ -2,7 +2,8 @@
 
 Predictions are checked against the tuner's own oracle elsewhere (test_tune_oracle.py);
 here the panel's figures are checked against ``spectool.tune`` and a direct engine run,
-and the profile's predicted tokens/s against the sum of its own measured parts.
+and the profile's predicted tokens/s against the sum of its own measured parts (at a grid point: the
+engine's measured iteration).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from spectool.cli import main as cli_main
 from spectool.trace.reader import Trace
 from spectool.tune import CostProfile, TuneError
 from spectool.tune.calibrate import calibrate
+from spectool.tune.cost_profile import shipped_profiles
 from spectool.tune.recommend import tune
 
 MAX_NEW = 12
@@ -76,19 +78,41 @@ def test_refusals_are_one_line(target, prompts, ngram_trace, profile, demo_model
                 progress=False).predictions
 
 
-def test_profile_prediction_is_the_sum_of_its_measured_parts(ngram_trace, profile):
+def test_profile_prediction_is_the_sum_of_its_measured_parts(ngram_trace, profile, demo_model_dir):
     config = st.NgramConfig(num_draft_tokens=4)
     result = tune(ngram_trace, grid=[config], profile=profile, progress=False)
     pred = result.predictions[0]
-    total = sum(profile.verify_us(b, n) + profile.draft_us(config, b, n) + profile.overhead_us(b)
+    total = sum(profile.plain_us(b) + profile.verify_us(b, n) - profile.verify_us(b, 1) + profile.draft_us(config, b, n)
                 for b, n in zip(pred.batch_size.tolist(), pred.num_nodes.tolist()))
     gained = int(pred.accept_length.sum()) + pred.accept_length.size
     assert result.tokens_per_s(pred) == pytest.approx(gained / total * 1e6)
     assert set(pred.num_nodes.tolist()) <= {1, 4} and pred.batch_size.max() <= 2
     v = profile.data["verify_us"]
     assert profile.verify_us(1, 4) == pytest.approx(v["us"][0][1])  # a grid point is the measurement itself
+    # ... and at a draft grid point the predicted iteration is the engine's measured one, whatever the verify
+    # step timed alone says: N-gram by (B, N), EAGLE by (B, top-k, steps) at the tree size it ran with.
+    ngram = profile.data["draft_us"]["ngram"]
+    assert ngram["num_nodes"] == [4, 12]
+    assert profile.iteration_us(st.NgramConfig(num_draft_tokens=12), 2, 12) == pytest.approx(
+        ngram["iteration_us"][1][1])
+    eagle = profile.data["draft_us"]["eagle"]
+    k, s, n = eagle["topk"][1], eagle["num_steps"][1], eagle["num_nodes"][1][1]
+    eagle_config = st.EagleConfig(demo_model_dir / "eagle", num_steps=s, topk=k, num_draft_tokens=n)
+    assert profile.iteration_us(eagle_config, 1, n) == pytest.approx(eagle["iteration_us"][0][1][1])
+    assert profile.iteration_us(None, 2, 1) == pytest.approx(profile.data["plain_us"]["us"][1])
     row = result.frame.iloc[0]
     assert row["speedup"] == pytest.approx(result.tokens_per_s(pred) / result.tokens_per_s(result.plain))
+
+
+def test_profile_of_another_version_is_refused_naming_both(profile, tmp_path):
+    old = json.loads(json.dumps(profile.data))
+    old["version"] = 1
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    with pytest.raises(TuneError) as err:
+        CostProfile.load(tmp_path / "old.json")
+    assert "version 1" in str(err.value) and "version 2" in str(err.value) and "\n" not in str(err.value)
+    for name in shipped_profiles():  # every profile spectool ships reads with this spectool
+        assert CostProfile.load(name).data["version"] == 2
 
 
 def test_cli_tune_prints_ranking_and_serving_flags(ngram_trace, profile, tmp_path, capsys):

@@ -1,26 +1,39 @@
 """Measuring a cost profile on the current device (``spectool bench --calibrate``).
 
-Each part of an iteration is timed through the engine's own step functions (and their
-CUDA graphs), on synthetic trees after ``context`` cached tokens: the greedy verify step
-per (batch size, N); the N-gram drafter's get + upload + put per (batch size, N) over a
-repetitive token stream (so trees are full); the EAGLE drafters' per-iteration extend
-(and draft) graph per (batch size, top-k, steps) or (batch size, steps); and the
-engine's remaining host work per iteration from plain decoding. Every timing is the
-median of ``repeats`` calls, each followed by a device sync, as the engine syncs once per
-iteration. See ``spectool.tune.cost_profile`` for the JSON it produces.
+What an iteration costs is measured as the engine runs it: per grid point the real engine
+(its CUDA graphs, its one host sync per iteration, the host's launches overlapping the
+device's work, the next draft started before the iteration ends) decodes synthetic
+prompts, and the median of its own ``iteration_us`` is kept. Plain decoding gives the
+iteration per batch size; each draft method gives it per (batch size, N) for N-gram, per
+(batch size, top-k, steps) at one tree size each for EAGLE, and per (batch size, steps)
+for multi-layer EAGLE. The verify step is also timed alone per (batch size, N), through
+the engine's graphed step with a host sync after each call: only its growth with N is
+used, to carry an iteration measured at one tree size to another.
+
+The prompts repeat a random chunk of tokens, and the N-gram corpus is given every token of
+the vocabulary once, so its trees are full whatever the target outputs (N-gram iterations
+whose tree was the roots alone are left out of its timings). The
+first iterations of every run (graph captures, a first draft made inside its iteration)
+are left out. See ``spectool.tune.cost_profile`` for the JSON it produces.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
 from spectool.tune.cost_profile import FORMAT, VERSION, CostProfile
+
+WARM_ITERATIONS = 3  # left out of each run's timings
+SEARCH = 4  # N-gram: full-tree iterations are looked for over this many times the iterations timed
+CHUNK = 64  # most tokens of the random chunk the synthetic prompts repeat (at least 4 times)
 
 
 def _median_us(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
@@ -42,28 +55,94 @@ def _bar(total: int, enabled: bool, desc: str):
     return tqdm(total=total, desc=desc, disable=not enabled, leave=False)
 
 
+def _free(dev: torch.device) -> None:
+    """Let a finished engine's cache and graph pools go before the next one allocates its own."""
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class _Runs:
+    """Runs engines over synthetic prompts and reads back the iteration times they record."""
+
+    def __init__(self, target, context: int, iterations: int, max_batch_size: int) -> None:
+        rng = np.random.default_rng(0)
+        vocab = target.config.vocab_size
+        self.target, self.context, self.iterations = target, context, max(1, iterations)
+        self.max_batch_size = max_batch_size
+        # One chunk per request, repeated: what the prompts hold recurs, as in the text a drafter meets.
+        chunk = max(1, min(CHUNK, context // 4))
+        self.prompts = [(rng.integers(1, vocab, chunk).tolist() * (context // chunk + 1))[:context]
+                        for _ in range(max_batch_size)]
+
+    def engine(self, draft, most_tokens_per_iteration: int, num_nodes: int):
+        """An engine for ``draft`` and an output length that no request reaches before its runs end."""
+        from spectool.engine import Engine
+
+        runs = WARM_ITERATIONS + self.iterations * (SEARCH if isinstance(draft, NgramConfig) else 1)
+        room = self.target.config.max_position_embeddings - self.context - num_nodes - 8
+        if room < 2:
+            raise ValueError(f"--context {self.context} leaves no room for decoding within the model's "
+                             f"{self.target.config.max_position_embeddings} positions")
+        # Past the room a run ends early (its last iterations, with part of the batch, are not timed).
+        new_tokens = min(room, (runs + 2) * most_tokens_per_iteration + 1)
+        return Engine(self.target, draft=draft, max_batch_size=self.max_batch_size,
+                      max_seq_len=self.context + new_tokens + num_nodes + 8), new_tokens
+
+    def median_us(self, engine, new_tokens: int, batch_size: int, full_trees: bool = False) -> float:
+        """Median ``iteration_us`` of ``iterations`` of the engine's iterations at this batch size, after
+        the warm ones; ``full_trees``: only iterations that verified a drafted tree (not the roots
+        alone), looked for over at most SEARCH times as many."""
+        state: dict = {}
+        times: list[float] = []
+        stream = engine.stream(self.prompts[:batch_size], max_new_tokens=new_tokens, record=False,
+                               ignore_eos=True, _state=state)
+        with contextlib.closing(stream):
+            for k, event in enumerate(stream):
+                cols = state["stats"].columns
+                rows = len(event.accept_lengths)
+                drafted = any(d[0] > 0 for d in cols["depth"][-rows:])
+                if k >= WARM_ITERATIONS and rows == batch_size and (drafted or not full_trees):
+                    times.append(cols["iteration_us"][-1])
+                if len(times) == self.iterations or k + 1 >= WARM_ITERATIONS + SEARCH * self.iterations:
+                    break
+        if not times:
+            why = (" verified a drafted tree (the target does not continue the repeated prompts)" if full_trees
+                   else " ran with the whole batch (too few positions left past --context)")
+            raise ValueError(f"calibration of {engine.method} at batch {batch_size}: no iteration{why}")
+        return float(statistics.median(times))
+
+
 @torch.no_grad()
 def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Sequence[int] = (1, 2, 4, 8),
               num_nodes: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32), topks: Sequence[int] = (1, 2, 4, 8),
               eagle_steps: Sequence[int] = (1, 3, 5, 7), ngram: bool = True, context: int = 256,
-              repeats: int = 20, progress: bool = True) -> CostProfile:
-    """Measure the cost profile of ``target`` (and the given draft checkpoints) on its device."""
+              repeats: int = 20, progress: bool = True,
+              eagle_num_nodes: Mapping[tuple[int, int], int] | None = None,
+              ngram_num_nodes: Sequence[int] | None = None) -> CostProfile:
+    """Measure the cost profile of ``target`` (and the given draft checkpoints) on its device.
+
+    ``repeats`` is the number of timed calls per verify point and of timed engine iterations per
+    draft point. ``eagle_num_nodes`` maps (top-k, steps) to the tree size EAGLE is run with there
+    (default: the full tree, at most 16 nodes); ``ngram_num_nodes``: the N-gram tree sizes to run
+    (default: those of ``num_nodes`` from 2).
+    """
     from spectool.draft.tree import chain_tree
     from spectool.engine import Engine
 
     dev = torch.device(target.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    bss, ns = sorted(set(batch_sizes)), sorted(set(num_nodes))
+    bss, ns = sorted(set(batch_sizes)), sorted(set(num_nodes) | {1})
     top_b = max(bss)
-    seq_len = context + max(ns) + 8
     gen = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
+    runs = _Runs(target, context, repeats, top_b)
 
     def rand_tokens(*shape: int) -> torch.Tensor:
         return torch.randint(1, vocab, shape, generator=gen).to(dev)
 
-    # --- verify step per (B, N), and the host overhead of plain decoding per B
-    plain = Engine(target, draft=None, max_batch_size=top_b, max_seq_len=seq_len)
+    # --- the verify step alone per (B, N): how an iteration's cost grows with its tree
+    plain = Engine(target, draft=None, max_batch_size=top_b, max_seq_len=context + max(ns) + 8)
     verify = [[0.0] * len(ns) for _ in bss]
     bar = _bar(len(bss) * len(ns), progress, "verify")
     for i, b in enumerate(bss):
@@ -73,154 +152,104 @@ def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Seque
             tree = chain_tree(rand_tokens(b, n), torch.ones(b, n, device=dev), lens)
             plain._kv_len = None if plain.on_cuda else context + n
 
-            def step(tree=tree, slots=slots, b=b):
+            def step(tree=tree, slots=slots, b=b, plain=plain):
                 out = plain._greedy_runner(b, slots=slots, **tree.as_inputs())
                 return out[7].tolist()  # the engine's one host sync per iteration
 
             verify[i][j] = _median_us(step, repeats, sync)
             bar.update(1)
     bar.close()
-    overhead = []
-    for b in bss:
-        prompts = rand_tokens(b, context).tolist()
-        plain.generate(prompts, max_new_tokens=4, record=False, ignore_eos=True)
-        stats = plain.generate(prompts, max_new_tokens=max(repeats, 8), record=False, ignore_eos=True).stats
-        cols = stats.columns
-        phases = ("draft_us", "index_us", "verify_us", "commit_us", "trie_get_us", "trie_put_us")
-        rest = [it - sum(cols[p][k] for p in phases) for k, it in enumerate(cols["iteration_us"])]
-        overhead.append(max(0.0, float(statistics.median(rest))))
+    del plain, step
+    _free(dev)
+    # --- plain decoding's iteration per B, as the engine runs it
+    engine, new_tokens = runs.engine(None, 1, 1)
+    plain_us = [runs.median_us(engine, new_tokens, b) for b in bss]
+    del engine
+    _free(dev)
 
     draft: dict = {}
     if ngram:
-        draft["ngram"] = _ngram_costs(target, bss, [n for n in ns if n >= 2], context, repeats, sync, progress)
+        sizes = sorted({n for n in (ngram_num_nodes or ns) if n >= 2})
+        draft["ngram"] = _ngram_costs(runs, bss, sizes, progress)
     if eagle_path is not None:
-        draft["eagle"] = _eagle_costs(target, eagle_path, bss, topks, eagle_steps, context, repeats, sync, progress)
+        draft["eagle"] = _eagle_costs(runs, eagle_path, bss, topks, eagle_steps, eagle_num_nodes or {}, progress)
     if multi_layer_path is not None:
-        draft["multi_layer_eagle"] = _multi_layer_costs(target, multi_layer_path, bss, context, repeats, sync,
-                                                        progress)
+        draft["multi_layer_eagle"] = _multi_layer_costs(runs, multi_layer_path, bss, progress)
     cfg = target.config
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     data = {
         "format": FORMAT, "version": VERSION, "device": device_name,
-        "dtype": str(target.dtype).replace("torch.", ""), "context": context,
+        "dtype": str(target.dtype).replace("torch.", ""), "context": context, "iterations": runs.iterations,
         "torch": torch.__version__, "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": {"name": target.name, "hash": target.model_hash,
                   "shape": {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
                             "vocab_size": cfg.vocab_size}},
+        "plain_us": {"batch_sizes": bss, "us": plain_us},
         "verify_us": {"batch_sizes": bss, "num_nodes": ns, "us": verify},
-        "overhead_us": {"batch_sizes": bss, "us": overhead},
         "draft_us": draft,
     }
     return CostProfile(data, "calibration")
 
 
-def _ngram_costs(target, bss, ns, context, repeats, sync, progress) -> dict:
-    """The N-gram drafter's draft (trie get, tree upload) + put per iteration, on full trees."""
-    from spectool.draft import Batch
-    from spectool.engine import Engine
-    from spectool.timing import PhaseTimer
-
-    dev = torch.device(target.device)
-    rng = np.random.default_rng(0)
-    chunk = rng.integers(1, target.config.vocab_size, 64).tolist()
+def _ngram_costs(runs: _Runs, bss, ns, progress) -> dict:
+    """The N-gram engine's iteration per (B, N), over iterations that verified a full tree."""
+    dev = torch.device(runs.target.device)
+    # Every token once, in a random order: each token then has a continuation in the corpus, so a tree
+    # is drafted whatever the target outputs (a random-weight target's outputs take long to repeat).
+    every_token = np.random.default_rng(1).permutation(runs.target.config.vocab_size).tolist()
     us = [[0.0] * len(ns) for _ in bss]
     bar = _bar(len(bss) * len(ns), progress, "ngram")
     for j, n in enumerate(ns):
-        engine = Engine(target, draft=NgramConfig(num_draft_tokens=n, max_bfs_breadth=4), max_batch_size=max(bss),
-                        max_seq_len=context + 64)
-        drafter = engine.drafter
+        config = NgramConfig(num_draft_tokens=n)
+        engine, new_tokens = runs.engine(config, min(n - 1, config.max_trie_depth) + 1, n)
+        engine.drafter.corpus.batch_put([every_token], req_ids=None, total_lens=None)
         for i, b in enumerate(bss):
-            drafter.corpus.reset()
-            histories = [(chunk * (context // len(chunk) + 1))[:context] for _ in range(b)]
-            lens = torch.full((b,), context - 1, dtype=torch.long, device=dev)
-            batch = Batch(list(range(b)), torch.arange(b, device=dev), lens, torch.tensor(
-                [h[-1] for h in histories], device=dev), histories, [context - 1] * b)
-            drafter.on_prefill(batch, [])
-            timer = PhaseTimer(dev)
-            step_no = [0]
-
-            def step(batch=batch, b=b, drafter=drafter, timer=timer, step_no=step_no):
-                tree, _ = drafter.draft(batch, timer)
-                k = step_no[0] % len(chunk)
-                step_no[0] += 1
-                accepted = [[chunk[k]] for _ in range(b)]
-                drafter.on_verify(batch, tree, None, None, accepted, timer)
-                for h, a in zip(batch.histories, accepted):
-                    h.extend(a)
-                timer.end_iteration()
-                timer.micros()
-                return tree
-
-            us[i][j] = _median_us(step, repeats, sync)
+            us[i][j] = runs.median_us(engine, new_tokens, b, full_trees=True)
             bar.update(1)
+        del engine
+        _free(dev)
     bar.close()
-    return {"batch_sizes": bss, "num_nodes": ns, "us": us}
+    return {"batch_sizes": bss, "num_nodes": ns, "iteration_us": us}
 
 
-def _verify_outputs(b: int, n: int, width: int, hidden_size: int, dtype, dev):
-    """Synthetic verify results (nothing accepted) of the shapes the drafters' extend reads."""
-    path = torch.full((b, width), -1, dtype=torch.long, device=dev)
-    path[:, 0] = 0
-    return dict(tree_tokens=torch.ones(b, n, dtype=torch.long, device=dev), path=path,
-                length=torch.zeros(b, dtype=torch.long, device=dev),
-                bonus=torch.ones(b, dtype=torch.long, device=dev),
-                hidden=torch.zeros(b, n, hidden_size, dtype=dtype, device=dev))
-
-
-def _eagle_costs(target, path, bss, topks, steps, context, repeats, sync, progress) -> dict:
-    """EAGLE's extend-and-draft graph (what runs after every verify) per (B, top-k, steps)."""
-    from spectool.engine import Engine
-
-    dev = torch.device(target.device)
+def _eagle_costs(runs: _Runs, path, bss, topks, steps, num_nodes: Mapping[tuple[int, int], int], progress) -> dict:
+    """The EAGLE engine's iteration per (B, top-k, steps), each (top-k, steps) at one tree size."""
+    dev = torch.device(runs.target.device)
     topks, steps = sorted(set(topks)), sorted(set(steps))
     us = [[[0.0] * len(steps) for _ in topks] for _ in bss]
+    sizes = [[0] * len(steps) for _ in topks]
     bar = _bar(len(bss) * len(topks) * len(steps), progress, "eagle")
     for t, k in enumerate(topks):
         for s, S in enumerate(steps):
-            n = min(16, 1 + k + (S - 1) * k * k)
-            engine = Engine(target, draft=EagleConfig(path, num_steps=S, topk=k, num_draft_tokens=n),
-                            max_batch_size=max(bss), max_seq_len=context + 64)
-            d = engine.drafter
+            n = sizes[t][s] = num_nodes.get((k, S), min(16, 1 + k + (S - 1) * k * k))
+            engine, new_tokens = runs.engine(EagleConfig(path, num_steps=S, topk=k, num_draft_tokens=n), S + 1, n)
             for i, b in enumerate(bss):
-                lens = torch.full((b,), context, dtype=torch.long, device=dev)
-                inputs = _verify_outputs(b, n, S + 1, target.config.hidden_size, target.dtype, dev)
-
-                def step(d=d, b=b, lens=lens, inputs=inputs, on_cuda=engine.on_cuda):
-                    d._kv_len = None if on_cuda else context
-                    return d._extend_runner(b, slots=torch.arange(b, device=dev), starts=lens, **inputs)
-
-                us[i][t][s] = _median_us(step, repeats, sync)
+                us[i][t][s] = runs.median_us(engine, new_tokens, b)
                 bar.update(1)
+            del engine
+            _free(dev)
     bar.close()
-    return {"path": str(path), "batch_sizes": bss, "topk": topks, "num_steps": steps, "us": us}
+    return {"path": str(path), "batch_sizes": bss, "topk": topks, "num_steps": steps, "num_nodes": sizes,
+            "iteration_us": us}
 
 
-def _multi_layer_costs(target, path, bss, context, repeats, sync, progress) -> dict:
-    """Multi-layer EAGLE's extend graph (every layer, the next chain) per (B, steps)."""
-    from spectool.engine import Engine
+def _multi_layer_costs(runs: _Runs, path, bss, progress) -> dict:
+    """The multi-layer EAGLE engine's iteration per (B, steps), every steps its layers allow."""
     from spectool.model.draft_layer import load_draft
 
-    dev = torch.device(target.device)
-    layers = load_draft(path, target).num_layers
-    steps = list(range(1, layers + 1))
+    dev = torch.device(runs.target.device)
+    steps = list(range(1, load_draft(path, runs.target).num_layers + 1))
     us = [[0.0] * len(steps) for _ in bss]
     bar = _bar(len(bss) * len(steps), progress, "multi_layer_eagle")
     for s, S in enumerate(steps):
-        engine = Engine(target, draft=MultiLayerEagleConfig(path, num_steps=S), max_batch_size=max(bss),
-                        max_seq_len=context + 64)
-        d = engine.drafter
+        engine, new_tokens = runs.engine(MultiLayerEagleConfig(path, num_steps=S), S + 1, S + 1)
         for i, b in enumerate(bss):
-            lens = torch.full((b,), context, dtype=torch.long, device=dev)
-            inputs = _verify_outputs(b, S + 1, S + 1, target.config.hidden_size, target.dtype, dev)
-
-            def step(d=d, b=b, lens=lens, inputs=inputs, S=S, on_cuda=engine.on_cuda):
-                d._kv_len = None if on_cuda else context + S + 1
-                return d._extend_runner(b, slots=torch.arange(b, device=dev), old_lens=lens, **inputs)
-
-            us[i][s] = _median_us(step, repeats, sync)
+            us[i][s] = runs.median_us(engine, new_tokens, b)
             bar.update(1)
+        del engine
+        _free(dev)
     bar.close()
-    return {"path": str(path), "batch_sizes": bss, "num_steps": steps, "us": us}
+    return {"path": str(path), "batch_sizes": bss, "num_steps": steps, "iteration_us": us}
 
 
 def _int_list(text: str) -> list[int]:
@@ -243,8 +272,8 @@ def calibrate_cli(argv: list[str]) -> int:
     p.add_argument("--num-nodes", type=_int_list, default=[1, 2, 4, 8, 12, 16, 24, 32])
     p.add_argument("--topk", type=_int_list, default=[1, 2, 4, 8])
     p.add_argument("--num-steps", type=_int_list, default=[1, 3, 5, 7], help="EAGLE steps to time")
-    p.add_argument("--context", type=int, default=256, help="cached tokens before each timed tree")
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--context", type=int, default=256, help="tokens of each synthetic prompt")
+    p.add_argument("--repeats", type=int, default=20, help="timed calls / engine iterations per grid point")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     args = p.parse_args(argv)
@@ -262,7 +291,7 @@ def calibrate_cli(argv: list[str]) -> int:
         print(f"spectool bench --calibrate: {e}", file=sys.stderr)
         return 2
     profile.save(args.out)
-    v = profile.data["verify_us"]
-    print(f"wrote {args.out}: {profile.device}, verify {v['us'][0][0]:.0f} us at B=1 N=1 .. "
-          f"{v['us'][-1][-1]:.0f} us at B={v['batch_sizes'][-1]} N={v['num_nodes'][-1]}")
+    pl = profile.data["plain_us"]
+    print(f"wrote {args.out}: {profile.device}, plain decoding {pl['us'][0]:.0f} us per iteration at "
+          f"B={pl['batch_sizes'][0]} .. {pl['us'][-1]:.0f} us at B={pl['batch_sizes'][-1]}")
     return 0

@@ -2,32 +2,38 @@
 
 ``spectool bench --calibrate`` writes it (``spectool.tune.calibrate``); the tuner reads it
 to turn predicted iterations (batch size and tree size per iteration) into predicted
-tokens/s. An iteration's time is modelled as the sum of the parts the engine runs:
+tokens/s. Every draft grid point holds the median iteration of the real engine running that
+configuration at that batch size, so the model is exact there; an iteration is
 
-    iteration_us = verify_us(B, N) + draft_us(method, config, B) + overhead_us(B)
+    iteration_us = plain_us(B) + tree_us(B, N) + draft_us(method, config, B, N)
 
-``verify_us``: the engine's greedy verify step (target forward over B trees of N nodes
-after ``context`` cached tokens, verify, KV commit, host table copy); ``draft_us``: the
-drafter's per-iteration work (N-gram: trie get, put and tree upload by N; EAGLE: extend +
-draft by top-k and steps; multi-layer EAGLE: extend of every layer by steps); and
-``overhead_us``: the rest of the engine's host work per iteration, from plain decoding.
-Between measured grid points values are interpolated linearly (and held at the ends).
+``plain_us``: plain decoding's iteration as the engine runs it; ``tree_us`` = verify_us(B, N)
+- verify_us(B, 1), what verifying N nodes costs beyond one (from the verify step timed
+alone); ``draft_us``: the rest of a draft method's measured iteration, i.e. the measured
+iteration at the grid point less plain_us and tree_us at the tree size it ran with (N-gram:
+by N; EAGLE: by top-k and steps; multi-layer EAGLE: by steps). An EAGLE configuration of
+another tree size than its grid point's is carried there by tree_us. Between grid points
+values are interpolated linearly (and held at the ends).
 
-JSON layout (``format`` = "spectool-cost-profile", ``version`` = 1)::
+JSON layout (``format`` = "spectool-cost-profile", ``version`` = 2)::
 
-    {"device": "NVIDIA H200", "dtype": "bfloat16", "context": 256,
+    {"device": "NVIDIA H200", "dtype": "bfloat16", "context": 256, "iterations": 20,
      "model": {"name": ..., "hash": ..., "shape": {...}},
+     "plain_us": {"batch_sizes": [...], "us": [...]},
      "verify_us": {"batch_sizes": [...], "num_nodes": [...], "us": [[per N] per B]},
-     "overhead_us": {"batch_sizes": [...], "us": [...]},
-     "draft_us": {"ngram": {"batch_sizes", "num_nodes", "us": [[per N] per B]},
-                  "eagle": {"batch_sizes", "topk", "num_steps", "us": [[[per S] per k] per B]},
-                  "multi_layer_eagle": {"batch_sizes", "num_steps", "us": [[per S] per B]}}}
+     "draft_us": {"ngram": {"batch_sizes", "num_nodes", "iteration_us": [[per N] per B]},
+                  "eagle": {"batch_sizes", "topk", "num_steps", "num_nodes": [[per S] per k],
+                            "iteration_us": [[[per S] per k] per B]},
+                  "multi_layer_eagle": {"batch_sizes", "num_steps", "iteration_us": [[per S] per B]}}}
+
+where every ``iteration_us`` is a measured engine iteration (a multi-layer EAGLE tree has
+steps + 1 nodes). Version 1 summed parts timed one by one, each with its own host sync.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +41,7 @@ import numpy as np
 from spectool.tune.workload import TuneError
 
 FORMAT = "spectool-cost-profile"
-VERSION = 1
+VERSION = 2
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 
 
@@ -51,10 +57,12 @@ def _interp2(x: float, y: float, xs, ys, table) -> float:
 
 @dataclass
 class CostProfile:
-    """A loaded profile (see the module docstring); ``data`` is the JSON object."""
+    """A loaded profile (see the module docstring); ``data`` is the JSON object (its draft timings are
+    read once, at their first use)."""
 
     data: dict
     source: str = ""
+    _draft_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def load(cls, path: str | Path) -> CostProfile:
@@ -71,7 +79,8 @@ class CostProfile:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise TuneError(f"{path} is not a spectool cost profile (no \"format\": \"{FORMAT}\")")
         if data.get("version") != VERSION:
-            raise TuneError(f"{path} is a version {data.get('version')} profile; this spectool reads version {VERSION}")
+            raise TuneError(f"{path} is a version {data.get('version')} cost profile; this spectool reads version "
+                            f"{VERSION}: measure it again (spectool bench --calibrate)")
         return cls(data, str(p))
 
     def save(self, path: str | Path) -> None:
@@ -94,24 +103,51 @@ class CostProfile:
                             "calibrate for this model (spectool bench --calibrate), or pass allow_other_model")
 
     def verify_us(self, batch_size: int, num_nodes: int) -> float:
+        """The verify step timed alone (with its host sync) at this batch and tree size."""
         v = self.data["verify_us"]
         return _interp2(batch_size, num_nodes, v["batch_sizes"], v["num_nodes"], v["us"])
 
-    def overhead_us(self, batch_size: int) -> float:
-        o = self.data.get("overhead_us")
-        return _interp(batch_size, o["batch_sizes"], o["us"]) if o else 0.0
+    def plain_us(self, batch_size: int) -> float:
+        """Plain decoding's iteration at this batch size, as the engine ran it."""
+        p = self.data["plain_us"]
+        return _interp(batch_size, p["batch_sizes"], p["us"])
+
+    def tree_us(self, batch_size: int, num_nodes: int) -> float:
+        """What verifying ``num_nodes`` nodes per request costs beyond the root alone."""
+        return self.verify_us(batch_size, num_nodes) - self.verify_us(batch_size, 1)
 
     def has_method(self, method: str) -> bool:
         return method == "none" or method in (self.data.get("draft_us") or {})
 
+    def _draft_table(self, method: str) -> dict:
+        """The method's measured iterations less plain_us and tree_us at each grid point (made once)."""
+        if method in self._draft_cache:
+            return self._draft_cache[method]
+        table = (self.data.get("draft_us") or {}).get(method)
+        if table is None:
+            flag = {"eagle": " --eagle-path DIR", "multi_layer_eagle": " --multi-layer-path DIR"}.get(method, "")
+            raise TuneError(f"cost profile {self.source or '?'} has no {method} draft timings: "
+                            f"calibrate with that draft (spectool bench --calibrate{flag})")
+        bs, measured = table["batch_sizes"], table["iteration_us"]
+        if method == "ngram":
+            rest = [[us - self.plain_us(b) - self.tree_us(b, n) for n, us in zip(table["num_nodes"], row)]
+                    for b, row in zip(bs, measured)]
+        elif method == "multi_layer_eagle":
+            rest = [[us - self.plain_us(b) - self.tree_us(b, s + 1) for s, us in zip(table["num_steps"], row)]
+                    for b, row in zip(bs, measured)]
+        else:
+            rest = [[[us - self.plain_us(b) - self.tree_us(b, n) for n, us in zip(sizes, per_s)]
+                     for sizes, per_s in zip(table["num_nodes"], per_k)] for b, per_k in zip(bs, measured)]
+        self._draft_cache[method] = {**table, "us": rest}
+        return self._draft_cache[method]
+
     def draft_us(self, config, batch_size: int, num_nodes: int) -> float:
-        """The drafter's per-iteration µs for ``config`` at this batch (0 for plain decoding)."""
+        """The drafter's share of an iteration of ``config`` at this batch (0 for plain decoding): its
+        measured iteration less plain decoding's and the larger tree's verify (may be below 0 where
+        drafting overlaps the device's work)."""
         if config is None:
             return 0.0
-        table = (self.data.get("draft_us") or {}).get(config.method)
-        if table is None:
-            raise TuneError(f"cost profile {self.source or '?'} has no {config.method} draft timings: "
-                            f"calibrate with that draft (spectool bench --calibrate --draft {config.method})")
+        table = self._draft_table(config.method)
         bs = table["batch_sizes"]
         if config.method == "ngram":
             return _interp2(batch_size, num_nodes, bs, table["num_nodes"], table["us"])
@@ -122,8 +158,8 @@ class CostProfile:
 
     def iteration_us(self, config, batch_size: int, num_nodes: int) -> float:
         """Predicted µs of one iteration of ``config`` (None = plain decoding) with this batch and tree."""
-        return (self.verify_us(batch_size, num_nodes) + self.draft_us(config, batch_size, num_nodes)
-                + self.overhead_us(batch_size))
+        return (self.plain_us(batch_size) + self.tree_us(batch_size, num_nodes)
+                + self.draft_us(config, batch_size, num_nodes))
 
 
 def shipped_profiles() -> list[str]:

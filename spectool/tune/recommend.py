@@ -85,7 +85,9 @@ class TuneResult:
         if self.profile is None:
             return float("nan")
         cfg = None if pred.method == "none" else pred.config
-        total = sum(self.profile.iteration_us(cfg, int(b), int(n)) for b, n in zip(pred.batch_size, pred.num_nodes))
+        # An iteration's cost depends on its batch and tree size alone: one profile look-up per pair.
+        pairs, counts = np.unique(np.stack([pred.batch_size, pred.num_nodes], axis=1), axis=0, return_counts=True)
+        total = sum(int(c) * self.profile.iteration_us(cfg, int(b), int(n)) for (b, n), c in zip(pairs, counts))
         gained = int(pred.accept_length.sum()) + pred.accept_length.size
         return gained / total * 1e6 if total > 0 else float("nan")
 

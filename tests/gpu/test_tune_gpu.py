@@ -100,5 +100,9 @@ def test_calibration_on_cuda(target):
                         topks=(1, 4), eagle_steps=(1, 3), repeats=5, progress=False)
     assert profile.device == torch.cuda.get_device_name()
     v = profile.data["verify_us"]["us"]
-    assert all(x > 0 for row in v for x in row)
-    assert profile.draft_us(st.EagleConfig(st.demo_model() / "eagle", num_steps=3, topk=4), 4, 16) > 0
+    assert all(x > 0 for row in v for x in row) and all(x > 0 for x in profile.data["plain_us"]["us"])
+    eagle = profile.data["draft_us"]["eagle"]
+    assert eagle["num_nodes"] == [[2, 4], [5, 16]]  # the full tree of each (top-k, steps), at most 16 nodes
+    config = st.EagleConfig(st.demo_model() / "eagle", num_steps=3, topk=4, num_draft_tokens=16)
+    assert profile.iteration_us(config, 4, 16) == pytest.approx(eagle["iteration_us"][1][1][1])
+    assert profile.iteration_us(config, 4, 16) > profile.iteration_us(None, 4, 1)
