@@ -39,7 +39,6 @@ import torch
 from spectool.kernels.triton_import import tl, triton
 from spectool.kernels.verify_sampling_triton import _tree_decision
 
-LOWEST_KEY = -2139095041  # the key of -inf
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,7 @@ def _cut_state(Max, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top
                TOP_P: tl.constexpr, HAS_K: tl.constexpr, S: tl.constexpr, BLOCK_C: tl.constexpr):
     """The row's search interval [lo, hi] after round r - 1 (its start when r == 0) and, for top-p,
     the mass it is a fraction of (the top-k mass, else the whole row's)."""
-    lo = tl.full((), LOWEST_KEY, tl.int64)
+    lo = tl.full((), -2139095041, tl.int64)  # the key of -inf (a jitted function reads no plain global)
     zk = z
     if TOP_P:
         if HAS_K:
@@ -158,9 +157,9 @@ def _cut_state(Max, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top
         hi = tl.load(base + 1)
         if lo < hi:
             thr = _probes(lo, hi, S)
-            j = tl.arange(0, S)
+            probe = tl.arange(0, S)
             cc = tl.arange(0, BLOCK_C)
-            tile = Parts + ((((r - 1) % 2) * R + row) * NC + cc[:, None]) * S + j[None, :]
+            tile = Parts + ((((r - 1) % 2) * R + row) * NC + cc[:, None]) * S + probe[None, :]
             tot = tl.sum(tl.load(tile, mask=(cc < NC)[:, None], other=0.0), axis=0)
             if TOP_P:
                 below = tot < top_p * zk  # mass strictly above the threshold

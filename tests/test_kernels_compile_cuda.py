@@ -1,0 +1,51 @@
+"""The sampling verifies' Triton kernels compile for an H100/H200 (sm_90) on this CPU machine.
+
+The interpreter tests run the kernels' Python bodies, which accept code the Triton compiler
+refuses; a kernel that only the interpreter has run fails at its first launch on the GPU. Here
+every launch of the chunked sampling verify in the engine's launch shape (float32 and bf16 logits)
+and of the fused one, for each combination of temperature, top-k and top-p, is compiled by Triton
+for CUDA (tests/cuda_compile.py) from the same wrapper calls the engine makes. The other launch
+shapes are compiled on the GPU by `benchmarks/tree_kernels.py --sampling-configs sweep`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="the test extras install triton")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    pytest.skip("compiles for CUDA; the interpreter replaces the kernels", allow_module_level=True)
+
+from cuda_compile import compiling_for_cuda  # noqa: E402
+from test_verify import random_batch  # noqa: E402
+
+from spectool.kernels.verify_sampling_chunked import DEFAULT_CONFIG  # noqa: E402
+from spectool.verify import verify_sampling_chunked, verify_sampling_fused  # noqa: E402
+
+CUTS = [(0, 1.0), (50, 1.0), (0, 0.9), (50, 0.9)]  # (top_k, top_p): none, top-k, top-p, both
+
+
+def sampling_inputs(dtype: torch.dtype, batch: int = 2, nodes: int = 8, vocab: int = 4096):
+    tree, g = random_batch(batch, nodes, vocab, seed=0)
+    logits = torch.randn(batch, nodes, vocab, generator=g).to(dtype)
+    return tree, logits, torch.full((batch,), 0.8), torch.rand(batch, nodes, generator=g)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_sampling_verify_compiles_for_cuda(dtype):
+    tree, logits, temps, coins = sampling_inputs(dtype)
+    with compiling_for_cuda() as compiled:
+        for top_k, top_p in CUTS:
+            verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, DEFAULT_CONFIG)
+    assert compiled, "no kernel was launched"
+
+
+def test_fused_sampling_verify_compiles_for_cuda():
+    tree, logits, temps, coins = sampling_inputs(torch.float32)
+    with compiling_for_cuda() as compiled:
+        for top_k, top_p in CUTS:
+            verify_sampling_fused(tree, logits, temps, top_k, top_p, coins)
+    assert compiled, "no kernel was launched"
