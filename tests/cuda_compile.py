@@ -15,8 +15,9 @@ from collections.abc import Iterator
 
 import torch
 
-_POINTER = {torch.float64: "*fp64", torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int64: "*i64",
-            torch.int32: "*i32", torch.int16: "*i16", torch.int8: "*i8", torch.uint8: "*u8", torch.bool: "*i1"}
+_POINTER = {torch.float64: "*fp64", torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
+            torch.int64: "*i64", torch.int32: "*i32", torch.int16: "*i16", torch.int8: "*i8", torch.uint8: "*u8",
+            torch.bool: "*i1"}
 OPTIONS = ("num_warps", "num_stages", "num_ctas")
 
 

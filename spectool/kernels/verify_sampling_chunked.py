@@ -40,7 +40,6 @@ from spectool.kernels.triton_import import tl, triton
 from spectool.kernels.verify_sampling_triton import _tree_decision
 
 
-
 @dataclass(frozen=True)
 class LaunchConfig:
     """How the vocabulary is split: ``chunk`` entries per program, ``sub`` per step inside it (the
