@@ -360,6 +360,12 @@ class TraceFile:
     _schema_message: bytes = b""
     _mmap: pa.MemoryMappedFile | None = None
     _cache: OrderedDict = field(default_factory=OrderedDict)
+    _trailer: FileIndex | None = None
+
+    def stored_summary_columns(self) -> pa.Table | None:
+        """Every step row's `summary_columns` less the index's (max_depth and the phase timings), as the
+        trailer stores them; None when the file has no such trailer (the caller reads the batches)."""
+        return None if self._trailer is None else self._trailer.summary_columns()
 
     @property
     def num_steps(self) -> int:
@@ -503,7 +509,7 @@ def open_trace_file(path: str | Path) -> TraceFile:
         columns, stats, source = _index_from_trailer(batches, index), index.stats, "trailer"
     else:
         columns, stats, damage = _index_from_batches(mm, schema, batches, damage)
-        source = "batches"
+        source, index = "batches", None
     counts = np.array([b.num_steps for b in batches], dtype=np.int64)
     batch_start = np.zeros(len(batches) + 1, np.int64)
     np.cumsum(counts, out=batch_start[1:])
@@ -516,7 +522,7 @@ def open_trace_file(path: str | Path) -> TraceFile:
     return TraceFile(path, version, run_info, tokenizer_json, schema, batches, columns["iteration"],
                      columns["request_id"], columns["accept_length"], columns["iteration_us"], batch_start, stats,
                      damage is not None, note, source,
-                     head.serialize().to_pybytes(), mm)
+                     head.serialize().to_pybytes(), mm, _trailer=index)
 
 
 def _index_from_trailer(batches: list[_Batch], index: FileIndex) -> dict[str, np.ndarray]:

@@ -10,7 +10,10 @@ million records); a closed file therefore carries them after its Arrow stream:
 
 The index stream holds one row per step record (INDEX_SCHEMA, zstd) and, in its schema
 metadata, JSON with each batch's end offset, row counts, and the last selection counts; the
-CRC-32 of the index stream guards it. Arrow readers stop at the end-of-stream marker, so the
+CRC-32 of the index stream guards it. Its rows also carry SUMMARY_SCHEMA (each record's deepest
+node and the phase timings), read only by `Trace.summary`, so that a summary of a closed file
+decodes no batch either; a trailer written before they existed still indexes the file, and its
+summary reads the batches. Arrow readers stop at the end-of-stream marker, so the
 trailer changes nothing for them (the format version stays). A file without a valid trailer
 (a recording killed before it closed, a file cut short, a damaged trailer) is indexed by
 reading its batches instead, as is a file whose batches do not frame as the trailer says.
@@ -26,11 +29,16 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from spectool.trace.schema import PHASE_FIELDS
+from spectool.trace.stats import summary_columns
+
 INDEX_MAGIC = b"SPTINDEX"
 _TAIL = struct.Struct("<QI8s")
 _KEY = b"spectool.index"
 INDEX_SCHEMA = pa.schema([("iteration", pa.int32()), ("request_id", pa.int32()),
                           ("accept_length", pa.int16()), ("iteration_us", pa.float32())])
+# What `summarize` reads beyond the index columns, as `summary_columns` reduces it (nulls kept).
+SUMMARY_SCHEMA = pa.schema([("max_depth", pa.int16()), *((name, pa.float32()) for name in PHASE_FIELDS)])
 # The value a null reads as in the index arrays.
 INDEX_NULLS = {"iteration": 0, "request_id": 0, "accept_length": -1, "iteration_us": np.nan}
 
@@ -57,6 +65,16 @@ class FileIndex:
     requests: np.ndarray    # request rows per batch
     columns: dict[str, np.ndarray]  # INDEX_SCHEMA's columns, one entry per step row
     stats: dict | None      # the last selection counts written
+    stream: pa.Buffer | None = None  # the index stream (memory-mapped), when it holds SUMMARY_SCHEMA too
+
+    def summary_columns(self) -> pa.Table | None:
+        """SUMMARY_SCHEMA's columns of every step row (decoded now, not at open), None when the trailer
+        was written without them."""
+        if self.stream is None:
+            return None
+        fields = [i for i, name in enumerate(_stream_schema(self.stream).names) if name in SUMMARY_SCHEMA.names]
+        options = pa.ipc.IpcReadOptions(included_fields=fields, use_threads=False)
+        return pa.Table.from_batches([pa.ipc.open_stream(self.stream, options=options).read_next_batch()])
 
 
 class IndexBuilder:
@@ -68,6 +86,7 @@ class IndexBuilder:
         self._steps: list[int] = []
         self._requests: list[int] = []
         self._columns: dict[str, list[np.ndarray]] = {name: [] for name in INDEX_SCHEMA.names}
+        self._summary: list[pa.Table] = []
         self._stats: dict | None = None
 
     def add(self, end: int, batch: pa.RecordBatch, steps: int, requests: int, stats: dict | None) -> None:
@@ -84,6 +103,8 @@ class IndexBuilder:
             col = batch.column(batch.schema.get_field_index(fl.name)).slice(0, steps)
             values = column_values(col, INDEX_NULLS[fl.name])
             self._columns[fl.name].append(values.astype(fl.type.to_pandas_dtype(), copy=False))
+        rows = pa.Table.from_batches([batch.slice(0, steps)]).select(["depth", *PHASE_FIELDS])
+        self._summary.append(summary_columns(rows).select(SUMMARY_SCHEMA.names).cast(SUMMARY_SCHEMA))
 
     def trailer(self) -> bytes:
         """The index stream, its length and the magic, to append after the Arrow stream's end."""
@@ -91,7 +112,10 @@ class IndexBuilder:
                 "stats": self._stats}
         arrays = [pa.array(np.concatenate(parts) if parts else np.zeros(0, fl.type.to_pandas_dtype()), fl.type)
                   for fl, parts in zip(INDEX_SCHEMA, self._columns.values())]
-        schema = INDEX_SCHEMA.with_metadata({_KEY: json.dumps(meta).encode()})
+        summary = pa.concat_tables([SUMMARY_SCHEMA.empty_table(), *self._summary]).combine_chunks()
+        arrays += [summary.column(name).chunk(0) if summary.num_rows else pa.array([], summary.schema.field(name).type)
+                   for name in SUMMARY_SCHEMA.names]
+        schema = pa.schema([*INDEX_SCHEMA, *SUMMARY_SCHEMA], metadata={_KEY: json.dumps(meta).encode()})
         sink = pa.BufferOutputStream()
         options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 1))
         with pa.ipc.new_stream(sink, schema, options=options) as writer:
@@ -113,7 +137,10 @@ def read_index(mm: pa.MemoryMappedFile, size: int, head_end: int) -> FileIndex |
     if zlib.crc32(data) != crc:
         return None
     try:
-        reader = pa.ipc.open_stream(pa.py_buffer(data))
+        names = _stream_schema(data).names
+        # At open only the index columns are decompressed: the summary's are read when asked for.
+        fields = [i for i, name in enumerate(names) if name in INDEX_SCHEMA.names]
+        reader = pa.ipc.open_stream(data, options=pa.ipc.IpcReadOptions(included_fields=fields, use_threads=False))
         table = reader.read_next_batch()
         table.validate()
         meta = json.loads(reader.schema.metadata[_KEY])
@@ -127,4 +154,9 @@ def read_index(mm: pa.MemoryMappedFile, size: int, head_end: int) -> FileIndex |
             and (steps >= 0).all() and (requests >= 0).all() and (steps + requests <= rows).all()):
         return None
     stats = meta.get("stats")
-    return FileIndex(ends, rows, steps, requests, columns, stats if isinstance(stats, dict) else None)
+    summary = data if all(name in names for name in SUMMARY_SCHEMA.names) else None
+    return FileIndex(ends, rows, steps, requests, columns, stats if isinstance(stats, dict) else None, summary)
+
+
+def _stream_schema(data: pa.Buffer) -> pa.Schema:
+    return pa.ipc.read_schema(pa.ipc.MessageReader.open_stream(data).read_next_message())

@@ -460,6 +460,11 @@ class Trace:
         lazy, with ``kept_fraction`` and ``selection``: how much of the run the trace holds."""
         if self._file is None:
             out = summarize(self._steps)
+        elif (stored := self._file.stored_summary_columns()) is not None:
+            f = self._file  # a closed file's trailer holds every column the summary reads: no batch is decoded
+            stored = stored.append_column("iteration", pa.array(f.iteration, pa.int32()))
+            stored = stored.append_column("accept_length", pa.array(f.accept_length, mask=f.accept_length < 0))
+            out = summarize(stored.append_column("iteration_us", pa.array(f.iteration_us, from_pandas=True)))
         else:
             parts = [summary_columns(t) for t in self.iter_batches(_SUMMARY_COLUMNS)]
             out = summarize(pa.concat_tables(parts) if parts else summary_columns(
