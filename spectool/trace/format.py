@@ -318,15 +318,23 @@ def _logical(table: pa.Table, schema: pa.Schema, columns: list[str] | None) -> p
     return pa.table(out, schema=pa.schema([schema.field(n) for n in names]))
 
 
+def disk_steps(table: pa.Table, columns: list[str] | None = None) -> pa.Table:
+    """Step rows of the disk layout (every row of ``table`` one) in the STEP_SCHEMA reader types (only
+    ``columns`` when given)."""
+    if "target_topk_tokens" in table.column_names and "target_argmax" in table.column_names:
+        table = _derive_argmax(table)
+    return _logical(table, STEP_SCHEMA, columns)
+
+
+def disk_requests(table: pa.Table, columns: list[str] | None = None) -> pa.Table:
+    """The request rows of a disk table in the REQUEST_SCHEMA reader types (only ``columns`` when given)."""
+    return _logical(table.filter(pc.equal(table.column("kind"), "request")), REQUEST_SCHEMA, columns)
+
+
 def split_disk_table(table: pa.Table, columns: list[str] | None = None) -> tuple[pa.Table, pa.Table]:
     """Split a disk table into (steps, requests) with the STEP_SCHEMA / REQUEST_SCHEMA reader types
     (only ``columns`` of each when given)."""
-    kind = table.column("kind")
-    steps = table.filter(pc.equal(kind, "step"))
-    if "target_topk_tokens" in steps.column_names and "target_argmax" in steps.column_names:
-        steps = _derive_argmax(steps)
-    requests = table.filter(pc.equal(kind, "request"))
-    return _logical(steps, STEP_SCHEMA, columns), _logical(requests, REQUEST_SCHEMA, columns)
+    return disk_steps(table.filter(pc.equal(table.column("kind"), "step")), columns), disk_requests(table, columns)
 
 
 @dataclass
@@ -412,22 +420,33 @@ class TraceFile:
                 if b.num_steps:
                     yield self.read_batch(k)[0]
             return
+        for b, batch in self._stream(columns, lambda b: b.num_steps > 0):
+            if b.step_rows is None:  # its step rows come first: a slice, where splitting on kind copies them
+                yield disk_steps(pa.Table.from_batches([batch.slice(0, b.num_steps)]), columns)
+            else:
+                yield split_disk_table(pa.Table.from_batches([batch]), columns)[0]
+
+    def _stream(self, columns: list[str], wanted) -> Iterator[tuple[_Batch, pa.RecordBatch]]:
+        """(batch, its ``columns`` decoded) for every batch ``wanted(batch)`` accepts, in one sequential pass
+        over the file (one reader: reading a batch on its own re-parses the schema and copies its message)."""
         with pa.memory_map(str(self.path)) as mm:
             options = pa.ipc.IpcReadOptions(included_fields=self._field_indices(columns), use_threads=False)
             reader = pa.ipc.open_stream(mm, options=options)
             for k, b in enumerate(self.batches):
                 try:
                     batch = reader.read_next_batch()
+                    if not wanted(b):
+                        continue
                     batch.validate()
                 except (pa.ArrowException, OSError, StopIteration) as e:
                     raise TraceFormatError(f"{self.path}: batch {k} at byte offset {b.offset} is corrupt: {e}"
                                            ) from None
-                if b.num_steps:
-                    yield split_disk_table(pa.Table.from_batches([batch]), columns)[0]
+                yield b, batch
 
     def requests(self) -> pa.Table:
         """Every request row, in file order."""
-        parts = [self.read_batch(k, REQUEST_SCHEMA.names)[1] for k, b in enumerate(self.batches) if b.has_requests]
+        parts = [disk_requests(pa.Table.from_batches([batch]), REQUEST_SCHEMA.names)
+                 for _, batch in self._stream(REQUEST_SCHEMA.names, lambda b: b.has_requests)]
         return pa.concat_tables(parts) if parts else REQUEST_SCHEMA.empty_table()
 
     def take(self, rows: np.ndarray, columns: list[str] | None = None) -> pa.Table:

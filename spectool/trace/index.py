@@ -86,7 +86,9 @@ class IndexBuilder:
         self._steps: list[int] = []
         self._requests: list[int] = []
         self._columns: dict[str, list[np.ndarray]] = {name: [] for name in INDEX_SCHEMA.names}
-        self._summary: list[pa.Table] = []
+        # SUMMARY_SCHEMA's columns as (values, valid) numpy parts: Arrow tables per batch would hold
+        # an allocation each for the whole run.
+        self._summary: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {name: [] for name in SUMMARY_SCHEMA.names}
         self._stats: dict | None = None
 
     def add(self, end: int, batch: pa.RecordBatch, steps: int, requests: int, stats: dict | None) -> None:
@@ -104,7 +106,12 @@ class IndexBuilder:
             values = column_values(col, INDEX_NULLS[fl.name])
             self._columns[fl.name].append(values.astype(fl.type.to_pandas_dtype(), copy=False))
         rows = pa.Table.from_batches([batch.slice(0, steps)]).select(["depth", *PHASE_FIELDS])
-        self._summary.append(summary_columns(rows).select(SUMMARY_SCHEMA.names).cast(SUMMARY_SCHEMA))
+        reduced = summary_columns(rows)
+        for fl in SUMMARY_SCHEMA:
+            col = reduced.column(fl.name).combine_chunks()
+            valid = np.ones(len(col), bool) if col.null_count == 0 else np.asarray(col.is_valid())
+            values = column_values(col, 0).astype(fl.type.to_pandas_dtype())
+            self._summary[fl.name].append((values, valid))
 
     def trailer(self) -> bytes:
         """The index stream, its length and the magic, to append after the Arrow stream's end."""
@@ -112,9 +119,11 @@ class IndexBuilder:
                 "stats": self._stats}
         arrays = [pa.array(np.concatenate(parts) if parts else np.zeros(0, fl.type.to_pandas_dtype()), fl.type)
                   for fl, parts in zip(INDEX_SCHEMA, self._columns.values())]
-        summary = pa.concat_tables([SUMMARY_SCHEMA.empty_table(), *self._summary]).combine_chunks()
-        arrays += [summary.column(name).chunk(0) if summary.num_rows else pa.array([], summary.schema.field(name).type)
-                   for name in SUMMARY_SCHEMA.names]
+        for fl in SUMMARY_SCHEMA:
+            parts = self._summary[fl.name]
+            values = np.concatenate([v for v, _ in parts]) if parts else np.zeros(0, fl.type.to_pandas_dtype())
+            valid = np.concatenate([m for _, m in parts]) if parts else np.zeros(0, bool)
+            arrays.append(pa.array(values, fl.type, mask=None if valid.all() else ~valid))
         schema = pa.schema([*INDEX_SCHEMA, *SUMMARY_SCHEMA], metadata={_KEY: json.dumps(meta).encode()})
         sink = pa.BufferOutputStream()
         options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", 1))
