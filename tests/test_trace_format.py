@@ -181,6 +181,8 @@ def test_the_index_trailer_agrees_with_arrows_own_reading(tmp_path):
             "accept_length": steps["accept_length"].fill_null(-1).to_numpy(),
             "iteration_us": steps["iteration_us"].to_numpy(zero_copy_only=False)}
     per_batch = [pc.sum(pc.equal(b.column(0), "step")).as_py() or 0 for b in batches]
+    request_rows = table.filter(pc.equal(table["kind"], "request")).select(REQUEST_SCHEMA.names).to_pylist()
+    want_requests = {r["request_id"]: r for r in request_rows}  # the last row of each id
     counts = json.loads([s for s in table["run_stats"].to_pylist() if s][-1])
     bare, damaged = tmp_path / "bare.sptrace", tmp_path / "damaged.sptrace"
     bare.write_bytes(data[:start])  # no trailer: a recording killed at its end
@@ -190,6 +192,9 @@ def test_the_index_trailer_agrees_with_arrows_own_reading(tmp_path):
     for name, source in ((path, "trailer"), (bare, "batches"), (damaged, "batches")):
         trace = Trace.load(name)
         assert trace._file.indexed_from == source and not trace.truncated, name
+        for rid in range(6):  # one request's row: from the one batch the trailer names, else from all of them
+            assert trace.request(rid) == want_requests[rid], (name, rid)
+        assert (trace._requests is None) == (source == "trailer"), name
         got = trace.scalars()
         for key, values in want.items():
             np.testing.assert_array_equal(got[key], values.astype(got[key].dtype), err_msg=f"{name} {key}")

@@ -449,6 +449,22 @@ class TraceFile:
                  for _, batch in self._stream(REQUEST_SCHEMA.names, lambda b: b.has_requests)]
         return pa.concat_tables(parts) if parts else REQUEST_SCHEMA.empty_table()
 
+    def request_rows(self, request_id: int) -> pa.Table | None:
+        """The request rows of ``request_id`` from the one batch that holds its last one (a few
+        milliseconds, where `requests` reads every batch); None when the file's trailer does not list
+        its request rows' ids (the caller reads them all)."""
+        ids = None if self._trailer is None else self._trailer.request_ids
+        if ids is None:
+            return None
+        hits = np.flatnonzero(ids == int(request_id))
+        if not hits.size:
+            return REQUEST_SCHEMA.empty_table()
+        first = np.zeros(len(self.batches) + 1, np.int64)  # first request row of each batch, in file order
+        np.cumsum(self._trailer.requests, out=first[1:])
+        k = int(np.searchsorted(first, hits[-1], side="right") - 1)
+        rows = disk_requests(pa.Table.from_batches([self._raw(k, REQUEST_SCHEMA.names)]), REQUEST_SCHEMA.names)
+        return rows.filter(pc.equal(rows["request_id"], int(request_id)))
+
     def take(self, rows: np.ndarray, columns: list[str] | None = None) -> pa.Table:
         """Step rows by global index (file order), in the order given."""
         rows = np.asarray(rows, dtype=np.int64)

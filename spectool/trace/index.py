@@ -9,8 +9,9 @@ million records); a closed file therefore carries them after its Arrow stream:
     [b"SPTINDEX"]
 
 The index stream holds one row per step record (INDEX_SCHEMA, zstd) and, in its schema
-metadata, JSON with each batch's end offset, row counts, and the last selection counts; the
-CRC-32 of the index stream guards it. Its rows also carry SUMMARY_SCHEMA (each record's deepest
+metadata, JSON with each batch's end offset, row counts, the request id of every request row
+(so one request's prompt and output are read from the one batch holding them) and the last
+selection counts; the CRC-32 of the index stream guards it. Its rows also carry SUMMARY_SCHEMA (each record's deepest
 node and the phase timings), read only by `Trace.summary`, so that a summary of a closed file
 decodes no batch either; a trailer written before they existed still indexes the file, and its
 summary reads the batches. Arrow readers stop at the end-of-stream marker, so the
@@ -65,6 +66,7 @@ class FileIndex:
     requests: np.ndarray    # request rows per batch
     columns: dict[str, np.ndarray]  # INDEX_SCHEMA's columns, one entry per step row
     stats: dict | None      # the last selection counts written
+    request_ids: np.ndarray | None = None  # of every request row, file order (None: written without them)
     stream: pa.Buffer | None = None  # the index stream (memory-mapped), when it holds SUMMARY_SCHEMA too
 
     def summary_columns(self) -> pa.Table | None:
@@ -85,6 +87,7 @@ class IndexBuilder:
         self._rows: list[int] = []
         self._steps: list[int] = []
         self._requests: list[int] = []
+        self._request_ids: list[int] = []
         self._columns: dict[str, list[np.ndarray]] = {name: [] for name in INDEX_SCHEMA.names}
         # SUMMARY_SCHEMA's columns as (values, valid) numpy parts: Arrow tables per batch would hold
         # an allocation each for the whole run.
@@ -99,6 +102,9 @@ class IndexBuilder:
         self._requests.append(requests)
         if stats is not None:
             self._stats = stats
+        if requests:
+            ids = batch.column(batch.schema.get_field_index("request_id")).slice(steps, requests)
+            self._request_ids += column_values(ids, -1).tolist()
         if not steps:
             return
         for fl in INDEX_SCHEMA:
@@ -116,7 +122,7 @@ class IndexBuilder:
     def trailer(self) -> bytes:
         """The index stream, its length and the magic, to append after the Arrow stream's end."""
         meta = {"ends": self._ends, "rows": self._rows, "steps": self._steps, "requests": self._requests,
-                "stats": self._stats}
+                "request_ids": self._request_ids, "stats": self._stats}
         arrays = [pa.array(np.concatenate(parts) if parts else np.zeros(0, fl.type.to_pandas_dtype()), fl.type)
                   for fl, parts in zip(INDEX_SCHEMA, self._columns.values())]
         for fl in SUMMARY_SCHEMA:
@@ -163,8 +169,10 @@ def read_index(mm: pa.MemoryMappedFile, size: int, head_end: int) -> FileIndex |
             and (steps >= 0).all() and (requests >= 0).all() and (steps + requests <= rows).all()):
         return None
     stats = meta.get("stats")
+    ids = meta.get("request_ids")
+    ids = np.asarray(ids, np.int64) if isinstance(ids, list) and len(ids) == int(requests.sum()) else None
     summary = data if all(name in names for name in SUMMARY_SCHEMA.names) else None
-    return FileIndex(ends, rows, steps, requests, columns, stats if isinstance(stats, dict) else None, summary)
+    return FileIndex(ends, rows, steps, requests, columns, stats if isinstance(stats, dict) else None, ids, summary)
 
 
 def _stream_schema(data: pa.Buffer) -> pa.Schema:

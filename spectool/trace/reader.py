@@ -357,7 +357,10 @@ class Trace:
 
     def request(self, request_id: int) -> dict:
         """The request row (prompt_tokens, output_tokens, finish_reason, prompt_text) as a dict."""
-        rows = self.requests.filter(pc.equal(self.requests.column("request_id"), request_id)).to_pylist()
+        found = self._file.request_rows(request_id) if self._requests is None and self._file is not None else None
+        if found is None:
+            found = self.requests.filter(pc.equal(self.requests.column("request_id"), request_id))
+        rows = found.to_pylist()
         if not rows:
             raise KeyError(f"no request row for request {request_id} (was the run cut short?)")
         return rows[-1]
