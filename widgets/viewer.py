@@ -160,10 +160,10 @@ class TraceViewer(anywidget.AnyWidget):
         if request not in self._requests:
             if len(self._requests) >= 8:
                 self._requests.pop(next(iter(self._requests)))
-            # A large lazily loaded trace reads every request row the first time a text is asked for:
-            # the text follows in its own message, after the tree is drawn.
-            self._requests[request] = request_data(self.trace, request,
-                                                   with_text=len(self.trace) <= LARGE_RECORDS)
+            # A large trace without a request index reads every request row the first time a text is
+            # asked for: the text follows in its own message, after the tree is drawn.
+            self._requests[request] = request_data(self.trace, request, with_text=len(self.trace) <= LARGE_RECORDS
+                                                   or self.trace.finds_requests_fast)
         return self._requests[request]
 
     def _view(self):

@@ -449,14 +449,18 @@ class TraceFile:
                  for _, batch in self._stream(REQUEST_SCHEMA.names, lambda b: b.has_requests)]
         return pa.concat_tables(parts) if parts else REQUEST_SCHEMA.empty_table()
 
+    @property
+    def indexes_requests(self) -> bool:
+        """Whether `request_rows` finds a request's rows without reading every batch."""
+        return self._trailer is not None and self._trailer.request_ids is not None
+
     def request_rows(self, request_id: int) -> pa.Table | None:
         """The request rows of ``request_id`` from the one batch that holds its last one (a few
         milliseconds, where `requests` reads every batch); None when the file's trailer does not list
         its request rows' ids (the caller reads them all)."""
-        ids = None if self._trailer is None else self._trailer.request_ids
-        if ids is None:
+        if not self.indexes_requests:
             return None
-        hits = np.flatnonzero(ids == int(request_id))
+        hits = np.flatnonzero(self._trailer.request_ids == int(request_id))
         if not hits.size:
             return REQUEST_SCHEMA.empty_table()
         first = np.zeros(len(self.batches) + 1, np.int64)  # first request row of each batch, in file order

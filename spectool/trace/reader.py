@@ -355,6 +355,12 @@ class Trace:
         ids |= set(self.requests.column("request_id").to_pylist())
         return sorted(i for i in ids if i is not None and i >= 0)
 
+    @property
+    def finds_requests_fast(self) -> bool:
+        """Whether `request` reads one request's row without reading every request row (held in memory,
+        or listed in the file's index trailer): a large trace without that reads all of them first."""
+        return self._requests is not None or self._file is None or self._file.indexes_requests
+
     def request(self, request_id: int) -> dict:
         """The request row (prompt_tokens, output_tokens, finish_reason, prompt_text) as a dict."""
         found = self._file.request_rows(request_id) if self._requests is None and self._file is not None else None
