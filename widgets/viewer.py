@@ -145,7 +145,13 @@ class TraceViewer(anywidget.AnyWidget):
         elif self.trace is None or not isinstance(request, int):
             return
         elif kind == "request":
-            self.send({"kind": "request", "data": self._request_data(request)})
+            # With the chunk of the position the page will show: one round trip to the first tree, not two.
+            data, blob = dict(self._request_data(request)), Blob()
+            position = content.get("position")
+            chunk = position // data["chunk"] if isinstance(position, int) and position >= 0 else 0
+            if chunk < data["chunks"]:
+                data["loaded"] = {str(chunk): chunk_data(chunk_rows(self.trace, request, chunk), blob, self.trace)}
+            self.send({"kind": "request", "data": data}, buffers=[blob.bytes()])
         elif kind == "chunk" and isinstance(content.get("chunk"), int):
             blob = Blob()
             data = chunk_data(chunk_rows(self.trace, request, content["chunk"]), blob, self.trace)
