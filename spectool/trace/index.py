@@ -11,10 +11,11 @@ million records); a closed file therefore carries them after its Arrow stream:
 The index stream holds one row per step record (INDEX_SCHEMA, zstd) and, in its schema
 metadata, JSON with each batch's end offset, row counts, the request id of every request row
 (so one request's prompt and output are read from the one batch holding them) and the last
-selection counts; the CRC-32 of the index stream guards it. Its rows also carry SUMMARY_SCHEMA (each record's deepest
-node and the phase timings), read only by `Trace.summary`, so that a summary of a closed file
-decodes no batch either; a trailer written before they existed still indexes the file, and its
-summary reads the batches. Arrow readers stop at the end-of-stream marker, so the
+selection counts; the CRC-32 of the index stream guards it. Its rows also carry SUMMARY_SCHEMA
+(each record's deepest node and the phase timings), read only by `Trace.summary`, so that a
+summary of a closed file decodes no batch either. A trailer written before the request ids and
+SUMMARY_SCHEMA existed still indexes its file (its summary reads the batches, a request's row is
+found by reading every request row). Arrow readers stop at the end-of-stream marker, so the
 trailer changes nothing for them (the format version stays). A file without a valid trailer
 (a recording killed before it closed, a file cut short, a damaged trailer) is indexed by
 reading its batches instead, as is a file whose batches do not frame as the trailer says.
