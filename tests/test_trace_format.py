@@ -206,11 +206,14 @@ def test_the_index_trailer_agrees_with_arrows_own_reading(tmp_path):
 
 
 def _without_summary_columns(data: bytes, start: int) -> bytes:
-    """The file with its trailer rewritten as a writer before the stored summary columns wrote it."""
+    """The file with its trailer rewritten as a writer before the stored summary columns and the request
+    rows' ids wrote it."""
     index = pa.ipc.open_stream(data[start:-20])
     table = pa.Table.from_batches(list(index))
+    meta = json.loads(index.schema.metadata[b"spectool.index"])
+    del meta["request_ids"]
     old = pa.schema([index.schema.field(n) for n in ("iteration", "request_id", "accept_length", "iteration_us")],
-                    metadata=index.schema.metadata)
+                    metadata={b"spectool.index": json.dumps(meta).encode()})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, old, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
         writer.write_table(table.select(old.names).cast(old))
@@ -235,6 +238,8 @@ def test_summary_from_the_trailer_equals_the_summary_of_the_records(tmp_path, me
     start = _trailer_start(data)
     table = pa.Table.from_batches(list(pa.ipc.open_stream(data)))
     want = summarize(table.filter(pc.equal(table["kind"], "step")))
+    requests = {r["request_id"]: r for r in table.filter(pc.equal(table["kind"], "request"))
+                .select(REQUEST_SCHEMA.names).to_pylist()}
     assert want["records"] > 40 and want["accept_rate_by_depth"] and want["phase_us"]["draft_us"] > 0
     assert ("trie_get_us" in want["phase_us"]) == (method == "ngram")  # eagle records no trie phases
     older, bare = tmp_path / "older.sptrace", tmp_path / "bare.sptrace"
@@ -247,6 +252,7 @@ def test_summary_from_the_trailer_equals_the_summary_of_the_records(tmp_path, me
             trace._file.iter_steps = None  # reading a batch would fail: the summary must not need one
         got = trace.summary()
         assert {k: got[k] for k in want} == want, name
+        assert trace._file.indexes_requests == stored and trace.request(5) == requests[5], name
 
 
 _RECORD_ENGINE_FOREVER = """
