@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -180,6 +181,8 @@ def test_the_index_trailer_agrees_with_arrows_own_reading(tmp_path):
             "accept_length": steps["accept_length"].fill_null(-1).to_numpy(),
             "iteration_us": steps["iteration_us"].to_numpy(zero_copy_only=False)}
     per_batch = [pc.sum(pc.equal(b.column(0), "step")).as_py() or 0 for b in batches]
+    request_rows = table.filter(pc.equal(table["kind"], "request")).select(REQUEST_SCHEMA.names).to_pylist()
+    want_requests = {r["request_id"]: r for r in request_rows}  # the last row of each id
     counts = json.loads([s for s in table["run_stats"].to_pylist() if s][-1])
     bare, damaged = tmp_path / "bare.sptrace", tmp_path / "damaged.sptrace"
     bare.write_bytes(data[:start])  # no trailer: a recording killed at its end
@@ -189,6 +192,9 @@ def test_the_index_trailer_agrees_with_arrows_own_reading(tmp_path):
     for name, source in ((path, "trailer"), (bare, "batches"), (damaged, "batches")):
         trace = Trace.load(name)
         assert trace._file.indexed_from == source and not trace.truncated, name
+        for rid in range(6):  # one request's row: from the one batch the trailer names, else from all of them
+            assert trace.request(rid) == want_requests[rid], (name, rid)
+        assert (trace._requests is None) == (source == "trailer"), name
         got = trace.scalars()
         for key, values in want.items():
             np.testing.assert_array_equal(got[key], values.astype(got[key].dtype), err_msg=f"{name} {key}")
@@ -196,6 +202,57 @@ def test_the_index_trailer_agrees_with_arrows_own_reading(tmp_path):
         assert {k: trace.run_info["record"][k] for k in counts} == counts
         assert trace.steps.equals(Trace.from_disk_table(table, {}).steps)
         assert trace.requests.num_rows == 6 and check.check_trace(trace) is None
+
+
+
+def _without_summary_columns(data: bytes, start: int) -> bytes:
+    """The file with its trailer rewritten as a writer before the stored summary columns and the request
+    rows' ids wrote it."""
+    index = pa.ipc.open_stream(data[start:-20])
+    table = pa.Table.from_batches(list(index))
+    meta = json.loads(index.schema.metadata[b"spectool.index"])
+    del meta["request_ids"]
+    old = pa.schema([index.schema.field(n) for n in ("iteration", "request_id", "accept_length", "iteration_us")],
+                    metadata={b"spectool.index": json.dumps(meta).encode()})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, old, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(table.select(old.names).cast(old))
+    stream = sink.getvalue().to_pybytes()
+    return data[:start] + stream + struct.pack("<QI8s", len(stream), zlib.crc32(stream), b"SPTINDEX")
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_summary_from_the_trailer_equals_the_summary_of_the_records(tmp_path, method):
+    """A closed file's summary comes from its trailer without decoding a batch, and equals the summary
+    of the records as Arrow reads them; a trailer without those columns and a file without a trailer
+    summarise the same from the batches."""
+    from trace_factory import record_synthetic, run_info_for, tiny_tokenizer_json
+
+    from spectool.trace.recorder import Recorder
+    from spectool.trace.stats import summarize
+
+    path = tmp_path / "run.sptrace"
+    with Recorder(path, run_info_for(method, 8, 0.0), tiny_tokenizer_json(), flush_every=7) as rec:
+        record_synthetic(rec, method, num_requests=8, batch_size=3, max_new_tokens=30)
+    data = path.read_bytes()
+    start = _trailer_start(data)
+    table = pa.Table.from_batches(list(pa.ipc.open_stream(data)))
+    want = summarize(table.filter(pc.equal(table["kind"], "step")))
+    requests = {r["request_id"]: r for r in table.filter(pc.equal(table["kind"], "request"))
+                .select(REQUEST_SCHEMA.names).to_pylist()}
+    assert want["records"] > 40 and want["accept_rate_by_depth"] and want["phase_us"]["draft_us"] > 0
+    assert ("trie_get_us" in want["phase_us"]) == (method == "ngram")  # eagle records no trie phases
+    older, bare = tmp_path / "older.sptrace", tmp_path / "bare.sptrace"
+    older.write_bytes(_without_summary_columns(data, start))
+    bare.write_bytes(data[:start])
+    for name, source, stored in ((path, "trailer", True), (older, "trailer", False), (bare, "batches", False)):
+        trace = Trace.load(name)
+        assert trace._file.indexed_from == source and (trace._file.stored_summary_columns() is not None) == stored
+        if stored:
+            trace._file.iter_steps = None  # reading a batch would fail: the summary must not need one
+        got = trace.summary()
+        assert {k: got[k] for k in want} == want, name
+        assert trace._file.indexes_requests == stored and trace.request(5) == requests[5], name
 
 
 _RECORD_ENGINE_FOREVER = """

@@ -213,15 +213,9 @@ def test_viewer_sends_requests_and_chunks_on_demand(eagle_trace, monkeypatch):
     sent = []
     monkeypatch.setattr(viewer, "send", lambda content, buffers=None: sent.append((content, buffers)))
     other = next(r for r in eagle_trace.request_ids if r != viewer.request)
-    viewer._message(viewer, {"kind": "request", "request": other}, [])
-    data = sent[-1][0]["data"]
     its = eagle_trace.iterations(other)
-    assert data["id"] == other and data["iteration"] == its
-    assert data["accept_length"] == [eagle_trace.iteration(i, other).accept_length for i in its]
-    for chunk in range(data["chunks"]):
-        viewer._message(viewer, {"kind": "chunk", "request": other, "chunk": chunk}, [])
-        content, [buffer] = sent[-1]
-        meta = content["data"]
+
+    def same_nodes(meta, buffer, chunk):
         arrays = {name: np.frombuffer(buffer, dtype=np.dtype(dtype), count=n, offset=off)
                   for name, (dtype, off, n) in meta["nodes"].items()}
         for j, it in enumerate(its[chunk * 3:(chunk + 1) * 3]):
@@ -230,6 +224,19 @@ def test_viewer_sends_requests_and_chunks_on_demand(eagle_trace, monkeypatch):
             np.testing.assert_array_equal(arrays["tokens"][a:b], view.tokens)
             np.testing.assert_array_equal(arrays["parents"][a:b], view.parents)
             assert meta["path"][j] == [int(i) for i in view.accept_path if i >= 0]
+
+    # The page asks for a request at the position it will show: the answer brings that position's chunk.
+    viewer._message(viewer, {"kind": "request", "request": other, "position": 4}, [])
+    content, [buffer] = sent[-1]
+    data = content["data"]
+    assert data["id"] == other and data["iteration"] == its
+    assert data["accept_length"] == [eagle_trace.iteration(i, other).accept_length for i in its]
+    assert list(data["loaded"]) == ["1"]
+    same_nodes(data["loaded"]["1"], buffer, 1)
+    for chunk in range(data["chunks"]):
+        viewer._message(viewer, {"kind": "chunk", "request": other, "chunk": chunk}, [])
+        content, [buffer] = sent[-1]
+        same_nodes(content["data"], buffer, chunk)
     viewer._message(viewer, {"kind": "text", "request": other}, [])
     assert sent[-1][0]["data"]["output"] == eagle_trace.request(other)["output_tokens"]
     viewer._message(viewer, {"kind": "chunk", "request": "x"}, [])  # malformed: no answer, no traceback

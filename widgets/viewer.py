@@ -145,7 +145,13 @@ class TraceViewer(anywidget.AnyWidget):
         elif self.trace is None or not isinstance(request, int):
             return
         elif kind == "request":
-            self.send({"kind": "request", "data": self._request_data(request)})
+            # With the chunk of the position the page will show: one round trip to the first tree, not two.
+            data, blob = dict(self._request_data(request)), Blob()
+            position = content.get("position")
+            chunk = position // data["chunk"] if isinstance(position, int) and position >= 0 else 0
+            if chunk < data["chunks"]:
+                data["loaded"] = {str(chunk): chunk_data(chunk_rows(self.trace, request, chunk), blob, self.trace)}
+            self.send({"kind": "request", "data": data}, buffers=[blob.bytes()])
         elif kind == "chunk" and isinstance(content.get("chunk"), int):
             blob = Blob()
             data = chunk_data(chunk_rows(self.trace, request, content["chunk"]), blob, self.trace)
@@ -160,10 +166,10 @@ class TraceViewer(anywidget.AnyWidget):
         if request not in self._requests:
             if len(self._requests) >= 8:
                 self._requests.pop(next(iter(self._requests)))
-            # A large lazily loaded trace reads every request row the first time a text is asked for:
-            # the text follows in its own message, after the tree is drawn.
-            self._requests[request] = request_data(self.trace, request,
-                                                   with_text=len(self.trace) <= LARGE_RECORDS)
+            # A large trace without a request index reads every request row the first time a text is
+            # asked for: the text follows in its own message, after the tree is drawn.
+            self._requests[request] = request_data(self.trace, request, with_text=len(self.trace) <= LARGE_RECORDS
+                                                   or self.trace.finds_requests_fast)
         return self._requests[request]
 
     def _view(self):

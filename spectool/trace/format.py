@@ -318,15 +318,23 @@ def _logical(table: pa.Table, schema: pa.Schema, columns: list[str] | None) -> p
     return pa.table(out, schema=pa.schema([schema.field(n) for n in names]))
 
 
+def disk_steps(table: pa.Table, columns: list[str] | None = None) -> pa.Table:
+    """Step rows of the disk layout (every row of ``table`` one) in the STEP_SCHEMA reader types (only
+    ``columns`` when given)."""
+    if "target_topk_tokens" in table.column_names and "target_argmax" in table.column_names:
+        table = _derive_argmax(table)
+    return _logical(table, STEP_SCHEMA, columns)
+
+
+def disk_requests(table: pa.Table, columns: list[str] | None = None) -> pa.Table:
+    """The request rows of a disk table in the REQUEST_SCHEMA reader types (only ``columns`` when given)."""
+    return _logical(table.filter(pc.equal(table.column("kind"), "request")), REQUEST_SCHEMA, columns)
+
+
 def split_disk_table(table: pa.Table, columns: list[str] | None = None) -> tuple[pa.Table, pa.Table]:
     """Split a disk table into (steps, requests) with the STEP_SCHEMA / REQUEST_SCHEMA reader types
     (only ``columns`` of each when given)."""
-    kind = table.column("kind")
-    steps = table.filter(pc.equal(kind, "step"))
-    if "target_topk_tokens" in steps.column_names and "target_argmax" in steps.column_names:
-        steps = _derive_argmax(steps)
-    requests = table.filter(pc.equal(kind, "request"))
-    return _logical(steps, STEP_SCHEMA, columns), _logical(requests, REQUEST_SCHEMA, columns)
+    return disk_steps(table.filter(pc.equal(table.column("kind"), "step")), columns), disk_requests(table, columns)
 
 
 @dataclass
@@ -360,6 +368,12 @@ class TraceFile:
     _schema_message: bytes = b""
     _mmap: pa.MemoryMappedFile | None = None
     _cache: OrderedDict = field(default_factory=OrderedDict)
+    _trailer: FileIndex | None = None
+
+    def stored_summary_columns(self) -> pa.Table | None:
+        """Every step row's `summary_columns` less the index's (max_depth and the phase timings), as the
+        trailer stores them; None when the file has no such trailer (the caller reads the batches)."""
+        return None if self._trailer is None else self._trailer.summary_columns()
 
     @property
     def num_steps(self) -> int:
@@ -406,23 +420,54 @@ class TraceFile:
                 if b.num_steps:
                     yield self.read_batch(k)[0]
             return
+        for b, batch in self._stream(columns, lambda b: b.num_steps > 0):
+            if b.step_rows is None:  # its step rows come first: a slice, where splitting on kind copies them
+                yield disk_steps(pa.Table.from_batches([batch.slice(0, b.num_steps)]), columns)
+            else:
+                yield split_disk_table(pa.Table.from_batches([batch]), columns)[0]
+
+    def _stream(self, columns: list[str], wanted) -> Iterator[tuple[_Batch, pa.RecordBatch]]:
+        """(batch, its ``columns`` decoded) for every batch ``wanted(batch)`` accepts, in one sequential pass
+        over the file (one reader: reading a batch on its own re-parses the schema and copies its message)."""
         with pa.memory_map(str(self.path)) as mm:
             options = pa.ipc.IpcReadOptions(included_fields=self._field_indices(columns), use_threads=False)
             reader = pa.ipc.open_stream(mm, options=options)
             for k, b in enumerate(self.batches):
                 try:
                     batch = reader.read_next_batch()
+                    if not wanted(b):
+                        continue
                     batch.validate()
                 except (pa.ArrowException, OSError, StopIteration) as e:
                     raise TraceFormatError(f"{self.path}: batch {k} at byte offset {b.offset} is corrupt: {e}"
                                            ) from None
-                if b.num_steps:
-                    yield split_disk_table(pa.Table.from_batches([batch]), columns)[0]
+                yield b, batch
 
     def requests(self) -> pa.Table:
         """Every request row, in file order."""
-        parts = [self.read_batch(k, REQUEST_SCHEMA.names)[1] for k, b in enumerate(self.batches) if b.has_requests]
+        parts = [disk_requests(pa.Table.from_batches([batch]), REQUEST_SCHEMA.names)
+                 for _, batch in self._stream(REQUEST_SCHEMA.names, lambda b: b.has_requests)]
         return pa.concat_tables(parts) if parts else REQUEST_SCHEMA.empty_table()
+
+    @property
+    def indexes_requests(self) -> bool:
+        """Whether `request_rows` finds a request's rows without reading every batch."""
+        return self._trailer is not None and self._trailer.request_ids is not None
+
+    def request_rows(self, request_id: int) -> pa.Table | None:
+        """The request rows of ``request_id`` from the one batch that holds its last one (a few
+        milliseconds, where `requests` reads every batch); None when the file's trailer does not list
+        its request rows' ids (the caller reads them all)."""
+        if not self.indexes_requests:
+            return None
+        hits = np.flatnonzero(self._trailer.request_ids == int(request_id))
+        if not hits.size:
+            return REQUEST_SCHEMA.empty_table()
+        first = np.zeros(len(self.batches) + 1, np.int64)  # first request row of each batch, in file order
+        np.cumsum(self._trailer.requests, out=first[1:])
+        k = int(np.searchsorted(first, hits[-1], side="right") - 1)
+        rows = disk_requests(pa.Table.from_batches([self._raw(k, REQUEST_SCHEMA.names)]), REQUEST_SCHEMA.names)
+        return rows.filter(pc.equal(rows["request_id"], int(request_id)))
 
     def take(self, rows: np.ndarray, columns: list[str] | None = None) -> pa.Table:
         """Step rows by global index (file order), in the order given."""
@@ -503,7 +548,7 @@ def open_trace_file(path: str | Path) -> TraceFile:
         columns, stats, source = _index_from_trailer(batches, index), index.stats, "trailer"
     else:
         columns, stats, damage = _index_from_batches(mm, schema, batches, damage)
-        source = "batches"
+        source, index = "batches", None
     counts = np.array([b.num_steps for b in batches], dtype=np.int64)
     batch_start = np.zeros(len(batches) + 1, np.int64)
     np.cumsum(counts, out=batch_start[1:])
@@ -516,7 +561,7 @@ def open_trace_file(path: str | Path) -> TraceFile:
     return TraceFile(path, version, run_info, tokenizer_json, schema, batches, columns["iteration"],
                      columns["request_id"], columns["accept_length"], columns["iteration_us"], batch_start, stats,
                      damage is not None, note, source,
-                     head.serialize().to_pybytes(), mm)
+                     head.serialize().to_pybytes(), mm, _trailer=index)
 
 
 def _index_from_trailer(batches: list[_Batch], index: FileIndex) -> dict[str, np.ndarray]:

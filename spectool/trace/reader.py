@@ -355,9 +355,18 @@ class Trace:
         ids |= set(self.requests.column("request_id").to_pylist())
         return sorted(i for i in ids if i is not None and i >= 0)
 
+    @property
+    def finds_requests_fast(self) -> bool:
+        """Whether `request` reads one request's row without reading every request row (held in memory,
+        or listed in the file's index trailer): a large trace without that reads all of them first."""
+        return self._requests is not None or self._file is None or self._file.indexes_requests
+
     def request(self, request_id: int) -> dict:
         """The request row (prompt_tokens, output_tokens, finish_reason, prompt_text) as a dict."""
-        rows = self.requests.filter(pc.equal(self.requests.column("request_id"), request_id)).to_pylist()
+        found = self._file.request_rows(request_id) if self._requests is None and self._file is not None else None
+        if found is None:
+            found = self.requests.filter(pc.equal(self.requests.column("request_id"), request_id))
+        rows = found.to_pylist()
         if not rows:
             raise KeyError(f"no request row for request {request_id} (was the run cut short?)")
         return rows[-1]
@@ -460,6 +469,11 @@ class Trace:
         lazy, with ``kept_fraction`` and ``selection``: how much of the run the trace holds."""
         if self._file is None:
             out = summarize(self._steps)
+        elif (stored := self._file.stored_summary_columns()) is not None:
+            f = self._file  # a closed file's trailer holds every column the summary reads: no batch is decoded
+            stored = stored.append_column("iteration", pa.array(f.iteration, pa.int32()))
+            stored = stored.append_column("accept_length", pa.array(f.accept_length, mask=f.accept_length < 0))
+            out = summarize(stored.append_column("iteration_us", pa.array(f.iteration_us, from_pandas=True)))
         else:
             parts = [summary_columns(t) for t in self.iter_batches(_SUMMARY_COLUMNS)]
             out = summarize(pa.concat_tables(parts) if parts else summary_columns(

@@ -149,7 +149,8 @@ def request_data(trace: Any, request: int, with_text: bool = True) -> dict:
 
     The per-node arrays come separately, in chunks of CHUNK iterations (`chunk_data`).
     ``with_text=False`` leaves out the prompt and output (`text_data`), which a lazily loaded
-    trace reads from every batch holding request rows the first time.
+    trace without a request index (`Trace.finds_requests_fast`) reads from every batch holding
+    request rows the first time.
     """
     rows = _request_rows(trace, request, [*SCALAR_COLUMNS, "parents", "scores", "status", "valid"])
     n_iter = rows.num_rows
@@ -413,8 +414,8 @@ def header_data(trace: Any) -> dict:
 
 def preload(header: dict, blob: Blob, trace: Any, request: int, chunks: Any = None) -> dict:
     """Put one request's data, and its ``chunks`` (default: all), in ``header["loaded"]`` and ``blob``."""
-    # A large lazily loaded trace reads every request row for the first text: that follows on its own.
-    data = request_data(trace, request, with_text=len(trace) <= LARGE_RECORDS)
+    # A large trace that reads every request row for the first text sends that text on its own.
+    data = request_data(trace, request, with_text=len(trace) <= LARGE_RECORDS or trace.finds_requests_fast)
     rows = request_row_numbers(trace, request)
     if chunks is None:  # every chunk: one read, then zero-copy slices
         table = trace.take(rows, NODE_SOURCE_COLUMNS).combine_chunks()

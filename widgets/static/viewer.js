@@ -715,7 +715,7 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     if (!reqs.has(id)) {  // asked from the kernel; shown when it arrives
       waiting = {request: id, position, index: i};
       message.textContent = `loading request ${id}…`;
-      ask({kind: 'request', request: id});
+      ask({kind: 'request', request: id, position});  // the reply brings that position's chunk
       return;
     }
     R = reqs.get(id);
