@@ -48,6 +48,8 @@ import sys
 import tempfile
 import time
 import zipfile
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -379,9 +381,11 @@ def time_pair(corpora: dict, held: np.ndarray, args: argparse.Namespace) -> list
     the same ones; medians over the repeats."""
     stretch = args.iters + WINDOW + 1
     next_stretch, rows = 0, []
+    progress = tqdm(total=3 * args.repeats, desc="timing bs 1, 8, 64", unit="run")
     for bs in (1, 8, 64):
         runs = {kind: [] for kind in corpora}
         for _ in range(args.repeats):
+            progress.update()
             streams = [held[(next_stretch + r) * stretch:(next_stretch + r + 1) * stretch] for r in range(bs)]
             next_stretch += bs
             for kind, corpus in corpora.items():
@@ -404,6 +408,7 @@ def time_pair(corpora: dict, held: np.ndarray, args: argparse.Namespace) -> list
         row["ratio"] = row["sglang"]["total_us"] / row["spectool"]["total_us"]
         row["cpu_ratio"] = row["sglang"]["cpu_us"] / row["spectool"]["cpu_us"]
         rows.append(row)
+    progress.close()
     return rows
 
 
@@ -488,17 +493,27 @@ def memory_child(kind: str, tokens_path: str, capacity: int, module: str) -> dic
             "nodes": corpus.stats()["nodes"] if kind == "spectool" else None}
 
 
-def measure_memory(train: np.ndarray, capacity: int, module: str, workdir: Path) -> dict:
+def measure_memory(train: np.ndarray, capacity: int, module: str, workdir: Path) -> dict | None:
     """Each corpus built in its own fresh process, one after the other; bytes per node over
     spectool's node count (SGLang reports none: with the same puts and capacity its trie holds the
-    same n-grams, or is as full)."""
+    same n-grams, or is as full). None, with the reason printed, if a process dies."""
     path = workdir / "train.npy"
     np.save(path, train)
-    ctx = multiprocessing.get_context("spawn")
+    here = str(Path(__file__).resolve().parent)
+    added = here not in sys.path  # the fresh process imports this module by name, as it runs here
+    if added:
+        sys.path.insert(0, here)
     out = {"capacity": capacity}
-    for kind in ("spectool", "sglang"):
-        with ctx.Pool(1) as pool:
-            out[kind] = pool.apply(memory_child, (kind, str(path), capacity, module))
+    try:
+        for kind in ("spectool", "sglang"):
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                out[kind] = pool.submit(memory_child, kind, str(path), capacity, module).result()
+    except BrokenProcessPool as e:
+        print(f"memory not measured: the process building {kind}'s corpus died ({e}; out of memory?)")
+        return None
+    finally:
+        if added:
+            sys.path.remove(here)
     out["nodes"] = out["spectool"].pop("nodes")
     out["sglang"].pop("nodes")
     for kind in ("spectool", "sglang"):
@@ -562,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         memory = None
         if not args.no_memory:  # first: while this process holds neither corpus
             memory = measure_memory(train, args.capacity, str(module), workdir)
+        if memory:
             print(f"\nmemory, resident-set growth of a fresh process, {len(train)} tokens put, capacity "
                   f"{args.capacity} ({memory['nodes']} nodes held):")
             for kind in ("spectool", "sglang"):
