@@ -1,6 +1,6 @@
 """spectool's n-gram corpus against SGLang's on the same tokens: get + put per request, drafts, memory.
 
-Figure: docs/BENCHMARKS.md "N-gram corpus". Time: about 6 minutes on a 2-core CPU (2 of them build SGLang's sources).
+Figure: docs/BENCHMARKS.md "N-gram corpus". Time: about 12 minutes on a 2-core CPU (2 of them build SGLang's sources).
 
 SGLang ships its n-gram corpus as C++ sources that it compiles when first used, through
 apache-tvm-ffi. This script takes those sources from an SGLang wheel (or an unpacked package or

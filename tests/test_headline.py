@@ -147,8 +147,8 @@ def test_every_source_yields_its_rows(headline, tmp_path):
         ("Kernels", "greedy verify in a CUDA graph, V 128256, bs 1, N 16"): "13.9 µs",
         ("Kernels", "fused one-row GEMV, Llama-3-8B o 4096×4096"): "10.6 µs (cuBLAS and glue 13.3)",
         ("N-gram corpus", "get + put per request, bs 64, 10M-node trie"): "3.9 µs, 52× the Python reference",
-        ("N-gram corpus", "get + put per request against SGLang's corpus, bs 8, 10M-node trie"):
-            "8.6 µs CPU against SGLang's 211 (25×)",
+        ("N-gram corpus", "get + put per request against SGLang's corpus, BFS, bs 8, 10M-node trie"):
+            "8.6 µs CPU against SGLang's 211 µs (25×)",
         ("N-gram corpus", "memory against SGLang's corpus, 10M-node trie"): "53 against 435 bytes per node (8.2×)",
         ("Views", "TraceViewer's data for 10000 iterations"): "2.10 s",
     }
