@@ -548,6 +548,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.capacity < DEPTH:
         ap.error(f"--capacity must be at least {DEPTH}")
+    if args.decode_tokens < WINDOW + N:
+        ap.error(f"--decode-tokens must be at least {WINDOW + N} (a {WINDOW}-token prompt and one tree's worth)")
     return args
 
 
