@@ -96,6 +96,21 @@ def ngram_rows(data: dict) -> Rows:
                f"{r['total_us']:.1f} µs, {r['speedup']:.0f}× the Python reference")
 
 
+def ngram_sglang_rows(data: dict) -> Rows:
+    """BFS get + put per request, in CPU time (the worker threads' included), and memory per node."""
+    run = data["matches"].get("bfs") or next(iter(data["matches"].values()))
+    for r in run["rows"]:
+        yield (f"get + put per request against SGLang's corpus, BFS, bs {r['bs']}, "
+               f"{data['capacity'] / 1e6:g}M-node trie",
+               f"{r['spectool']['cpu_us']:.1f} µs CPU against SGLang's {r['sglang']['cpu_us']:.0f} µs "
+               f"({r['cpu_ratio']:.0f}×)")
+    memory = data.get("memory")
+    if memory:
+        yield (f"memory against SGLang's corpus, {memory['capacity'] / 1e6:g}M-node trie",
+               f"{memory['spectool']['bytes_per_node']:.0f} against {memory['sglang']['bytes_per_node']:.0f} bytes "
+               f"per node ({memory['ratio']:.1f}×)")
+
+
 def widgets_rows(data: dict) -> Rows:
     yield f"TraceViewer's data for {data['iterations']} iterations", f"{data['open_s_median']:.2f} s"
     viewer = data.get("viewer_page") or {}  # measured in headless Chromium, where it is installed
@@ -123,6 +138,7 @@ SOURCES: list[tuple[str, str, Callable[[dict], Rows]]] = [
     ("tree_kernels.json", "Kernels", tree_kernel_rows),
     ("gemv.json", "Kernels", gemv_rows),
     ("ngram_corpus.json", "N-gram corpus", ngram_rows),
+    ("ngram_vs_sglang.json", "N-gram corpus", ngram_sglang_rows),
     ("widgets.json", "Views", widgets_rows),
 ]
 

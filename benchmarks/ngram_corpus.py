@@ -41,6 +41,7 @@ from ngram_reference import ReferenceCorpus  # noqa: E402
 from spectool.native import NgramCorpus  # noqa: E402
 
 DEPTH, N, WINDOW = 18, 12, 18
+CHUNK = 4096  # tokens per window when the training tokens are put
 
 
 def stdlib_texts(max_bytes: int) -> list[str]:
@@ -69,13 +70,27 @@ def train_tokenizer(texts: list[str]) -> Tokenizer:
     return tok
 
 
+def load_tokens(n_train: int) -> tuple[np.ndarray, np.ndarray]:
+    """The benchmark's tokens: ``n_train`` BPE tokens of standard-library source to put, and at
+    least 200,000 held-out tokens after them to decode."""
+    t0 = time.perf_counter()
+    texts = stdlib_texts(max_bytes=int(n_train * 4.5) + 2_000_000)
+    tok = train_tokenizer(texts)
+    ids = np.concatenate([np.asarray(e.ids, np.int32) for e in tok.encode_batch(texts)])
+    assert len(ids) >= n_train + 200_000, f"only {len(ids)} tokens of stdlib source"
+    print(f"tokenizer + {len(ids)} tokens in {time.perf_counter() - t0:.1f}s")
+    return ids[:n_train], ids[n_train:]
+
+
 def decode_loop(corpus, streams: list[np.ndarray], start: int, iters: int,
-                sync: bool) -> tuple[float, float, float, float]:
+                sync: bool, convert=None) -> tuple[float, float, float, float]:
     """Wall seconds in get, in put (+synchronize), process CPU seconds (all threads) of the loop,
     and CPU seconds of the calling thread in get (what a busy machine's other load leaves alone).
 
     The batches are cut from the streams before the clocks start, so neither clock
-    counts the loop's own array building (about 1 µs per request at bs=64).
+    counts the loop's own array building (about 1 µs per request at bs=64). ``convert``, if
+    given, turns each batch's (tails, lens, windows, put lens) into what ``corpus`` takes, also
+    before the clocks start.
     """
     bs = len(streams)
     ids = list(range(bs))
@@ -84,7 +99,8 @@ def decode_loop(corpus, streams: list[np.ndarray], start: int, iters: int,
         total = start + it
         tails = np.stack([s[total - WINDOW:total] for s in streams])
         windows = np.stack([s[total + 1 - WINDOW:total + 1] for s in streams])  # + the "accepted" token
-        batches.append((tails, [total] * bs, windows, [total + 1] * bs))
+        batch = (tails, [total] * bs, windows, [total + 1] * bs)
+        batches.append(batch if convert is None else convert(*batch))
     t_get = t_put = c_get = 0.0
     cpu0 = time.process_time()
     for tails, lens, windows, put_lens in batches:
@@ -114,13 +130,7 @@ def main() -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
-    t0 = time.perf_counter()
-    texts = stdlib_texts(max_bytes=int(args.tokens * 4.5) + 2_000_000)
-    tok = train_tokenizer(texts)
-    ids = np.concatenate([np.asarray(e.ids, np.int32) for e in tok.encode_batch(texts)])
-    assert len(ids) >= args.tokens + 200_000, f"only {len(ids)} tokens of stdlib source"
-    train, held = ids[:args.tokens], ids[args.tokens:]
-    print(f"tokenizer + {len(ids)} tokens in {time.perf_counter() - t0:.1f}s")
+    train, held = load_tokens(args.tokens)
 
     matches = ("bfs", "prob") if args.match == "both" else (args.match,)
     results = {m: time_match(m, train, held, args) for m in matches}
@@ -149,8 +159,7 @@ def time_match(match: str, train: np.ndarray, held: np.ndarray, args: argparse.N
     """Build a corpus of ``train`` with this match type and time the decode loop at bs 1, 8, 64."""
     corpus = NgramCorpus(max_trie_depth=DEPTH, num_draft_tokens=N, match=match, capacity=args.capacity)
     t0 = time.perf_counter()
-    chunk = 4096
-    corpus.batch_put([train[i:i + chunk] for i in range(0, len(train), chunk)])
+    corpus.batch_put([train[i:i + CHUNK] for i in range(0, len(train), CHUNK)])
     corpus.synchronize()
     build_s = time.perf_counter() - t0
     stats = corpus.stats()
@@ -158,7 +167,7 @@ def time_match(match: str, train: np.ndarray, held: np.ndarray, args: argparse.N
           f"{stats['evictions']} evictions), {stats['bytes_per_node']:.0f} bytes/node")
 
     ref = ReferenceCorpus(max_trie_depth=DEPTH, num_draft_tokens=N, match=match)
-    ref.batch_put([train[i:i + chunk] for i in range(0, args.ref_tokens, chunk)])
+    ref.batch_put([train[i:i + CHUNK] for i in range(0, args.ref_tokens, CHUNK)])
 
     rows = []
     stretch = args.iters + WINDOW + 1

@@ -229,3 +229,111 @@ def test_decode_and_speculative_split_over_two_processes(tmp_path):
     for r in data["rows"]:
         assert r["tp"] == 2 and r["pct_floor"] == pytest.approx(100 * r["tokens_per_s"] / r["floor_tok_s"])
         assert r["method"] == "plain" or r["same_tokens_as_plain"] is True
+
+
+@pytest.fixture(name="bench")
+def ngram_vs_sglang_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # for its own imports at run time too
+    return importlib.import_module("ngram_vs_sglang")
+
+
+def fake_sglang_tree(bench, root: Path, leave_out: str = "", broken_unit: str = "") -> Path:
+    """The file layout of SGLang's n-gram corpus sources, every file empty but ``broken_unit``
+    (which includes a header nobody has) and without ``leave_out``."""
+    csrc = root / "sglang/kernels/jit/csrc/ngram_corpus"
+    include = root / "sglang/kernels/jit/include/sgl_kernel"
+    csrc.mkdir(parents=True)
+    include.mkdir(parents=True)
+    for name in bench.NEEDED:
+        (csrc / name).write_text('#include "no_such_header.h"\n' if name == broken_unit else "")
+    for name in ("ffi.h", "tensor.h"):
+        (include / name).write_text("")
+    if leave_out:
+        (csrc / leave_out).unlink()
+    return root
+
+
+def test_ngram_vs_sglang_refuses_incomplete_sources_naming_what_is_missing(tmp_path, capsys, bench):
+    src = fake_sglang_tree(bench, tmp_path / "tree", leave_out="queue.h")
+    assert bench.main(["--sglang-src", str(src)]) == 2
+    assert "missing queue.h" in capsys.readouterr().err
+    assert bench.main(["--sglang-src", str(tmp_path / "nowhere")]) == 2
+    assert "no sglang/kernels/jit/csrc/ngram_corpus/" in capsys.readouterr().err
+    (tmp_path / "not.whl").write_text("not a zip")
+    assert bench.main(["--sglang-wheel", str(tmp_path / "not.whl")]) == 2
+    assert "not a wheel" in capsys.readouterr().err
+
+
+def test_ngram_vs_sglang_without_tvm_ffi_says_what_to_install(tmp_path, capsys, monkeypatch, bench):
+    monkeypatch.setitem(sys.modules, "tvm_ffi", None)  # as if it were not installed
+    assert bench.main(["--sglang-src", str(fake_sglang_tree(bench, tmp_path))]) == 2
+    assert "pip install 'apache-tvm-ffi'" in capsys.readouterr().err
+
+
+def test_ngram_vs_sglang_reports_the_compilers_error(tmp_path, capsys, bench):
+    pytest.importorskip("tvm_ffi", reason="the build needs apache-tvm-ffi's headers (pip install apache-tvm-ffi)")
+    assert bench.main(["--sglang-src", str(fake_sglang_tree(bench, tmp_path, broken_unit="result.cpp"))]) == 2
+    err = capsys.readouterr().err
+    assert "the compiler failed" in err and "no_such_header.h" in err and "result.cpp" in err
+
+
+def test_ngram_vs_sglang_accept_length_follows_the_tree(bench):
+    """The accept length the comparison reports, from the mask alone, against a walk down the
+    tree's parent links that takes the child drafting the next token of the text."""
+    import numpy as np
+
+    from spectool.native import NgramCorpus
+
+    rng = np.random.default_rng(0)
+    phrases = rng.integers(0, 50, (12, 8))  # text of a few recurring phrases: deep and branching trees
+    text = phrases[rng.integers(0, 12, 500)].reshape(-1).astype(np.int32)
+    corpus = NgramCorpus(max_trie_depth=bench.DEPTH, num_draft_tokens=bench.N)
+    corpus.batch_put([text[:3000]])
+    corpus.synchronize()
+    at = np.arange(3000, 3200)
+    tails = [text[p - bench.WINDOW:p] for p in at]
+    conts = np.stack([text[p:p + bench.N - 1] for p in at])
+    got = corpus.batch_get(None, tails, None)
+
+    def deepest(tokens, parents, cont, node: int, depth: int) -> int:
+        children = [k for k in range(len(tokens)) if parents[k] == node and depth < len(cont)
+                    and tokens[k] == cont[depth]]
+        return max([deepest(tokens, parents, cont, k, depth + 1) for k in children], default=depth)
+
+    expected = [deepest(t, p, c, 0, 0) + 1 for t, p, c in zip(got.tokens, got.parents, conts)]
+    assert bench.accept_lengths(got.tokens, got.mask, conts).tolist() == expected
+    assert max(expected) > 2  # the walk went deep somewhere
+
+
+def test_ngram_vs_sglang_with_a_wheel(tmp_path, bench):
+    """The whole comparison on a few tokens, with the wheel that SPECTOOL_SGLANG_WHEEL names (read
+    from disk: nothing is downloaded); SPECTOOL_SGLANG_BUILD_DIR keeps the build between runs."""
+    import os
+
+    wheel = os.environ.get("SPECTOOL_SGLANG_WHEEL")
+    if not wheel:
+        pytest.skip("not run: set SPECTOOL_SGLANG_WHEEL to an SGLang wheel (pip download sglang==0.5.23 --no-deps "
+                    "-d DIR) to compare against its n-gram corpus")
+    pytest.importorskip("tvm_ffi", reason="SGLang's corpus loads through apache-tvm-ffi (pip install apache-tvm-ffi)")
+    build_dir = os.environ.get("SPECTOOL_SGLANG_BUILD_DIR", str(tmp_path / "build"))
+    assert bench.main(["--sglang-wheel", wheel, "--build-dir", build_dir, "--tokens", "50000", "--iters", "5",
+                       "--repeats", "1", "--capacity", "300000", "--positions", "128", "--decode-tokens", "100",
+                       "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "ngram_vs_sglang.json").read_text())
+    assert set(data["matches"]) == {"bfs", "prob"}
+    for run in data["matches"].values():
+        assert [r["bs"] for r in run["rows"]] == [1, 8, 64]
+        for r in run["rows"]:
+            for side in ("spectool", "sglang"):
+                assert r[side]["total_us"] == pytest.approx(r[side]["get_us"] + r[side]["put_us"])  # one repeat
+            assert r["ratio"] == pytest.approx(r["sglang"]["total_us"] / r["spectool"]["total_us"])
+            assert 0 < r["sglang"]["get_ffi_us"] <= r["sglang"]["get_us"]  # the C++ call is part of the get
+        assert 0 <= run["drafts"]["same_tree"] <= 1
+        for kind in ("spectool", "sglang"):  # both draft from the same text: some drafts are accepted
+            assert 1 < run["drafts"]["accept"][kind] <= bench.N
+            assert 1 < run["decode"][kind]["accept"] <= bench.N
+    memory = data["memory"]
+    for kind in ("spectool", "sglang"):
+        assert memory[kind]["full_bytes"] >= memory[kind]["empty_bytes"] >= 0
+        assert memory[kind]["bytes_per_node"] == pytest.approx(memory[kind]["full_bytes"] / memory["nodes"])
+    assert data["meta"]["command"].startswith("python3 benchmarks/ngram_vs_sglang.py --sglang-wheel")
