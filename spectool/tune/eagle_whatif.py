@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from spectool.config import EagleConfig, MultiLayerEagleConfig
+from spectool.draft.eagle import EagleDrafter
 from spectool.tune.accept import accept_against
 from spectool.tune.workload import RequestWork, TuneError
 
@@ -126,19 +127,35 @@ class _Lanes:
                     t[lane, ..., a:b, :] = p[..., a:b, :]
 
 
+class FrontierEagleDrafter(EagleDrafter):
+    """The engine's EAGLE drafter with each step feeding only the newest frontier: the earlier
+    frontiers' keys and values are in the draft cache from the steps that fed them (the same
+    values: a node's forward depends only on itself, its ancestors and the prefix), and a tree
+    mask over every fed node keeps each new one to its ancestors. The same candidates for about
+    a third of the draft layer's rows at five steps; on the CPU in float32 the same bits
+    (tests/test_tune_oracle.py compares with the engine's runs)."""
+
+    def _feed(self, tokens, hidden, positions, tree_mask, slots, seq_lens):
+        k, n = self.config.topk, tokens.shape[1]
+        kv_len = None if self._kv_len is None else self._kv_len + n
+        return self._run(tokens[:, -k:], hidden[:, -k:], positions[:, -k:], slots, seq_lens + (n - k),
+                         tree_mask[:, -k:], kv_len)
+
+
 class EagleLanes(_Lanes):
     """EAGLE drafts at up to ``max_steps`` steps with one top-k, for many lanes at once."""
 
     short_drafts = True
 
     def __init__(self, target, path, topk: int, max_steps: int, capacity: int, lane_requests: list[int]) -> None:
-        from spectool.draft.eagle import EagleDrafter
-
         self.topk, self.max_steps = topk, max_steps
         total = 1 + topk + (max_steps - 1) * topk * topk
         cfg = EagleConfig(path, num_steps=max_steps, topk=topk, num_draft_tokens=total)
         host = DrafterHost(target, capacity, num_slots=len(lane_requests))
-        super().__init__(EagleDrafter(cfg, host), lane_requests)
+        # On CUDA the engine's own steps: its fused attention kernels (the batch-invariant ones of a
+        # deterministic trace included) take a mask over the new tokens only.
+        drafter = EagleDrafter if host.on_cuda else FrontierEagleDrafter
+        super().__init__(drafter(cfg, host), lane_requests)
         self.features: dict[int, tuple[torch.Tensor, ...]] = {}
         self.known: dict[int, torch.Tensor] = {}
 
