@@ -20,8 +20,9 @@ entries a draft overwrote:
   every num_steps.
 
 An EAGLE draft runs only as many steps as the longest configuration standing at its
-(request, L) needs (a step costs more than the one before it: it feeds every earlier frontier
-again), and is run again, longer, if a longer configuration reaches that L later.
+(request, L) needs (on the CPU its row leaves the round's batch after its last step, and each
+step feeds only the newest frontier: ``FrontierEagleDrafter``), and is run again, longer, if a
+longer configuration reaches that L later.
 
 Equal to the engine's accept lengths in float32 (the test runs both). In bf16 with the
 default kernels the teacher-forced forward (one prefill over the whole request) and the
@@ -89,8 +90,9 @@ class _Lanes:
 
     Subclasses say how to teacher-force a request into a slot (``_force``), which state to copy
     and restore (``_state``), and how to draft a batch of lanes (``draft``); ``short_drafts``:
-    whether a draft of fewer steps is worth a batch of its own (each EAGLE step costs more than
-    the one before; a multi-layer step costs one layer, less than splitting the batch).
+    whether a row of a batched draft stops at the steps its configurations need (EAGLE: it leaves
+    the batch, and the draft layer and lm_head run on fewer rows) rather than run the most steps
+    (multi-layer EAGLE: a layer per step costs little).
     """
 
     short_drafts = False
@@ -133,13 +135,34 @@ class FrontierEagleDrafter(EagleDrafter):
     values: a node's forward depends only on itself, its ancestors and the prefix), and a tree
     mask over every fed node keeps each new one to its ancestors. The same candidates for about
     a third of the draft layer's rows at five steps; on the CPU in float32 the same bits
-    (tests/test_tune_oracle.py compares with the engine's runs)."""
+    (tests/test_tune_oracle.py compares with the engine's runs).
+
+    ``rows_at_step[s]`` (when set): only the first that many rows of the batch draft step s + 1;
+    the others have stopped (their later candidates are zeros, read by no configuration).
+    """
+
+    rows_at_step: list[int] | None = None
 
     def _feed(self, tokens, hidden, positions, tree_mask, slots, seq_lens):
         k, n = self.config.topk, tokens.shape[1]
         kv_len = None if self._kv_len is None else self._kv_len + n
-        return self._run(tokens[:, -k:], hidden[:, -k:], positions[:, -k:], slots, seq_lens + (n - k),
-                         tree_mask[:, -k:], kv_len)
+        b = self._rows = tokens.shape[0] if self.rows_at_step is None else self.rows_at_step[n // k]
+        feature, normed = self._run(tokens[:b, -k:], hidden[:b, -k:], positions[:b, -k:], slots[:b],
+                                    seq_lens[:b] + (n - k), tree_mask[:b, -k:], kv_len)
+        if b < tokens.shape[0]:
+            pad = (0, 0, 0, 0, 0, tokens.shape[0] - b)
+            feature, normed = torch.nn.functional.pad(feature, pad), torch.nn.functional.pad(normed, pad)
+        return feature, normed
+
+    def _top_children(self, normed, out=None):
+        if out is None or self.rows_at_step is None or self._rows == normed.shape[0]:
+            return super()._top_children(normed, out)
+        b = self._rows
+        p, i = super()._top_children(normed[:b])
+        for o, got in zip(out, (p, i)):
+            o[:b] = got
+            o[b:] = 0
+        return out
 
 
 class EagleLanes(_Lanes):
@@ -176,9 +199,19 @@ class EagleLanes(_Lanes):
         self.known[rid] = known
 
     @torch.no_grad()
-    def draft(self, lanes: list[int], seq_lens: list[int], steps: int) -> list[tuple[torch.Tensor, ...]]:
-        """Per lane, (tokens, scores, parents) [C] of every candidate of its ``steps``-step draft
-        (steps <= S_max) at its seq_len, in the drafter's flat order (root first)."""
+    def draft(self, lanes: list[int], seq_lens: list[int], steps: list[int]) -> list[tuple[torch.Tensor, ...]]:
+        """Per lane, (tokens, scores, parents) of every candidate of its ``steps``-step draft
+        (steps <= S_max) at its seq_len, in the drafter's flat order (root first): the first
+        1 + k + (steps - 1) k^2 are the draft's, any after them zeros."""
+        order = sorted(range(len(lanes)), key=lambda i: -steps[i])  # rows that stop early last
+        got = self._draft([lanes[i] for i in order], [seq_lens[i] for i in order], [steps[i] for i in order])
+        out: list = [None] * len(lanes)
+        for i, g in zip(order, got):
+            out[i] = g
+        return out
+
+    def _draft(self, lanes: list[int], seq_lens: list[int], steps: list[int]) -> list[tuple[torch.Tensor, ...]]:
+        """:meth:`draft` of rows sorted by steps, most first."""
         d = self.drafter
         rids = [self.lane_requests[i] for i in lanes]
         slots = torch.tensor(lanes, device=self.device)
@@ -187,11 +220,12 @@ class EagleLanes(_Lanes):
             d.feature[lane], d.root_p[lane], d.root_i[lane] = feature[L - 1], root_p[L - 1], root_i[L - 1]
         roots = torch.stack([self.known[rid][L] for rid, L in zip(rids, seq_lens)])
         d._kv_len = max(seq_lens)
-        tok, score, par = d._draft_candidates(slots, torch.tensor(seq_lens, device=self.device), roots, steps)[:3]
+        if isinstance(d, FrontierEagleDrafter):
+            d.rows_at_step = [sum(s > step for s in steps) for step in range(steps[0])]
+        tok, score, par = d._draft_candidates(slots, torch.tensor(seq_lens, device=self.device), roots, steps[0])[:3]
         got = list(zip(tok, score, par))
-        fed = (steps - 1) * self.topk
-        if fed:  # the fed frontier overwrote teacher-forced entries from index L on
-            self._restore(lanes, seq_lens, [L + fed for L in seq_lens])
+        if steps[0] > 1:  # the fed frontiers overwrote teacher-forced entries from index L on
+            self._restore(lanes, seq_lens, [L + (steps[0] - 1) * self.topk for L in seq_lens])
         return got
 
 
@@ -229,9 +263,10 @@ class MultiLayerLanes(_Lanes):
         d.tokens[lane, -1] = 0
 
     @torch.no_grad()
-    def draft(self, lanes: list[int], seq_lens: list[int], steps: int) -> list[list[int]]:
-        """The drafts d_1 .. d_steps (steps <= S_max) of each lane's draft at its seq_len (root = known[seq_len])."""
-        d, s = self.drafter, steps
+    def draft(self, lanes: list[int], seq_lens: list[int], steps: list[int]) -> list[list[int]]:
+        """The drafts d_1 .. d_s (s = the most of ``steps``, <= S_max) of each lane's draft at its
+        seq_len (root = known[seq_len])."""
+        d, s = self.drafter, max(steps)
         slots = torch.tensor(lanes, device=self.device)
         lens = torch.tensor(seq_lens, device=self.device)
         top = max(seq_lens)
@@ -276,12 +311,11 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
             steps = configs[lane_of[i][1]].num_steps if lanes.short_drafts else lanes.max_steps
             if steps > max(drafted.get(key, 0), todo.get(key, (0, 0))[1]):
                 todo[key] = (todo.get(key, (i, 0))[0], steps)
-        by_steps: dict[int, list[tuple[int, int]]] = {}
-        for key, (_, steps) in todo.items():
-            by_steps.setdefault(steps, []).append(key)
-        for steps, keys in by_steps.items():
-            for key, got in zip(keys, lanes.draft([todo[k][0] for k in keys], [k[1] for k in keys], steps)):
-                drafts[key], drafted[key] = got, steps
+        if todo:
+            keys = list(todo)
+            steps = [todo[k][1] for k in keys]
+            for key, got, s in zip(keys, lanes.draft([todo[k][0] for k in keys], [k[1] for k in keys], steps), steps):
+                drafts[key], drafted[key] = got, s
         by_config: dict[int, list[tuple[int, int]]] = {}
         for i in active:
             c = lane_of[i][1]
