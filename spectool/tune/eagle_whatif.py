@@ -89,13 +89,8 @@ class _Lanes:
     request's teacher-forced draft state, so the lanes' drafts at different L run as one batch.
 
     Subclasses say how to teacher-force a request into a slot (``_force``), which state to copy
-    and restore (``_state``), and how to draft a batch of lanes (``draft``); ``short_drafts``:
-    whether a row of a batched draft stops at the steps its configurations need (EAGLE: it leaves
-    the batch, and the draft layer and lm_head run on fewer rows) rather than run the most steps
-    (multi-layer EAGLE: a layer per step costs little).
+    and restore (``_state``), and how to draft a batch of lanes sorted by their steps (``_draft``).
     """
-
-    short_drafts = False
 
     def __init__(self, drafter, lane_requests: list[int]) -> None:
         self.drafter = drafter
@@ -116,6 +111,17 @@ class _Lanes:
         for lane in lanes[1:]:
             for t in self._state():
                 t[lane] = t[first]
+
+    @torch.no_grad()
+    def draft(self, lanes: list[int], seq_lens: list[int], steps: list[int]) -> list:
+        """Each lane's draft of its own ``steps`` (<= max_steps) at its seq_len, as ``_draft`` gives
+        it: one batch, whose rows leave it after their last step (most steps first)."""
+        order = sorted(range(len(lanes)), key=lambda i: -steps[i])
+        got = self._draft([lanes[i] for i in order], [seq_lens[i] for i in order], [steps[i] for i in order])
+        out: list = [None] * len(lanes)
+        for i, g in zip(order, got):
+            out[i] = g
+        return out
 
     def _restore(self, lanes: list[int], lo: list[int], hi: list[int]) -> None:
         """Put back the pristine state at sequence indices [lo, hi) of each lane (axis -2 of every
@@ -168,8 +174,6 @@ class FrontierEagleDrafter(EagleDrafter):
 class EagleLanes(_Lanes):
     """EAGLE drafts at up to ``max_steps`` steps with one top-k, for many lanes at once."""
 
-    short_drafts = True
-
     def __init__(self, target, path, topk: int, max_steps: int, capacity: int, lane_requests: list[int]) -> None:
         self.topk, self.max_steps = topk, max_steps
         total = 1 + topk + (max_steps - 1) * topk * topk
@@ -198,20 +202,10 @@ class EagleLanes(_Lanes):
         self.features[rid] = (feature[0], *d._top_children(normed[0]))
         self.known[rid] = known
 
-    @torch.no_grad()
-    def draft(self, lanes: list[int], seq_lens: list[int], steps: list[int]) -> list[tuple[torch.Tensor, ...]]:
-        """Per lane, (tokens, scores, parents) of every candidate of its ``steps``-step draft
-        (steps <= S_max) at its seq_len, in the drafter's flat order (root first): the first
-        1 + k + (steps - 1) k^2 are the draft's, any after them zeros."""
-        order = sorted(range(len(lanes)), key=lambda i: -steps[i])  # rows that stop early last
-        got = self._draft([lanes[i] for i in order], [seq_lens[i] for i in order], [steps[i] for i in order])
-        out: list = [None] * len(lanes)
-        for i, g in zip(order, got):
-            out[i] = g
-        return out
-
     def _draft(self, lanes: list[int], seq_lens: list[int], steps: list[int]) -> list[tuple[torch.Tensor, ...]]:
-        """:meth:`draft` of rows sorted by steps, most first."""
+        """Per lane (sorted by steps, most first), (tokens, scores, parents) of every candidate of
+        its draft in the drafter's flat order (root first): the first 1 + k + (steps - 1) k^2 are
+        its ``steps``-step draft's, any after them zeros."""
         d = self.drafter
         rids = [self.lane_requests[i] for i in lanes]
         slots = torch.tensor(lanes, device=self.device)
@@ -262,23 +256,21 @@ class MultiLayerLanes(_Lanes):
             d._layer_step(k, slot, zero, zero + t - 2, scratch, window=t - 1, kv_len=t - 1)
         d.tokens[lane, -1] = 0
 
-    @torch.no_grad()
-    def draft(self, lanes: list[int], seq_lens: list[int], steps: list[int]) -> list[list[int]]:
-        """The drafts d_1 .. d_s (s = the most of ``steps``, <= S_max) of each lane's draft at its
-        seq_len (root = known[seq_len])."""
-        d, s = self.drafter, max(steps)
+    def _draft(self, lanes: list[int], seq_lens: list[int], steps: list[int]) -> list[list[int]]:
+        """Per lane (sorted by steps, most first), the drafts d_1 .. d_steps of its chain at its
+        seq_len (root = known[seq_len]), then zeros up to the most steps of the batch."""
+        d, s = self.drafter, steps[0]
         slots = torch.tensor(lanes, device=self.device)
         lens = torch.tensor(seq_lens, device=self.device)
         top = max(seq_lens)
-        drafts = []
+        drafts = torch.zeros(len(lanes), s, dtype=torch.long, device=self.device)
         for k in range(s):
-            start = (lens - 1 - k).clamp(min=0)
-            draft, _ = d._layer_step(k, slots, start, lens - 1 - start, lens + k + 1, window=k + 1,
-                                     kv_len=top + k + 1)
-            drafts.append(draft)
-        out = torch.stack(drafts, 1).tolist()
+            b = sum(n > k for n in steps)  # the rows whose chains reach layer k
+            start = (lens[:b] - 1 - k).clamp(min=0)
+            drafts[:b, k], _ = d._layer_step(k, slots[:b], start, lens[:b] - 1 - start, lens[:b] + k + 1,
+                                             window=k + 1, kv_len=top + k + 1)
         self._restore(lanes, [max(L - 2 - s, 0) for L in seq_lens], [L + s + 2 for L in seq_lens])
-        return out
+        return drafts.tolist()
 
 
 def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of: list[tuple[int, int]],
@@ -308,7 +300,7 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
         todo: dict[tuple[int, int], tuple[int, int]] = {}  # (request, L) -> (lane, steps)
         for i in active:
             key = (rid_of[i], seq[i])
-            steps = configs[lane_of[i][1]].num_steps if lanes.short_drafts else lanes.max_steps
+            steps = configs[lane_of[i][1]].num_steps
             if steps > max(drafted.get(key, 0), todo.get(key, (0, 0))[1]):
                 todo[key] = (todo.get(key, (i, 0))[0], steps)
         if todo:
