@@ -205,7 +205,8 @@ class EagleLanes(_Lanes):
     def _draft(self, lanes: list[int], seq_lens: list[int], steps: list[int]) -> list[tuple[torch.Tensor, ...]]:
         """Per lane (sorted by steps, most first), (tokens, scores, parents) of every candidate of
         its draft in the drafter's flat order (root first): the first 1 + k + (steps - 1) k^2 are
-        its ``steps``-step draft's, any after them zeros."""
+        its ``steps``-step draft's, the rest read by no configuration (zeros on the CPU, where the
+        row left the batch; on CUDA every row runs the batch's most steps)."""
         d = self.drafter
         rids = [self.lane_requests[i] for i in lanes]
         slots = torch.tensor(lanes, device=self.device)
