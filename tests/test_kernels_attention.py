@@ -157,3 +157,21 @@ def test_bad_shapes_raise_value_error(change):
         vc = vc[:, :, :20]
     with pytest.raises(ValueError):
         attn.cached_attention_triton(q, kc, vc, slots, starts, mask)
+
+
+def test_wide_tree_mask_sees_the_tree_nodes_already_in_the_cache():
+    # A tree fed a few nodes at a time (the EAGLE what-if's steps): the newest k queries, with a
+    # mask over all n nodes whose first n - k are already in the cache, attend as the last k of one
+    # forward over all n; on the CPU to the bit, which the what-if's exactness rests on.
+    from spectool.kernels import ops
+
+    gen = torch.Generator().manual_seed(3)
+    B, n, k, max_seq = 3, 9, 3, 60
+    q, kc, vc, slots, starts = make_case(B, n, 4, 2, 32, max_seq, torch.float32, gen)
+    mask = random_tree_mask(B, n, gen)
+    newest = ops.cached_attention(q[:, -k:], kc, vc, slots, starts + n - k, mask[:, -k:], max_seq)
+    whole = attn.cached_attention_reference(q, kc, vc, slots, starts, mask)[:, -k:]
+    torch.testing.assert_close(newest, whole, atol=1e-5, rtol=1e-5)
+    assert torch.equal(newest, ops.cached_attention(q, kc, vc, slots, starts, mask, max_seq)[:, -k:])
+    with pytest.raises(ValueError, match="tree_mask"):
+        ops.cached_attention(q, kc, vc, slots, starts, mask[:, :, :k], max_seq)

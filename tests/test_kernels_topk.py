@@ -56,6 +56,21 @@ def cases():
     inside[:, 40] = inside[:, 9] = 5.0
     inside[:3, 2] = 5.0
     out += [(inside, 4, True), (inside, 4, False)]
+    # Vocabulary-long rows, ranked from their best chunks of 64 on the CPU: ties within the best,
+    # between chunk maxima at the cut, whole chunks of -inf, a NaN.
+    spread = torch.randn(8, 4096, generator=g) * 0.1
+    spread[:4, 5] = spread[:4, 700] = 4.0  # a tie among the best, in two chunks
+    spread[2:6, 3000] = spread[2:6, 3001] = 3.0  # a tie inside one chunk
+    spread[4, ::64] = 9.0  # every chunk's maximum equal
+    spread[5, :2048] = float("-inf")
+    spread[6] = float("-inf")
+    spread[6, 100] = spread[6, 4000] = 1.0
+    spread[7, 64 * 7 + 5] = float("nan")
+    spread[7, 64 * 9 + 1] = float("inf")
+    spread[0, 64 * 40 + 3] = 9.0  # one entry above 4.0, which tops 30 chunks: fewer chosen than tied
+    for c in range(10, 40):
+        spread[0, 64 * c + (7 * c) % 64] = 4.0
+    out += [(spread, 4, True), (spread, 8, False), (torch.randn(2, 3, 2048, generator=g).round(), 3, False)]
     return out
 
 

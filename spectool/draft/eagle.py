@@ -106,8 +106,8 @@ class EagleDrafter:
         fed = (steps - 1) * k  # frontier nodes fed to the layer: those of every step but the last
         self._fed_depth = 1 + torch.arange(fed, device=dev) // k
         self._fed_eye = torch.eye(fed, dtype=torch.bool, device=dev)
-        # Fed index of the parent of each of step s's k*k candidates: step s-1's frontier block.
-        self._parent_fed = [(s - 1) * k + torch.arange(k * k, device=dev) // k for s in range(1, steps)]
+        # Which node of the frontier fed last is the parent of each of a step's k*k candidates.
+        self._parent_in_frontier = torch.arange(k * k, device=dev) // k
         # Flat candidate parents (root first, see eagle_tree_from_candidates): the root's top-k hang
         # off the root and step 1's candidates off the root's top-k in order; later steps are filled in.
         self._num_candidates = 1 + k + (steps - 1) * k * k
@@ -190,6 +190,16 @@ class EagleDrafter:
                                           max_depth=self.config.num_steps)
         return (*tree.tensors(), chosen_tok, chosen_p)
 
+    def _feed(self, tokens, hidden, positions, tree_mask, slots, seq_lens):
+        """One draft step's forward over the fed nodes [B, n] (the frontiers of every step so far, at
+        draft-cache index seq_lens on, ``tree_mask`` [B, n, n] keeping each to its ancestors): the
+        (feature, normed) [B, k, H] of the last ``topk``, the newest frontier. Every earlier frontier
+        is fed again, so a step is one forward of fixed shape (a CUDA graph) with a self-contained mask."""
+        k = self.config.topk
+        kv_len = None if self._kv_len is None else self._kv_len + tokens.shape[1]
+        feature, normed = self._run(tokens, hidden, positions, slots, seq_lens, tree_mask, kv_len)
+        return feature[:, -k:], normed[:, -k:]
+
     def _draft_candidates(self, slots, seq_lens, roots, num_steps: int | None = None):
         """Every step's candidates, flat and root first (tokens, scores, parents [B, 1 + C], see
         eagle_tree_from_candidates), and the per-step chosen frontier (tokens, probabilities [B, S, k]).
@@ -225,13 +235,12 @@ class EagleDrafter:
             fed_hidden[:, :k] = self.feature[slots][:, None]
         block = 1 + k  # flat index of this step's candidates
         for s in range(1, steps):
-            n = s * k  # fed nodes this step: every earlier frontier (each sees only its ancestors)
-            kv_len = None if self._kv_len is None else self._kv_len + n
-            feature, normed = self._run(fed_tok[:, :n], fed_hidden[:, :n], fed_pos[:, :n], slots, seq_lens,
-                                        fed_mask[:, :n, :n], kv_len)
+            n = s * k  # the frontiers of steps 0 .. s-1 (each node sees only its ancestors)
+            feature, normed = self._feed(fed_tok[:, :n], fed_hidden[:, :n], fed_pos[:, :n], fed_mask[:, :n, :n],
+                                         slots, seq_lens)
             tok, score = cand_tok[:, block:block + kk], cand_score[:, block:block + kk]
             p = torch.empty(b, k, k, device=dev)
-            self._top_children(normed[:, -k:], out=(p, tok.view(b, k, k)))
+            self._top_children(normed, out=(p, tok.view(b, k, k)))
             torch.mul(chosen_p[:, s - 1, :, None], p, out=score.view(b, k, k))  # path scores
             best = row_topk(score, k)[1]
             torch.gather(tok, 1, best, out=chosen_tok[:, s])
@@ -239,9 +248,9 @@ class EagleDrafter:
             if s < steps - 1:  # the next step expands this frontier: its nodes' flat index, hidden, mask rows
                 nxt = block + kk
                 torch.add(best[:, :, None].expand(-1, -1, k), block, out=cand_parent[:, nxt:nxt + kk].view(b, k, k))
-                parent = self._parent_fed[s - 1][best]  # fed index of each frontier node's parent
+                parent = self._parent_in_frontier[best]  # each frontier node's parent in step s-1's frontier
                 torch.gather(feature, 1, parent[..., None].expand(-1, -1, feature.shape[-1]),
                              out=fed_hidden[:, n:n + k])
-                fed_mask[:, n:n + k].bitwise_or_(fed_mask.gather(1, parent[..., None].expand(-1, -1, fed)))
+                fed_mask[:, n:n + k].bitwise_or_(fed_mask[:, n - k:n].gather(1, parent[..., None].expand(-1, -1, fed)))
             block += kk
         return cand_tok, cand_score, cand_parent, chosen_tok, chosen_p

@@ -238,13 +238,16 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """Attention of T new queries per row over that row's cache slot (new K/V already written).
 
     Query t of row b sees every cache index below ``starts[b]`` and new token k iff
-    ``tree_mask[b, t, k]`` (causal when None); it always sees itself.
+    ``tree_mask[b, t, k]`` (causal when None); it always sees itself. A mask W > T wide covers
+    the W - T cache indices before the new tokens as well (query t sees index
+    ``starts[b] + T - W + j`` iff ``tree_mask[b, t, j]``, every index below those): a tree fed a
+    few nodes at a time, its earlier nodes already in the cache. Wide masks take the torch path.
 
     Args:
         q: [B, T, Hq, D] rotated queries.
         k_cache, v_cache: [max_batch, Hkv, max_seq_len, D], one layer.
         slots, starts: [B] int64.
-        tree_mask: [B, T, T] bool or None.
+        tree_mask: [B, T, W] bool (W >= T) or None.
         kv_len: host int >= max(starts + T) to read only the live part of the cache;
             None reads all of it (no host sync; the mask hides what is not live).
 
@@ -252,10 +255,11 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         [B, T, Hq, D] in q's dtype.
     """
     B, T, Hq, D = q.shape
-    if _invariant(q):  # any T, prefill included: the same kernel in every forward
+    W = T if tree_mask is None else tree_mask.shape[-1]
+    if _invariant(q) and W == T:  # any T, prefill included: the same kernel in every forward
         from spectool.kernels.batch_invariant import attention_invariant
         return attention_invariant(q, k_cache, v_cache, slots, starts, tree_mask)
-    if _triton(q) and T <= TRITON_ATTENTION_MAX_T:  # reads starts on device, only the live blocks
+    if _triton(q) and T <= TRITON_ATTENTION_MAX_T and W == T:  # reads starts on device, only the live blocks
         from spectool.kernels.attention_triton import cached_attention_triton
         return cached_attention_triton(q, k_cache, v_cache, slots, starts, tree_mask)
     L = k_cache.shape[2] if kv_len is None else kv_len
@@ -265,11 +269,17 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     t = torch.arange(T, device=q.device)[:, None]  # [T, 1]
     if tree_mask is None:
         see_new = rel[:, None, :] <= t
+        in_mask = (rel >= 0) & (rel < T)
+        before = rel < 0
     else:
-        idx = rel.clamp(0, T - 1)[:, None, :].expand(B, T, L)
+        if tree_mask.shape[:2] != (B, T) or W < T:
+            raise ValueError(f"tree_mask must be ({B}, {T}, W >= {T}), got {tuple(tree_mask.shape)}")
+        col = rel + (W - T)  # key index relative to the mask's first column
+        idx = col.clamp(0, W - 1)[:, None, :].expand(B, T, L)
         see_new = torch.gather(tree_mask, 2, idx) | (rel[:, None, :] == t)
-    in_new = (rel >= 0) & (rel < T)
-    visible = (rel < 0)[:, None, :] | (in_new[:, None, :] & see_new)  # [B, T, L]
+        in_mask = (col >= 0) & (rel < T)
+        before = col < 0
+    visible = before[:, None, :] | (in_mask[:, None, :] & see_new)  # [B, T, L]
     return sdpa(q.transpose(1, 2), k, v, attn_mask=visible[:, None]).transpose(1, 2)
 
 

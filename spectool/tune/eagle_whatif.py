@@ -20,8 +20,9 @@ entries a draft overwrote:
   every num_steps.
 
 An EAGLE draft runs only as many steps as the longest configuration standing at its
-(request, L) needs (a step costs more than the one before it: it feeds every earlier frontier
-again), and is run again, longer, if a longer configuration reaches that L later.
+(request, L) needs (on the CPU its row leaves the round's batch after its last step, and each
+step feeds only the newest frontier: ``FrontierEagleDrafter``), and is run again, longer, if a
+longer configuration reaches that L later.
 
 Equal to the engine's accept lengths in float32 (the test runs both). In bf16 with the
 default kernels the teacher-forced forward (one prefill over the whole request) and the
@@ -40,6 +41,7 @@ from pathlib import Path
 import torch
 
 from spectool.config import EagleConfig, MultiLayerEagleConfig
+from spectool.draft.eagle import EagleDrafter
 from spectool.tune.accept import accept_against
 from spectool.tune.workload import RequestWork, TuneError
 
@@ -87,12 +89,8 @@ class _Lanes:
     request's teacher-forced draft state, so the lanes' drafts at different L run as one batch.
 
     Subclasses say how to teacher-force a request into a slot (``_force``), which state to copy
-    and restore (``_state``), and how to draft a batch of lanes (``draft``); ``short_drafts``:
-    whether a draft of fewer steps is worth a batch of its own (each EAGLE step costs more than
-    the one before; a multi-layer step costs one layer, less than splitting the batch).
+    and restore (``_state``), and how to draft a batch of lanes sorted by their steps (``_draft``).
     """
-
-    short_drafts = False
 
     def __init__(self, drafter, lane_requests: list[int]) -> None:
         self.drafter = drafter
@@ -114,6 +112,17 @@ class _Lanes:
             for t in self._state():
                 t[lane] = t[first]
 
+    @torch.no_grad()
+    def draft(self, lanes: list[int], seq_lens: list[int], steps: list[int]) -> list:
+        """Each lane's draft of its own ``steps`` (<= max_steps) at its seq_len, as ``_draft`` gives
+        it: one batch, whose rows leave it after their last step (most steps first)."""
+        order = sorted(range(len(lanes)), key=lambda i: -steps[i])
+        got = self._draft([lanes[i] for i in order], [seq_lens[i] for i in order], [steps[i] for i in order])
+        out: list = [None] * len(lanes)
+        for i, g in zip(order, got):
+            out[i] = g
+        return out
+
     def _restore(self, lanes: list[int], lo: list[int], hi: list[int]) -> None:
         """Put back the pristine state at sequence indices [lo, hi) of each lane (axis -2 of every
         state tensor but the token rows, whose sequence axis is their last)."""
@@ -126,19 +135,54 @@ class _Lanes:
                     t[lane, ..., a:b, :] = p[..., a:b, :]
 
 
+class FrontierEagleDrafter(EagleDrafter):
+    """The engine's EAGLE drafter with each step feeding only the newest frontier: the earlier
+    frontiers' keys and values are in the draft cache from the steps that fed them (the same
+    values: a node's forward depends only on itself, its ancestors and the prefix), and a tree
+    mask over every fed node keeps each new one to its ancestors. The same candidates for about
+    a third of the draft layer's rows at five steps; on the CPU in float32 the same bits
+    (tests/test_tune_oracle.py compares with the engine's runs).
+
+    ``rows_at_step[s]`` (when set): only the first that many rows of the batch draft step s + 1;
+    the others have stopped (their later candidates are zeros, read by no configuration).
+    """
+
+    rows_at_step: list[int] | None = None
+
+    def _feed(self, tokens, hidden, positions, tree_mask, slots, seq_lens):
+        k, n = self.config.topk, tokens.shape[1]
+        kv_len = None if self._kv_len is None else self._kv_len + n
+        b = self._rows = tokens.shape[0] if self.rows_at_step is None else self.rows_at_step[n // k]
+        feature, normed = self._run(tokens[:b, -k:], hidden[:b, -k:], positions[:b, -k:], slots[:b],
+                                    seq_lens[:b] + (n - k), tree_mask[:b, -k:], kv_len)
+        if b < tokens.shape[0]:
+            pad = (0, 0, 0, 0, 0, tokens.shape[0] - b)
+            feature, normed = torch.nn.functional.pad(feature, pad), torch.nn.functional.pad(normed, pad)
+        return feature, normed
+
+    def _top_children(self, normed, out=None):
+        if out is None or self.rows_at_step is None or self._rows == normed.shape[0]:
+            return super()._top_children(normed, out)
+        b = self._rows
+        p, i = super()._top_children(normed[:b])
+        for o, got in zip(out, (p, i)):
+            o[:b] = got
+            o[b:] = 0
+        return out
+
+
 class EagleLanes(_Lanes):
     """EAGLE drafts at up to ``max_steps`` steps with one top-k, for many lanes at once."""
 
-    short_drafts = True
-
     def __init__(self, target, path, topk: int, max_steps: int, capacity: int, lane_requests: list[int]) -> None:
-        from spectool.draft.eagle import EagleDrafter
-
         self.topk, self.max_steps = topk, max_steps
         total = 1 + topk + (max_steps - 1) * topk * topk
         cfg = EagleConfig(path, num_steps=max_steps, topk=topk, num_draft_tokens=total)
         host = DrafterHost(target, capacity, num_slots=len(lane_requests))
-        super().__init__(EagleDrafter(cfg, host), lane_requests)
+        # On CUDA the engine's own steps: its fused attention kernels (the batch-invariant ones of a
+        # deterministic trace included) take a mask over the new tokens only.
+        drafter = EagleDrafter if host.on_cuda else FrontierEagleDrafter
+        super().__init__(drafter(cfg, host), lane_requests)
         self.features: dict[int, tuple[torch.Tensor, ...]] = {}
         self.known: dict[int, torch.Tensor] = {}
 
@@ -158,10 +202,11 @@ class EagleLanes(_Lanes):
         self.features[rid] = (feature[0], *d._top_children(normed[0]))
         self.known[rid] = known
 
-    @torch.no_grad()
-    def draft(self, lanes: list[int], seq_lens: list[int], steps: int) -> list[tuple[torch.Tensor, ...]]:
-        """Per lane, (tokens, scores, parents) [C] of every candidate of its ``steps``-step draft
-        (steps <= S_max) at its seq_len, in the drafter's flat order (root first)."""
+    def _draft(self, lanes: list[int], seq_lens: list[int], steps: list[int]) -> list[tuple[torch.Tensor, ...]]:
+        """Per lane (sorted by steps, most first), (tokens, scores, parents) of every candidate of
+        its draft in the drafter's flat order (root first): the first 1 + k + (steps - 1) k^2 are
+        its ``steps``-step draft's, the rest read by no configuration (zeros on the CPU, where the
+        row left the batch; on CUDA every row runs the batch's most steps)."""
         d = self.drafter
         rids = [self.lane_requests[i] for i in lanes]
         slots = torch.tensor(lanes, device=self.device)
@@ -170,11 +215,12 @@ class EagleLanes(_Lanes):
             d.feature[lane], d.root_p[lane], d.root_i[lane] = feature[L - 1], root_p[L - 1], root_i[L - 1]
         roots = torch.stack([self.known[rid][L] for rid, L in zip(rids, seq_lens)])
         d._kv_len = max(seq_lens)
-        tok, score, par = d._draft_candidates(slots, torch.tensor(seq_lens, device=self.device), roots, steps)[:3]
+        if isinstance(d, FrontierEagleDrafter):
+            d.rows_at_step = [sum(s > step for s in steps) for step in range(steps[0])]
+        tok, score, par = d._draft_candidates(slots, torch.tensor(seq_lens, device=self.device), roots, steps[0])[:3]
         got = list(zip(tok, score, par))
-        fed = (steps - 1) * self.topk
-        if fed:  # the fed frontier overwrote teacher-forced entries from index L on
-            self._restore(lanes, seq_lens, [L + fed for L in seq_lens])
+        if steps[0] > 1:  # the fed frontiers overwrote teacher-forced entries from index L on
+            self._restore(lanes, seq_lens, [L + (steps[0] - 1) * self.topk for L in seq_lens])
         return got
 
 
@@ -211,22 +257,21 @@ class MultiLayerLanes(_Lanes):
             d._layer_step(k, slot, zero, zero + t - 2, scratch, window=t - 1, kv_len=t - 1)
         d.tokens[lane, -1] = 0
 
-    @torch.no_grad()
-    def draft(self, lanes: list[int], seq_lens: list[int], steps: int) -> list[list[int]]:
-        """The drafts d_1 .. d_steps (steps <= S_max) of each lane's draft at its seq_len (root = known[seq_len])."""
-        d, s = self.drafter, steps
+    def _draft(self, lanes: list[int], seq_lens: list[int], steps: list[int]) -> list[list[int]]:
+        """Per lane (sorted by steps, most first), the drafts d_1 .. d_steps of its chain at its
+        seq_len (root = known[seq_len]), then zeros up to the most steps of the batch."""
+        d, s = self.drafter, steps[0]
         slots = torch.tensor(lanes, device=self.device)
         lens = torch.tensor(seq_lens, device=self.device)
         top = max(seq_lens)
-        drafts = []
+        drafts = torch.zeros(len(lanes), s, dtype=torch.long, device=self.device)
         for k in range(s):
-            start = (lens - 1 - k).clamp(min=0)
-            draft, _ = d._layer_step(k, slots, start, lens - 1 - start, lens + k + 1, window=k + 1,
-                                     kv_len=top + k + 1)
-            drafts.append(draft)
-        out = torch.stack(drafts, 1).tolist()
+            b = sum(n > k for n in steps)  # the rows whose chains reach layer k
+            start = (lens[:b] - 1 - k).clamp(min=0)
+            drafts[:b, k], _ = d._layer_step(k, slots[:b], start, lens[:b] - 1 - start, lens[:b] + k + 1,
+                                             window=k + 1, kv_len=top + k + 1)
         self._restore(lanes, [max(L - 2 - s, 0) for L in seq_lens], [L + s + 2 for L in seq_lens])
-        return out
+        return drafts.tolist()
 
 
 def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of: list[tuple[int, int]],
@@ -256,15 +301,14 @@ def sweep_lanes(lanes: _Lanes, works: list[RequestWork], configs: list, lane_of:
         todo: dict[tuple[int, int], tuple[int, int]] = {}  # (request, L) -> (lane, steps)
         for i in active:
             key = (rid_of[i], seq[i])
-            steps = configs[lane_of[i][1]].num_steps if lanes.short_drafts else lanes.max_steps
+            steps = configs[lane_of[i][1]].num_steps
             if steps > max(drafted.get(key, 0), todo.get(key, (0, 0))[1]):
                 todo[key] = (todo.get(key, (i, 0))[0], steps)
-        by_steps: dict[int, list[tuple[int, int]]] = {}
-        for key, (_, steps) in todo.items():
-            by_steps.setdefault(steps, []).append(key)
-        for steps, keys in by_steps.items():
-            for key, got in zip(keys, lanes.draft([todo[k][0] for k in keys], [k[1] for k in keys], steps)):
-                drafts[key], drafted[key] = got, steps
+        if todo:
+            keys = list(todo)
+            steps = [todo[k][1] for k in keys]
+            for key, got, s in zip(keys, lanes.draft([todo[k][0] for k in keys], [k[1] for k in keys], steps), steps):
+                drafts[key], drafted[key] = got, s
         by_config: dict[int, list[tuple[int, int]]] = {}
         for i in active:
             c = lane_of[i][1]
