@@ -27,9 +27,10 @@ from spectool.kernels.verify_sampling_chunked import LaunchConfig, cut_rounds
 from spectool.verify import target_probs_at, verify_sampling, verify_sampling_chunked
 
 EXACT = ("status", "accept_path", "accept_length", "bonus", "target_argmax")
-# Three chunks of a 1,200-token row, 16 probes (8 cut rounds); one chunk with 64 probes (6 rounds).
+# Three chunks of a 1,200-token row in groups of 256, 16 probes (8 cut rounds); one chunk with 64
+# probes (6 rounds).
 VOCAB = 1200
-SMALL = LaunchConfig(chunk=512, sub=512, probes=16, warps=4)
+SMALL = LaunchConfig(chunk=512, sub=256, probes=16, warps=4)
 WIDE = LaunchConfig(chunk=2048, sub=2048, probes=64, warps=4)
 # 10 chunks: at least k of them, so the k-th largest chunk maximum starts the top-k search.
 TINY = LaunchConfig(chunk=128, sub=128, probes=16, warps=4)

@@ -7,7 +7,9 @@ its maximum ``m`` of ``x = logits / temperature``, its argmax, a cut value ``c``
 normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_t == c`` and
 ``t <= cut id``, else 0. They are found without a sort, each pass one program per (row, chunk):
 
-1. ``_stats_kernel``: per chunk the maximum, its first index and the sum of ``exp(x - max)``.
+1. ``_stats_kernel``: per chunk the maximum, its first index and the sum of ``exp(x - max)``; and
+   the maximum of every ``sub`` entries, so a later pass skips the groups wholly below what it counts
+   (after a few rounds the top-k search reads only the groups that hold its candidates).
 2. ``_cut_round_kernel`` (top-k, then top-p): a search over the floats' ordered integer keys with
    ``probes`` thresholds per round, so a fixed number of rounds (8 for 16 probes) covers the 2**32
    keys and the step stays graph-capturable; each round's programs first combine the previous
@@ -90,7 +92,7 @@ def _value(key):
 
 
 @triton.jit
-def _stats_kernel(Logits, Temp, Max, Arg, Sum, N, V, NC, CHUNK: tl.constexpr):
+def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, N, V, NC, NG, CHUNK: tl.constexpr, SUB: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     t = tl.load(Temp + row // N)
@@ -102,6 +104,8 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, N, V, NC, CHUNK: tl.constexpr):
     tl.store(Max + row * NC + c, best)
     tl.store(Arg + row * NC + c, (c * CHUNK + i).to(tl.int64))
     tl.store(Sum + row * NC + c, s)
+    groups = tl.max(tl.reshape(x, (CHUNK // SUB, SUB)), axis=1)
+    tl.store(GMax + row * NG + c * (CHUNK // SUB) + tl.arange(0, CHUNK // SUB), groups)
 
 
 @triton.jit
@@ -174,8 +178,8 @@ def _cut_state(Max, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top
 
 
 @triton.jit
-def _cut_round_kernel(Logits, Temp, Max, Arg, Sum, KCut, KParts, Bounds, Parts, CutOut, MeasureOut,
-                      N, V, NC, R, r, ROUNDS, top_k, top_p, TOP_P: tl.constexpr, HAS_K: tl.constexpr,
+def _cut_round_kernel(Logits, Temp, Max, Arg, Sum, GMax, KCut, KParts, Bounds, Parts, CutOut, MeasureOut,
+                      N, V, NC, NG, R, r, ROUNDS, top_k, top_p, TOP_P: tl.constexpr, HAS_K: tl.constexpr,
                       CHUNK: tl.constexpr, SUB: tl.constexpr, S: tl.constexpr, BLOCK_C: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -192,15 +196,17 @@ def _cut_round_kernel(Logits, Temp, Max, Arg, Sum, KCut, KParts, Bounds, Parts, 
             thr = _probes(lo, hi, S)
             acc = tl.zeros([S], tl.float32)
             for start in range(0, CHUNK, SUB):
-                offs = c * CHUNK + start + tl.arange(0, SUB)
-                inb = offs < V
-                x = tl.load(base + offs, mask=inb, other=-float("inf")).to(tl.float32) / t
-                k = _key(x)
-                if TOP_P:
-                    e = tl.where(inb, tl.exp(x - m), 0.0)
-                    acc += tl.sum(tl.where(k[:, None] > thr[None, :], e[:, None], 0.0), axis=0)
-                else:
-                    acc += tl.sum(((k[:, None] >= thr[None, :]) & inb[:, None]).to(tl.float32), axis=0)
+                # Every threshold is at or above lo: a group wholly below it adds nothing.
+                if _key(tl.load(GMax + row * NG + (c * CHUNK + start) // SUB)) >= lo:
+                    offs = c * CHUNK + start + tl.arange(0, SUB)
+                    inb = offs < V
+                    x = tl.load(base + offs, mask=inb, other=-float("inf")).to(tl.float32) / t
+                    k = _key(x)
+                    if TOP_P:
+                        e = tl.where(inb, tl.exp(x - m), 0.0)
+                        acc += tl.sum(tl.where(k[:, None] > thr[None, :], e[:, None], 0.0), axis=0)
+                    else:
+                        acc += tl.sum(((k[:, None] >= thr[None, :]) & inb[:, None]).to(tl.float32), axis=0)
             tl.store(Parts + (((r % 2) * R + row) * NC + c) * S + tl.arange(0, S), acc)
     else:
         # The interval is one key: the cut. Measure the kept mass (top-k: at or above it; top-p:
@@ -211,23 +217,24 @@ def _cut_round_kernel(Logits, Temp, Max, Arg, Sum, KCut, KParts, Bounds, Parts, 
         mass = 0.0
         ties = 0.0
         for start in range(0, CHUNK, SUB):
-            offs = c * CHUNK + start + tl.arange(0, SUB)
-            inb = offs < V
-            x = tl.load(base + offs, mask=inb, other=-float("inf")).to(tl.float32) / t
-            k = _key(x)
-            e = tl.where(inb, tl.exp(x - m), 0.0)
-            if TOP_P:
-                mass += tl.sum(tl.where(k > cut, e, 0.0), axis=0)
-            else:
-                mass += tl.sum(tl.where(k >= cut, e, 0.0), axis=0)
-            ties += tl.sum(((k == cut) & inb).to(tl.float32), axis=0)
+            if _key(tl.load(GMax + row * NG + (c * CHUNK + start) // SUB)) >= cut:
+                offs = c * CHUNK + start + tl.arange(0, SUB)
+                inb = offs < V
+                x = tl.load(base + offs, mask=inb, other=-float("inf")).to(tl.float32) / t
+                k = _key(x)
+                e = tl.where(inb, tl.exp(x - m), 0.0)
+                if TOP_P:
+                    mass += tl.sum(tl.where(k > cut, e, 0.0), axis=0)
+                else:
+                    mass += tl.sum(tl.where(k >= cut, e, 0.0), axis=0)
+                ties += tl.sum(((k == cut) & inb).to(tl.float32), axis=0)
         tl.store(MeasureOut + (row * NC + c) * 2, mass)
         tl.store(MeasureOut + (row * NC + c) * 2 + 1, ties)
 
 
 @triton.jit
-def _finish_kernel(Logits, Temp, Max, Arg, Sum, KCut, KParts, PCut, PParts, M, Z, Cut, CutId, Argmax,
-                   N, V, NC, top_p, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+def _finish_kernel(Logits, Temp, Max, Arg, Sum, GMax, KCut, KParts, PCut, PParts, M, Z, Cut, CutId, Argmax,
+                   N, V, NC, NG, top_p, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
                    CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_C: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     m, arg, z = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
@@ -257,12 +264,13 @@ def _finish_kernel(Logits, Temp, Max, Arg, Sum, KCut, KParts, PCut, PParts, M, Z
             seen = 0.0
             found = tl.full((), -1, tl.int64)
             for start in range(0, CHUNK, SUB):
-                offs = chunk * CHUNK + start + tl.arange(0, SUB)
-                x = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
-                tie = ((_key(x) == key) & (offs < V)).to(tl.float32)
-                upto = seen + tl.cumsum(tie, axis=0)
-                found = tl.maximum(found, tl.max(tl.where((tie > 0) & (upto == need), offs, -1), axis=0))
-                seen += tl.sum(tie, axis=0)
+                if _key(tl.load(GMax + row * NG + (chunk * CHUNK + start) // SUB)) >= key:
+                    offs = chunk * CHUNK + start + tl.arange(0, SUB)
+                    x = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
+                    tie = ((_key(x) == key) & (offs < V)).to(tl.float32)
+                    upto = seen + tl.cumsum(tie, axis=0)
+                    found = tl.maximum(found, tl.max(tl.where((tie > 0) & (upto == need), offs, -1), axis=0))
+                    seen += tl.sum(tie, axis=0)
             cut_id = found
     tl.store(M + row, m)
     tl.store(Z + row, z)
@@ -394,7 +402,10 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     vals, sums = torch.empty(rows, nc, **f32), torch.empty(rows, nc, **f32)
     idx = torch.empty(rows, nc, dtype=torch.int64, device=dev)
     warps = config.warps
-    _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, n, vocab, nc, CHUNK=chunk, num_warps=warps)
+    ng = nc * (chunk // sub)
+    gmax = torch.empty(rows, ng, **f32)
+    _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, n, vocab, nc, ng, CHUNK=chunk, SUB=sub,
+                              num_warps=warps)
     has_k, has_p = 0 < top_k < vocab, top_p < 1
     k_cut, p_cut = (torch.empty(rows if has else 1, dtype=torch.int64, device=dev) for has in (has_k, has_p))
     k_parts, p_parts = (torch.empty(rows if has else 1, nc, 2, **f32) for has in (has_k, has_p))
@@ -407,14 +418,14 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
         for is_p, cut_out, measure in phases:
             for r in range(rounds + 1):
                 _cut_round_kernel[(rows, nc)](
-                    logits, temperature, vals, idx, sums, k_cut, k_parts, bounds, parts, cut_out, measure,
-                    n, vocab, nc, rows, r, rounds, top_k, float(top_p), TOP_P=is_p, HAS_K=has_k,
+                    logits, temperature, vals, idx, sums, gmax, k_cut, k_parts, bounds, parts, cut_out, measure,
+                    n, vocab, nc, ng, rows, r, rounds, top_k, float(top_p), TOP_P=is_p, HAS_K=has_k,
                     CHUNK=chunk, SUB=sub, S=s, BLOCK_C=block_c, num_warps=warps)
     m, z, cut = (torch.empty(rows, **f32) for _ in range(3))
     cut_id, argmax = (torch.empty(rows, dtype=torch.int64, device=dev) for _ in range(2))
-    _finish_kernel[(rows,)](logits, temperature, vals, idx, sums, k_cut, k_parts, p_cut, p_parts, m, z, cut, cut_id,
-                            argmax, n, vocab, nc, float(top_p), HAS_K=has_k, HAS_P=has_p, CHUNK=chunk, SUB=sub,
-                            BLOCK_C=block_c, num_warps=warps)
+    _finish_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, k_cut, k_parts, p_cut, p_parts, m, z, cut,
+                            cut_id, argmax, n, vocab, nc, ng, float(top_p), HAS_K=has_k, HAS_P=has_p, CHUNK=chunk,
+                            SUB=sub, BLOCK_C=block_c, num_warps=warps)
     return tuple(a.view(bs, n) for a in (m, z, cut, cut_id, argmax))
 
 
