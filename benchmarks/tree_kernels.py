@@ -12,7 +12,7 @@ from a CUDA graph, as the engine runs it: sampling with its coins kernel and a t
 also with top-k 50 and top-p 0.9, with the torch verify and with the fused one (one program per node for
 its cuts); bf16 logits as the model writes them); sampling verify, CUDA only: graphed per iteration at bs 1 and 64, N
 16, V 128256, float32 logits (the engine's) and bf16, temperature 0.8 alone and with top-k 50 + top-p 0.9: the torch
-verify, the fused one and the chunked one the engine runs (``--sampling-configs``: ``default``, ``sweep`` = every
+verify, the fused one and the chunked one the engine runs (with ``--sampling-configs``: ``default``, ``sweep`` = every
 launch shape of spectool/kernels/verify_sampling_chunked.py's CONFIGS, or names joined by commas), each chunked
 cell also checked for the torch verify's decision on the same coins; draft top-k: ``row_topk`` against softmax +
 topk. On CUDA the
@@ -99,7 +99,7 @@ def sampling_configs(arg: str) -> list[str]:
     names = arg.split(",")
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
-        raise SystemExit(f"unknown --sampling-configs {unknown}; use default, sweep or some of {sorted(CONFIGS)}")
+        raise ValueError(f"unknown --sampling-configs {unknown}; use default, sweep or some of {sorted(CONFIGS)}")
     return names
 
 
@@ -148,11 +148,16 @@ def sampling_table(configs: list[str], g: torch.Generator) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sampling-configs", default="default",
-                        help="chunked sampling verify launch shapes: default, sweep or names joined by commas")
-    parser.add_argument("--sampling-only", action="store_true", help="only the sampling verify table")
+    parser.add_argument("--sampling-configs", default=None,
+                        help="also the chunked sampling verify table over these launch shapes: default, sweep "
+                             "or names joined by commas")
+    parser.add_argument("--sampling-only", action="store_true",
+                        help="only the chunked sampling verify table (default launch shape unless given)")
     args = parser.parse_args(argv)
-    configs = sampling_configs(args.sampling_configs)
+    try:
+        configs = sampling_configs(args.sampling_configs or "default")
+    except ValueError as err:
+        parser.error(str(err))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     g = torch.Generator().manual_seed(0)
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -161,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if device.type == "cuda":
         warm_up_gpu()
-        results["sampling"] = sampling_table(configs, g)
+        if args.sampling_configs or args.sampling_only:
+            results["sampling"] = sampling_table(configs, g)
     if args.sampling_only:
         write(results)
         return
