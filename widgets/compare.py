@@ -37,15 +37,27 @@ from .viewer import PRELOAD_RECORDS, STATIC, PageData, plotly_reply
 SIDE_COLORS = ("#1f77b4", "#d62728")
 
 
-def side_label(trace: Any) -> str:
-    """A run named by its draft method and settings, e.g. 'ngram (num_draft_tokens=12, match=bfs)'."""
+def _draft_settings(trace: Any) -> tuple[str, dict]:
     info = trace.run_info or {}
     draft = info.get("draft") or {}
     method = draft.get("method") or info.get("method", "?")
-    settings = ", ".join(f"{k}={v}" for k, v in draft.items()
-                         if k not in ("method", "path") and not isinstance(v, (dict, list)))
-    name = f"{method} ({settings})" if settings else str(method)
-    return f"predicted {name}" if info.get("predicted") else name
+    return str(method), {k: v for k, v in draft.items()
+                         if k not in ("method", "path") and not isinstance(v, (dict, list))}
+
+
+def side_label(trace: Any, other: Any = None) -> str:
+    """A run named by its draft method and settings, e.g. 'ngram (num_draft_tokens=12, match=bfs)'.
+
+    Against `other`, a run of the same method, only the settings that differ are named.
+    """
+    method, settings = _draft_settings(trace)
+    if other is not None:
+        other_method, theirs = _draft_settings(other)
+        if other_method == method:
+            settings = {k: v for k, v in settings.items() if k not in theirs or theirs[k] != v}
+    listed = ", ".join(f"{k}={v}" for k, v in settings.items())
+    name = f"{method} ({listed})" if listed else method
+    return f"predicted {name}" if (trace.run_info or {}).get("predicted") else name
 
 
 def aligned(trace: Any, request: int) -> dict[str, np.ndarray]:
@@ -147,7 +159,8 @@ class CompareView(StaticOutput, anywidget.AnyWidget):
         self.labels: tuple[str, str] = ("A", "B")
         self._shared: list[int] = []
         if not errors:
-            self.labels = labels or tuple(f"{s}: {side_label(t)}" for s, t in zip("AB", self.traces))
+            self.labels = labels or tuple(f"{s}: {side_label(t, o)}"
+                                          for s, t, o in zip("AB", self.traces, self.traces[::-1]))
             self._shared = sorted(set(self.traces[0].request_ids) & set(self.traces[1].request_ids))
             if not self._shared:
                 self.error = "the two traces share no request ids"
@@ -162,8 +175,7 @@ class CompareView(StaticOutput, anywidget.AnyWidget):
                 label = f"request {r}"
                 if whole or r == start:
                     data = compare["aligned"][str(r)] = self._compare_data(r)
-                    label += " · identical outputs" if data["first"] is None else \
-                        f" · outputs differ at token {data['first']}"
+                    label += " · identical" if data["first"] is None else f" · differ at token {data['first']}"
                 compare["requests"].append({"id": r, "label": label})
             self._start = compare["aligned"][str(start)]["start"]
         super().__init__(compare_json=self._json(compare),

@@ -920,6 +920,11 @@ const COMPARE_CSS = `
   margin-top: 6px; }
 .spectool-compare-page .sv-compare-side { min-width: 0; border-top: 3px solid var(--side); padding-top: 2px; }
 .spectool-compare-page .sv-compare-side > h4 { color: var(--side); }
+.spectool-compare-page .sv-compare-note { font-weight: normal; margin-left: 8px; }
+.spectool-compare-page .sv-compare-tree h4 { font-size: 12px; font-weight: 500; }
+.spectool-compare-page .sv-compare-side-b .sv-legend { display: none; }  /* the same as side A's */
+.spectool-compare-page .sv-bar input[type=range] { flex-basis: 120px; }
+.spectool-compare-page .spectool-compare-jump { margin-left: 6px; }
 .spectool-compare-page .sv-compare-idle .sv-compare-tree { visibility: hidden; }
 `;
 const SIDE_COLORS = ['#1f77b4', '#d62728'];
@@ -949,18 +954,19 @@ export function mountCompare(root, compare, sides, buffers, Plotly, opts = {}) {
   const next = h('button', {class: 'sv-next', title: 'next output token (→)'}, '▶');
   const slider = h('input', {type: 'range', class: 'sv-slider', min: '0', max: '0', value: '0', 'aria-label': 'output position'});
   const label = h('span', {class: 'sv-label'});
+  // One click from the summary's line that names the first difference.
   const jump = h('button', {class: 'spectool-compare-jump', title: 'the first output token where the runs differ'},
-                 '⌖ go to first difference');
-  root.append(h('div', {class: 'sv-bar spectool-player'}, picker, play, speed, prev, slider, next, label, jump));
+                 'go to first difference');
+  root.append(h('div', {class: 'sv-bar spectool-player'}, picker, play, speed, prev, slider, next, label));
   const plot = panel('spectool-compare-plot', 'accept length of the iteration that produced each output token');
   const summary = h('div', {class: 'spectool-compare-summary'});
   root.append(h('div', {class: 'sv-compare-top'}, plot.box, summary));
   const views = [], ctls = [];
   for (let j = 0; j < 2; j++) {
-    const note = h('div', {class: 'sv-note sv-compare-note'});
+    const note = h('span', {class: 'sv-note sv-compare-note'});
     const tree = h('div', {class: 'sv-compare-tree'});
     const box = h('div', {class: `sv-compare-side sv-compare-side-${'ab'[j]}`, style: `--side: ${SIDE_COLORS[j]}`},
-                  h('h4', {}, compare.labels[j]), note, tree);
+                  h('h4', {}, h('span', {class: 'sv-compare-label'}, compare.labels[j]), note), tree);
     views.push({box, note, tree});
   }
   root.append(h('div', {class: 'sv-compare-sides'}, ...views.map((v) => v.box)));
@@ -988,9 +994,8 @@ export function mountCompare(root, compare, sides, buffers, Plotly, opts = {}) {
     message.textContent = '';
     C = aligned.get(id);
     slider.max = String(Math.max(C.length - 1, 0));
-    jump.disabled = C.first === null;
     summary.replaceChildren(...C.summary.map((line) => h('div', line.first ? {class: 'spectool-compare-first'} : {},
-      ...(line.label ? [h('b', {}, line.label)] : []), line.text)));
+      ...(line.label ? [h('b', {}, line.label)] : []), line.text, ...(line.first ? [jump] : []))));
     drawPlot();
     pos = -1;
     goTo(position === undefined || position === null ? C.start : position);
@@ -1016,7 +1021,7 @@ export function mountCompare(root, compare, sides, buffers, Plotly, opts = {}) {
       else if (k < 0) why = `output token ${pos} came from prefill`;
       v.box.classList.toggle('sv-compare-idle', why !== null);
       if (why !== null) { v.note.textContent = why; return; }
-      v.note.textContent = `output token ${pos} from iteration ${S.iteration[pos]} · accept length ${S.accept_length[pos]}`;
+      v.note.textContent = `from iteration ${S.iteration[pos]} · accept length ${S.accept_length[pos]}`;
       if (ctls[j].state().request === id) ctls[j].goTo(k);
       else ctls[j].showRequest(index, k);  // its data may be on its way: drawn when it arrives
     });
@@ -1028,13 +1033,13 @@ export function mountCompare(root, compare, sides, buffers, Plotly, opts = {}) {
   function drawPlot() {
     if (!P || !C) return;
     const traces = C.sides.map((S, j) => ({
-      type: 'scatter', mode: 'lines', name: esc(compare.labels[j]), x: S.accept_length.map((_, t) => t).slice(1),
+      type: 'scatter', mode: 'lines', name: esc(clip(compare.labels[j], 60)), x: S.accept_length.map((_, t) => t).slice(1),
       y: S.accept_length.slice(1), customdata: S.iteration.slice(1), line: {color: SIDE_COLORS[j], shape: 'hv', width: 1.5},
       hovertemplate: 'output token %{x}: iteration %{customdata}, accept length %{y}<extra></extra>'}));
     const first = C.first === null ? [] : [{type: 'line', xref: 'x', yref: 'paper', x0: C.first, x1: C.first, y0: 0, y1: 1,
                                            line: {color: COLORS.rejected, width: 2, dash: 'dash'}}];
     P.react(plot.plot, traces, {
-      height: 220, margin: {l: 56, r: 12, t: 22, b: 40}, plot_bgcolor: 'white', shapes: first,
+      height: 190, margin: {l: 56, r: 12, t: 22, b: 40}, plot_bgcolor: 'white', shapes: first,
       legend: {orientation: 'h', x: 0, y: 1.02, yanchor: 'bottom', font: {size: 11}},
       annotations: C.first === null ? [] : [{x: C.first, y: 0, yref: 'paper', yanchor: 'bottom', xanchor: 'left', showarrow: false,
         text: ` outputs differ from token ${C.first}`, font: {color: COLORS.rejected, size: 11}}],
