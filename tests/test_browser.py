@@ -696,6 +696,12 @@ def _compare_label_position(page, root: str) -> int:
     return int(page.locator(f"{root} .sv-label").inner_text().split()[2])
 
 
+def _check_compare_plot(page, root: str) -> None:
+    """The plot is whole: its x-axis title sits above the trees, not under them."""
+    title, side = box(page, f"{root} .spectool-compare-plot .xtitle"), box(page, f"{root} .sv-compare-side-a")
+    assert title["y"] + title["height"] <= side["y"], (title, side)
+
+
 def test_compare_view_steps_in_the_page_in_jupyterlab(browser, lab):
     """CompareView of two 64-node-tree runs: each output position draws, on each side, the tree of the
     iteration that produced it, from data in the page (no kernel message); the first difference is marked
@@ -742,6 +748,7 @@ def test_compare_view_steps_in_the_page_in_jupyterlab(browser, lab):
                      ".sv-compare-side-a .sv-tree-area svg", ".sv-compare-side-b .sv-tree-area svg"):
             b_ = box(page, f"{cmp} {part}")
             assert b_ is not None and inside(b_, view), f"{part} is not inside the notebook's area {view}: {b_}"
+        _check_compare_plot(page, cmp)
         page.screenshot(path=str(ARTIFACTS / "lab_compare_1366.png"))
 
         # Every output position: each side draws the tree of the iteration that produced it (none for
@@ -811,6 +818,7 @@ def test_compare_view_steps_in_the_page_in_jupyterlab(browser, lab):
         for part in (".spectool-player", ".sv-compare-side-a .sv-tree-area svg",
                      ".sv-compare-side-b .sv-tree-area svg"):
             assert inside(box(page, f"{cmp} {part}"), view), part
+        _check_compare_plot(page, cmp)
         page.screenshot(path=str(ARTIFACTS / "lab_compare_1600.png"))
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "lab_compare_failure.png"), full_page=True)

@@ -85,6 +85,8 @@ const CSS = `
 .spectool-viewer { font: 13px/1.35 system-ui, sans-serif; color: #222; outline: none; }
 .spectool-viewer .sv-bar { display: flex; flex-wrap: wrap; gap: 6px; align-items: center; margin: 2px 0 6px; }
 .spectool-viewer .sv-bar input[type=range] { flex: 1 1 200px; min-width: 120px; }
+/* ◀ slider ▶ wrap as one: a narrow bar breaks before them or after them, never between */
+.spectool-viewer .sv-steps { display: flex; gap: 6px; align-items: center; flex: 1 1 240px; }
 .spectool-viewer .sv-request-search { flex: none; font: 12px system-ui, sans-serif; box-sizing: border-box; }
 .spectool-viewer .sv-label { font-variant-numeric: tabular-nums; }
 .spectool-viewer .sv-main { display: grid; grid-template-columns: minmax(0, 1.15fr) minmax(0, 1fr); gap: 10px; }
@@ -277,7 +279,8 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   const next = h('button', {class: 'sv-next', title: 'next iteration (→)'}, '▶');
   const slider = h('input', {type: 'range', class: 'sv-slider', min: '0', max: '0', value: '0', 'aria-label': 'iteration'});
   const label = h('span', {class: 'sv-label'});
-  const player = h('div', {class: 'sv-bar spectool-player'}, search, picker, play, speed, prev, slider, next, label);
+  const player = h('div', {class: 'sv-bar spectool-player'}, search, picker, play, speed,
+                   h('span', {class: 'sv-steps'}, prev, slider, next), label);
   const findKind = h('select', {class: 'sv-find-kind', 'aria-label': 'find'});
   [['zero', 'accept length 0'], ['depth', 'first rejection at depth'], ['confident', 'rejected draft with score ≥'],
    ['slowest', 'slowest iteration']].forEach(([v, t]) => findKind.append(new Option(t, v)));
@@ -912,7 +915,10 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
 // player position (`step`, -1: prefill), iteration and accept length of every output position. Each side
 // is `mount`'s tree view of its own trace (`sides[j]`, `buffers[j]`), without a player: one player steps
 // both through output positions, so a step draws two trees from arrays already in the page.
+const SIDE_COLORS = ['#1f77b4', '#d62728'];
+const COMPARE_PLOT = 190;
 const COMPARE_CSS = `
+.spectool-compare-page .spectool-compare-plot .sv-plot-area { height: ${COMPARE_PLOT}px; }  /* plotly resized may say 100% */
 .spectool-compare-page .sv-compare-top { display: grid; grid-template-columns: minmax(0, 1.5fr) minmax(0, 1fr); gap: 10px; }
 .spectool-compare-page .spectool-compare-summary { font-size: 12px; line-height: 1.45; overflow-wrap: anywhere; }
 .spectool-compare-page .spectool-compare-first { color: ${COLORS.rejected}; font-weight: 600; }
@@ -923,11 +929,9 @@ const COMPARE_CSS = `
 .spectool-compare-page .sv-compare-note { font-weight: normal; margin-left: 8px; }
 .spectool-compare-page .sv-compare-tree h4 { font-size: 12px; font-weight: 500; }
 .spectool-compare-page .sv-compare-side-b .sv-legend { display: none; }  /* the same as side A's */
-.spectool-compare-page .sv-bar input[type=range] { flex-basis: 120px; }
 .spectool-compare-page .spectool-compare-jump { margin-left: 6px; }
 .spectool-compare-page .sv-compare-idle .sv-compare-tree { visibility: hidden; }
 `;
-const SIDE_COLORS = ['#1f77b4', '#d62728'];
 // The tree's levels share fewer pixels than in the viewer: plot, summary and both trees fit one screen.
 const COMPARE_HEIGHT = 300;
 
@@ -957,7 +961,8 @@ export function mountCompare(root, compare, sides, buffers, Plotly, opts = {}) {
   // One click from the summary's line that names the first difference.
   const jump = h('button', {class: 'spectool-compare-jump', title: 'the first output token where the runs differ'},
                  'go to first difference');
-  root.append(h('div', {class: 'sv-bar spectool-player'}, picker, play, speed, prev, slider, next, label));
+  root.append(h('div', {class: 'sv-bar spectool-player'}, picker, play, speed,
+                 h('span', {class: 'sv-steps'}, prev, slider, next), label));
   const plot = panel('spectool-compare-plot', 'accept length of the iteration that produced each output token');
   const summary = h('div', {class: 'spectool-compare-summary'});
   root.append(h('div', {class: 'sv-compare-top'}, plot.box, summary));
@@ -1039,7 +1044,7 @@ export function mountCompare(root, compare, sides, buffers, Plotly, opts = {}) {
     const first = C.first === null ? [] : [{type: 'line', xref: 'x', yref: 'paper', x0: C.first, x1: C.first, y0: 0, y1: 1,
                                            line: {color: COLORS.rejected, width: 2, dash: 'dash'}}];
     P.react(plot.plot, traces, {
-      height: 190, margin: {l: 56, r: 12, t: 22, b: 40}, plot_bgcolor: 'white', shapes: first,
+      height: COMPARE_PLOT, margin: {l: 56, r: 12, t: 22, b: 40}, plot_bgcolor: 'white', shapes: first,
       legend: {orientation: 'h', x: 0, y: 1.02, yanchor: 'bottom', font: {size: 11}},
       annotations: C.first === null ? [] : [{x: C.first, y: 0, yref: 'paper', yanchor: 'bottom', xanchor: 'left', showarrow: false,
         text: ` outputs differ from token ${C.first}`, font: {color: COLORS.rejected, size: 11}}],
@@ -1078,7 +1083,15 @@ export function mountCompare(root, compare, sides, buffers, Plotly, opts = {}) {
       e.stopPropagation();
     }
   });
-  const resize = new ResizeObserver(() => { if (P && C) { P.Plots.resize(plot.plot); markCurrent(plot, plot.plot, pos); } });
+  // The plot takes the width it is given; not while hidden (JupyterLab hides cells scrolled far away), when
+  // plotly would size it to nothing.
+  let lastWidth = 0;
+  const resize = new ResizeObserver(() => {
+    const w = root.clientWidth;
+    if (!w || Math.abs(w - lastWidth) < 4 || !P || !C) return;
+    lastWidth = w;
+    P.Plots.resize(plot.plot).then(() => markCurrent(plot, plot.plot, pos));
+  });
   resize.observe(root);
 
   showRequest(start, initial.position);
