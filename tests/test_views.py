@@ -143,6 +143,38 @@ def test_compare_view_aligns_by_output_position(ngram_trace):
         assert [its[k] if k >= 0 else -1 for k in side["step"]] == side["iteration"]
 
 
+def test_compare_view_of_large_traces_sends_the_rest_when_the_page_asks(ngram_trace, monkeypatch):
+    """Traces over the preload size: the page gets the first request's alignment and its first chunks; another
+    request's alignment and a side's chunk come as answers to the page's questions, each side from its trace."""
+    import spectool.widgets.compare
+    import spectool.widgets.viewer
+
+    monkeypatch.setattr(spectool.widgets.viewer, "PRELOAD_RECORDS", 1)
+    monkeypatch.setattr(spectool.widgets.compare, "PRELOAD_RECORDS", 1)
+    sampled = make_trace("eagle", num_requests=3, batch_size=2, num_draft_tokens=10, seed=1, temperature=1.0)
+    cmp = CompareView(ngram_trace, sampled, request=0)
+    page = json.loads(cmp.compare_json)
+    assert list(page["aligned"]) == ["0"] and [r["id"] for r in page["requests"]] == [0, 1, 2]
+    sent = []
+    monkeypatch.setattr(cmp, "send", lambda content, buffers=None: sent.append((content, buffers)))
+    cmp._message(cmp, {"kind": "compare", "request": 2}, [])
+    (reply, _), = sent
+    for side, trace in zip(reply["data"]["sides"], (ngram_trace, sampled)):
+        its = trace.iterations(2)
+        covering = [-1]
+        for k, it in enumerate(its):
+            covering += [k] * (trace.iteration(it, 2).accept_length + 1)
+        assert side["step"] == covering[:len(trace.request(2)["output_tokens"])]
+    sent.clear()
+    cmp._message(cmp, {"kind": "chunk", "side": 1, "request": 2, "chunk": 0}, [])
+    (reply, buffers), = sent
+    assert reply["side"] == 1 and reply["request"] == 2 and len(buffers) == 1
+    assert len(reply["data"]["offsets"]) == len(sampled.iterations(2)) + 1  # every iteration of B's request 2
+    sent.clear()
+    cmp._message(cmp, {"kind": "compare", "request": 99}, [])  # not a shared request: no answer
+    assert sent == []
+
+
 def empty_steps():
     return pa.table({f.name: pa.array([], f.type) for f in STEP_SCHEMA}, schema=STEP_SCHEMA)
 
