@@ -775,6 +775,10 @@ def test_compare_view_steps_in_the_page_in_jupyterlab(browser, lab):
         assert _compare_label_position(page, cmp) == first + 1
         page.keyboard.press("ArrowLeft")
         assert _compare_label_position(page, cmp) == first
+        # A click on the plot's line picks that output position (plotly's click event, as a click on a point).
+        page.evaluate(f"() => document.querySelector('{cmp} .spectool-compare-plot .sv-plot-area')"
+                      ".emit('plotly_click', {points: [{x: 5}]})")
+        assert _compare_label_position(page, cmp) == 5
 
         # Play at its fastest visits every output position once, in order, then stops.
         seen = page.evaluate(COMPARE_PLAY_JS, cmp)
