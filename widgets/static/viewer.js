@@ -966,6 +966,7 @@ export function mountCompare(root, compare, sides, buffers, Plotly, opts = {}) {
   const plot = panel('spectool-compare-plot', 'accept length of the iteration that produced each output token');
   const summary = h('div', {class: 'spectool-compare-summary'});
   root.append(h('div', {class: 'sv-compare-top'}, plot.box, summary));
+  if (!Plotly) plot.plot.append(h('div', {class: 'sv-note'}, 'the plot is drawn when the kernel sends plotly.js'));
   const views = [], ctls = [];
   for (let j = 0; j < 2; j++) {
     const note = h('span', {class: 'sv-note sv-compare-note'});
@@ -1110,7 +1111,7 @@ export function mountCompare(root, compare, sides, buffers, Plotly, opts = {}) {
     goTo, receive,
     showRequest(i, position) { stop(); showRequest(i, position); },
     // plotly.js arrived (the trees never wait for it)
-    plotly(p) { P = p; drawPlot(); if (C) markCurrent(plot, plot.plot, pos); },
+    plotly(p) { if (P) return; P = p; plot.plot.replaceChildren(); drawPlot(); if (C) markCurrent(plot, plot.plot, pos); },
     state: () => ({request: C ? C.id : null, position: pos, loading: Boolean(waiting) || ctls.some((c) => c.state().loading),
                    iterations: C ? C.sides.map((S) => (pos < S.iteration.length ? S.iteration[pos] : null)) : []}),
     destroy() { stop(); resize.disconnect(); ctls.forEach((c) => c.destroy()); if (P) P.purge(plot.plot); },
