@@ -198,3 +198,19 @@ def inside(inner: dict, outer: dict) -> bool:
     return (inner["x"] >= outer["x"] - 1 and inner["y"] >= outer["y"] - 1 and
             inner["x"] + inner["width"] <= outer["x"] + outer["width"] + 1 and
             inner["y"] + inner["height"] <= outer["y"] + outer["height"] + 1)
+
+
+# A search box's placeholder against the room it has: (text width, content-box width) in CSS pixels,
+# the text measured in the box's own font.
+PLACEHOLDER_JS = """(sel) => {
+  const box = document.querySelector(sel), cs = getComputedStyle(box);
+  const ctx = document.createElement('canvas').getContext('2d');
+  ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+  return [ctx.measureText(box.placeholder).width,
+          box.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight)];
+}"""
+
+
+def placeholder_room(page, selector: str) -> tuple[float, float]:
+    text, room = page.evaluate(PLACEHOLDER_JS, selector)
+    return text, room

@@ -33,6 +33,7 @@ from browser_pages import (
     inside,
     long_trace,
     open_notebook,
+    placeholder_room,
     step_latencies,
 )
 from trace_factory import make_trace
@@ -93,6 +94,7 @@ def _check_viewer(page, root: str, trace, request: int, name: str) -> dict:
                  ".spectool-mask svg", ".spectool-text"):
         b = box(page, f"{root} {part}")
         assert b is not None and inside(b, view), f"{part} is not inside the {VIEWPORT} viewport: {b}"
+    _check_placeholder(page, root)
     page.screenshot(path=str(ARTIFACTS / f"{name}_layout.png"))
 
     # Every position: the drawn nodes, mask rows and picker rows are the non-padding nodes.
@@ -169,6 +171,12 @@ def _check_viewer(page, root: str, trace, request: int, name: str) -> dict:
     return {"median_ms": statistics.median(ms), "max_ms": max(ms), "steps_ms": [round(m, 1) for m in ms]}
 
 
+def _check_placeholder(page, root: str) -> None:
+    """The request search box shows its whole placeholder."""
+    text, room = placeholder_room(page, f"{root} .sv-request-search")
+    assert text <= room, f"the search box's placeholder needs {text:.0f} px and has {room:.0f} px"
+
+
 def _check_latency(figures: dict) -> None:
     assert figures["median_ms"] <= STEP_FAIL_MS, f"step latency {figures['steps_ms']} ms"
 
@@ -241,6 +249,9 @@ def lab(tmp_path_factory, demo_model_dir):
     # Same prompts, sampled instead of greedy: the outputs part somewhere.
     make_trace("eagle", path=root / "b.sptrace", num_requests=2, batch_size=2, num_draft_tokens=8, seed=7,
                temperature=1.0)
+    # The wide run again, sampled: 64-node trees on both sides, outputs that part somewhere.
+    make_trace("ngram", path=root / "wide_sampled.sptrace", num_requests=2, batch_size=2, num_draft_tokens=64,
+               max_new_tokens=60, seed=4, temperature=1.0)
     hostile_trace(root / "hostile.sptrace")
     long_trace(LONG_ITERATIONS, 64).save(root / "long.sptrace")
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in (
@@ -255,6 +266,11 @@ def lab(tmp_path_factory, demo_model_dir):
         "from spectool.widgets import MaskView, TraceViewer, TreeView\nTreeView('wide.sptrace')",
         "MaskView('wide.sptrace')", "TraceViewer('wide.sptrace')")]),
         root / "standalone.ipynb")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in (
+        "from spectool.widgets import CompareView\nCompareView('wide.sptrace', 'wide_sampled.sptrace')",
+        "import spectool as st\nfrom spectool.trace.reader import Trace\na = Trace.load('a.sptrace')\n"
+        "CompareView(a, st.tune(a, grid=[st.NgramConfig(num_draft_tokens=2)], progress=False).predictions[0])")]),
+        root / "compare.ipynb")
     server = Lab(root, work, {"SPECTOOL_MODEL_DIR": str(demo_model_dir), "SPECTOOL_MAX_NEW_TOKENS": "16",
                               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     yield server, root
@@ -268,7 +284,7 @@ def test_views_in_jupyterlab_then_reopened_without_a_kernel(browser, lab, tmp_pa
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     try:
         open_notebook(page, server, "views.ipynb")
-        page.wait_for_selector(".spectool-compare .js-plotly-plot", timeout=RUN_TIMEOUT_MS)
+        page.wait_for_selector(".spectool-compare .sv-tree-area circle", timeout=RUN_TIMEOUT_MS)
         page.wait_for_function("() => document.querySelectorAll('.spectool-viewer .sv-tree-area circle').length > 8",
                                timeout=60_000)
         assert page.locator(".jp-FileBrowser").first.is_visible()
@@ -295,8 +311,7 @@ def test_views_in_jupyterlab_then_reopened_without_a_kernel(browser, lab, tmp_pa
         if len(diff):
             assert f"first difference at output token {int(diff[0])}" in summary
             compare.locator(".spectool-compare-jump").click()
-            page.wait_for_timeout(500)
-            assert compare.locator(".spectool-player .widget-readout").inner_text().strip() == str(int(diff[0]))
+            assert compare.locator(".sv-label").inner_text().startswith(f"output token {int(diff[0])} ")
         else:
             assert "identical" in summary
         page.screenshot(path=str(ARTIFACTS / "lab_compare.png"))
@@ -618,9 +633,202 @@ def test_standalone_tree_and_mask_step_in_the_page_in_jupyterlab(browser, lab):
         print(f"standalone TreeView step latency: median {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms")
         whole = step_latencies(page, ".jp-Cell:nth-child(3) .spectool-viewer", 14)[2:]
         print(f"TraceViewer step latency, same page: median {statistics.median(whole):.1f} ms, max {max(whole):.1f} ms")
+        viewer = ".jp-Cell:nth-child(3) .spectool-viewer"
+        _check_placeholder(page, viewer)
+        page.set_viewport_size(WIDE)
+        page.evaluate(f"() => document.querySelector('{viewer}').scrollIntoView({{block: 'start'}})")
+        page.wait_for_timeout(500)
+        _check_placeholder(page, viewer)
+        page.screenshot(path=str(ARTIFACTS / "lab_viewer_1600.png"))
+        page.set_viewport_size(VIEWPORT)
         page.evaluate(f"() => document.querySelector('{tree}').scrollIntoView({{block: 'start'}})")
+        page.wait_for_timeout(500)
         page.screenshot(path=str(ARTIFACTS / "lab_standalone_views.png"))
         page.locator(mask).screenshot(path=str(ARTIFACTS / "lab_standalone_mask.png"))
     finally:
         page.close()
+    assert statistics.median(ms) <= STEP_FAIL_MS, f"step latency {ms} ms"
+
+
+def covering(trace, request: int) -> list[int]:
+    """Oracle: per output position of `request`, the iteration that produced it, walking the iterations (each
+    adds its accepted drafts and a bonus token); position 0 comes from prefill (-1)."""
+    out = [-1]
+    for it in trace.iterations(request):
+        out += [it] * (trace.iteration(it, request).accept_length + 1)
+    return out[:len(trace.request(request)["output_tokens"])]
+
+
+# Every output position in turn: the label, per side the drawn tree nodes (None: that side shows no tree) and
+# the side notes; and how many messages the page sent its kernel meanwhile.
+COMPARE_STEPS_JS = """([sel, n]) => {
+  const root = document.querySelector(sel), slider = root.querySelector('.sv-slider');
+  const before = window.__spectoolSent, out = [];
+  for (let t = 0; t < n; t++) {
+    slider.value = String(t);
+    slider.dispatchEvent(new Event('input'));
+    out.push([root.querySelector('.sv-label').textContent,
+      [...root.querySelectorAll('.sv-compare-side')].map((side) => (side.classList.contains('sv-compare-idle')
+        ? null : [...side.querySelectorAll('.sv-tree-area circle.sv-node')].map((c) => +c.dataset.node)
+          .sort((a, b) => a - b))),
+      [...root.querySelectorAll('.sv-compare-note')].map((note) => note.textContent)]);
+  }
+  return {steps: out, sent: window.__spectoolSent - before};
+}"""
+
+# Play at its fastest from position 0: the positions the label shows, until it stops.
+COMPARE_PLAY_JS = """(sel) => new Promise((done) => {
+  const root = document.querySelector(sel);
+  const label = root.querySelector('.sv-label'), play = root.querySelector('.sv-play');
+  const slider = root.querySelector('.sv-slider');
+  slider.value = '0'; slider.dispatchEvent(new Event('input'));
+  root.querySelector('.sv-speed').value = '20';
+  const seen = [];
+  const watch = new MutationObserver(() => seen.push(+label.textContent.split(' ')[2]));
+  watch.observe(label, {childList: true, characterData: true, subtree: true});
+  new MutationObserver(() => { if (play.textContent.includes('play')) { watch.disconnect(); done(seen); } })
+    .observe(play, {childList: true, characterData: true, subtree: true});
+  play.click();
+})"""
+
+
+def _compare_label_position(page, root: str) -> int:
+    return int(page.locator(f"{root} .sv-label").inner_text().split()[2])
+
+
+def _check_compare_plot(page, root: str) -> None:
+    """The plot is whole: its x-axis title sits above the trees, not under them."""
+    title, side = box(page, f"{root} .spectool-compare-plot .xtitle"), box(page, f"{root} .sv-compare-side-a")
+    assert title["y"] + title["height"] <= side["y"], (title, side)
+
+
+def test_compare_view_steps_in_the_page_in_jupyterlab(browser, lab):
+    """CompareView of two 64-node-tree runs: each output position draws, on each side, the tree of the
+    iteration that produced it, from data in the page (no kernel message); the first difference is marked
+    and one click away; keys, Play and the request picker step it; the latency of a step is measured in the
+    page. A recorded run against the tuner's prediction of a smaller tree shows the predicted trees."""
+    from spectool.trace.reader import Trace
+
+    server, root = lab
+    a, b = Trace.load(root / "wide.sptrace"), Trace.load(root / "wide_sampled.sptrace")
+    requests = sorted(set(a.request_ids) & set(b.request_ids))
+    r = requests[0]
+    want = [covering(t, r) for t in (a, b)]
+    ta, tb = (np.asarray(t.request(r)["output_tokens"]) for t in (a, b))
+    n = min(len(ta), len(tb))
+    diff = np.nonzero(ta[:n] != tb[:n])[0]
+    assert len(diff), "the sampled run should part from the greedy one"
+    first = int(diff[0])
+    page = browser.new_page(viewport=VIEWPORT)
+    page.add_init_script(f"({COUNT_SENDS_JS})()")
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    cmp = ".jp-Cell:nth-child(1) .spectool-compare-page"
+    try:
+        open_notebook(page, server, "compare.ipynb")
+        page.wait_for_function(f"() => [...document.querySelectorAll('{cmp} .sv-compare-tree')]"
+                               ".filter(t => t.querySelectorAll('circle').length > 8).length === 2",
+                               timeout=RUN_TIMEOUT_MS)
+        page.wait_for_selector(f"{cmp} .spectool-compare-plot .scatterlayer .trace", timeout=60_000)
+        assert page.locator(".jp-FileBrowser").first.is_visible()
+        heads = page.locator(f"{cmp} .sv-compare-label").all_inner_texts()
+        assert heads[0].startswith("A: eagle") and heads[1].startswith("B: ngram"), heads
+        assert "num_draft_tokens=64" in heads[0] and "num_draft_tokens=64" in heads[1]
+        summary = page.locator(f"{cmp} .spectool-compare-summary").inner_text()
+        assert f"first difference at output token {first}" in summary and "accepted more at" in summary, summary
+        assert _compare_label_position(page, cmp) == first  # it opens at the first difference
+
+        # One screen at 1366 px with the file browser open: player, plot, summary and both trees side by side.
+        page.evaluate(f"() => document.querySelector('{cmp}').scrollIntoView({{block: 'start'}})")
+        page.wait_for_timeout(300)
+        view = box(page, ".jp-NotebookPanel .jp-WindowedPanel-outer")  # the notebook's visible area
+        side_a, side_b = box(page, f"{cmp} .sv-compare-side-a"), box(page, f"{cmp} .sv-compare-side-b")
+        assert side_b["x"] >= side_a["x"] + side_a["width"] - 2 and abs(side_b["y"] - side_a["y"]) < 4
+        for part in (".spectool-player", ".spectool-compare-plot", ".spectool-compare-summary",
+                     ".sv-compare-side-a .sv-tree-area svg", ".sv-compare-side-b .sv-tree-area svg"):
+            b_ = box(page, f"{cmp} {part}")
+            assert b_ is not None and inside(b_, view), f"{part} is not inside the notebook's area {view}: {b_}"
+        _check_compare_plot(page, cmp)
+        page.screenshot(path=str(ARTIFACTS / "lab_compare_1366.png"))
+
+        # Every output position: each side draws the tree of the iteration that produced it (none for
+        # prefill or past its output), and the page asks its kernel nothing.
+        page.wait_for_timeout(2500)  # the page's position report after opening
+        length = max(len(w) for w in want)
+        got = page.evaluate(COMPARE_STEPS_JS, [cmp, length])
+        assert got["sent"] == 0, f"{got['sent']} kernel messages for {length} steps"
+        for t, (label, trees, notes) in enumerate(got["steps"]):
+            assert label.startswith(f"output token {t} ({t + 1}/{length})"), label
+            for trace, cover, nodes, note in zip((a, b), want, trees, notes):
+                it = cover[t] if t < len(cover) else None
+                if it is None or it < 0:
+                    assert nodes is None, (t, note)
+                else:
+                    assert nodes == drawn(trace.iteration(it, r)), (t, it)
+                    assert note.startswith(f"from iteration {it} "), note
+
+        # The first difference, one click away; ← / → step one output token.
+        page.locator(f"{cmp} .spectool-compare-jump").click()
+        assert _compare_label_position(page, cmp) == first
+        page.locator(f"{cmp} .sv-label").click()
+        page.keyboard.press("ArrowRight")
+        assert _compare_label_position(page, cmp) == first + 1
+        page.keyboard.press("ArrowLeft")
+        assert _compare_label_position(page, cmp) == first
+        # A click on the plot's line picks that output position (plotly's click event, as a click on a point).
+        page.evaluate(f"() => document.querySelector('{cmp} .spectool-compare-plot .sv-plot-area')"
+                      ".emit('plotly_click', {points: [{x: 5}]})")
+        assert _compare_label_position(page, cmp) == 5
+
+        # Play at its fastest visits every output position once, in order, then stops.
+        seen = page.evaluate(COMPARE_PLAY_JS, cmp)
+        assert seen == list(range(1, length)), seen
+
+        # Input to the next paint, in the page.
+        page.wait_for_timeout(2500)
+        ms = step_latencies(page, cmp, 14)[2:]  # the first two warm the page up
+        print(f"JupyterLab CompareView step latency: median {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms, "
+              f"steps {[round(m, 1) for m in ms]}")
+
+        # Another request from the picker: its own alignment, opened at its first difference (or token 1).
+        other = requests[1]
+        page.select_option(f"{cmp} .sv-request", "1")
+        outs = [list(t.request(other)["output_tokens"]) for t in (a, b)]
+        start = next((k for k, (x, y) in enumerate(zip(*outs)) if x != y), None)
+        start = start if start is not None else (min(map(len, outs)) if len(outs[0]) != len(outs[1]) else 1)
+        assert _compare_label_position(page, cmp) == start
+        it = covering(a, other)[start]
+        if it >= 0:
+            side = f"{cmp} .sv-compare-side-a .sv-tree-area circle.sv-node"
+            nodes = page.evaluate(f"() => [...document.querySelectorAll('{side}')].map(c => +c.dataset.node)"
+                                  ".sort((a, b) => a - b)")
+            assert nodes == drawn(a.iteration(it, other))
+
+        # The recorded run against the tuner's prediction for two draft tokens: side B draws predicted trees.
+        predicted = ".jp-Cell:nth-child(2) .spectool-compare-page"
+        page.wait_for_selector(f"{predicted} .sv-compare-side-b .sv-tree-area circle", timeout=RUN_TIMEOUT_MS)
+        heads = page.locator(f"{predicted} .sv-compare-label").all_inner_texts()
+        assert heads[1].startswith("B: predicted ngram") and "num_draft_tokens=2" in heads[1], heads
+        steps = page.evaluate(COMPARE_STEPS_JS, [predicted, 12])["steps"]
+        sizes = [len(trees[1]) for _, trees, _ in steps if trees[1] is not None]
+        assert sizes and max(sizes) <= 3, sizes  # the root and at most two drafted nodes
+        page.evaluate(f"() => document.querySelector('{predicted}').scrollIntoView({{block: 'start'}})")
+        page.screenshot(path=str(ARTIFACTS / "lab_compare_predicted.png"))
+
+        page.set_viewport_size(WIDE)
+        page.evaluate(f"() => document.querySelector('{cmp}').scrollIntoView({{block: 'start'}})")
+        page.wait_for_timeout(500)
+        view = box(page, ".jp-NotebookPanel .jp-WindowedPanel-outer")
+        for part in (".spectool-player", ".sv-compare-side-a .sv-tree-area svg",
+                     ".sv-compare-side-b .sv-tree-area svg"):
+            assert inside(box(page, f"{cmp} {part}"), view), part
+        _check_compare_plot(page, cmp)
+        page.screenshot(path=str(ARTIFACTS / "lab_compare_1600.png"))
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "lab_compare_failure.png"), full_page=True)
+        print("page errors:", errors)
+        raise
+    finally:
+        page.close()
+    assert errors == []
     assert statistics.median(ms) <= STEP_FAIL_MS, f"step latency {ms} ms"

@@ -1,5 +1,7 @@
 """Trace views driven programmatically: slider, request picker, row selection, bad input."""
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -116,22 +118,61 @@ def test_views_accept_an_iteration_view_and_a_path(ngram_trace, tmp_path):
 def test_compare_view_aligns_by_output_position(ngram_trace):
     sampled = make_trace("eagle", num_requests=3, batch_size=2, num_draft_tokens=10, seed=1, temperature=1.0)
     same = CompareView(ngram_trace, ngram_trace)
-    assert same.first is None and "identical" in same.summary.value and same.jump.disabled
+    assert same.first is None and "identical" in same.summary
     cmp = CompareView(ngram_trace, sampled, request=1)
     assert cmp.labels[0].startswith("A: ngram") and cmp.labels[1].startswith("B: eagle")
     out = [np.asarray(t.request(1)["output_tokens"]) for t in (ngram_trace, sampled)]
     n = min(map(len, out))
     first = int(np.nonzero(out[0][:n] != out[1][:n])[0][0])
-    assert cmp.first == first and f"first difference at output token {first}" in cmp.summary.value
+    assert cmp.first == first and f"first difference at output token {first}" in cmp.summary
+    assert cmp.position == first  # shown first
     for side, trace in zip(cmp.sides, (ngram_trace, sampled)):
         # Oracle: walk the iterations, each producing its accepted drafts and a bonus token.
         covering = [-1]
         for it in trace.iterations(1):
             covering += [it] * (trace.iteration(it, 1).accept_length + 1)
         assert side["iteration"].tolist() == covering[:len(side["tokens"])]
-    cmp.jump.click()
-    assert cmp.slider.value == first
-    assert [t.iteration for t in cmp.trees] == [int(s["iteration"][first]) for s in cmp.sides]
+    cmp.go_to(0)
+    assert cmp.iterations == [-1, -1]  # output token 0 comes from prefill in both runs
+    cmp.go_to(first)
+    assert cmp.iterations == [int(s["iteration"][first]) for s in cmp.sides]
+    # What the page steps from: per side and output position, the position among the request's iterations.
+    sides = json.loads(cmp.compare_json)["aligned"]["1"]["sides"]
+    for side, trace in zip(sides, (ngram_trace, sampled)):
+        its = trace.iterations(1)
+        assert [its[k] if k >= 0 else -1 for k in side["step"]] == side["iteration"]
+
+
+def test_compare_view_of_large_traces_sends_the_rest_when_the_page_asks(ngram_trace, monkeypatch):
+    """Traces over the preload size: the page gets the first request's alignment and its first chunks; another
+    request's alignment and a side's chunk come as answers to the page's questions, each side from its trace."""
+    import spectool.widgets.compare
+    import spectool.widgets.viewer
+
+    monkeypatch.setattr(spectool.widgets.viewer, "PRELOAD_RECORDS", 1)
+    monkeypatch.setattr(spectool.widgets.compare, "PRELOAD_RECORDS", 1)
+    sampled = make_trace("eagle", num_requests=3, batch_size=2, num_draft_tokens=10, seed=1, temperature=1.0)
+    cmp = CompareView(ngram_trace, sampled, request=0)
+    page = json.loads(cmp.compare_json)
+    assert list(page["aligned"]) == ["0"] and [r["id"] for r in page["requests"]] == [0, 1, 2]
+    sent = []
+    monkeypatch.setattr(cmp, "send", lambda content, buffers=None: sent.append((content, buffers)))
+    cmp._message(cmp, {"kind": "compare", "request": 2}, [])
+    (reply, _), = sent
+    for side, trace in zip(reply["data"]["sides"], (ngram_trace, sampled)):
+        its = trace.iterations(2)
+        covering = [-1]
+        for k, it in enumerate(its):
+            covering += [k] * (trace.iteration(it, 2).accept_length + 1)
+        assert side["step"] == covering[:len(trace.request(2)["output_tokens"])]
+    sent.clear()
+    cmp._message(cmp, {"kind": "chunk", "side": 1, "request": 2, "chunk": 0}, [])
+    (reply, buffers), = sent
+    assert reply["side"] == 1 and reply["request"] == 2 and len(buffers) == 1
+    assert len(reply["data"]["offsets"]) == len(sampled.iterations(2)) + 1  # every iteration of B's request 2
+    sent.clear()
+    cmp._message(cmp, {"kind": "compare", "request": 99}, [])  # not a shared request: no answer
+    assert sent == []
 
 
 def empty_steps():
@@ -143,7 +184,7 @@ def test_empty_trace_shows_a_message():
     for view in (TreeView(trace), MaskView(trace), AcceptanceView(trace)):
         assert "empty trace" in view.message.value
     assert "empty trace" in TraceViewer(trace).error
-    assert "empty trace" in CompareView(trace, trace).message.value
+    assert "empty trace" in CompareView(trace, trace).error
 
 
 def test_request_finished_at_prefill(ngram_trace):

@@ -86,30 +86,15 @@ class TraceViewer(anywidget.AnyWidget):
 
     def __init__(self, source: Any, request: int | None = None, parts: list[str] | None = None):
         self.trace, error = open_trace(source)
-        header: dict = {"requests": [], "texts": {}, "facts": [], "calibration": {"groups": []}, "phases": []}
-        blob = Blob()
-        if self.trace is not None and not error:
-            header = header_data(self.trace)
-        if error or not header["requests"]:
-            header["error"] = error or "this trace has no draft iterations"
         start = request if request is not None else (first_request(self.trace) if self.trace is not None else 0)
-        if not header.get("error"):
-            ids = [r["id"] for r in header["requests"]]
-            if len(self.trace) <= PRELOAD_RECORDS:
-                for r in ids:
-                    preload(header, blob, self.trace, r)
-            elif start in ids:
-                preload(header, blob, self.trace, start, [0])
-        encoded = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
-        super().__init__(header_json=encoded, blob=blob.bytes(), request=int(start or 0), position=0,
-                         parts=list(parts or []))
-        self.header = header  # what the page got (`requests`: the picker's list)
+        self.data = PageData(self.trace, error, start)
+        super().__init__(header_json=self.data.header_json(), blob=self.data.blob, request=int(start or 0),
+                         position=0, parts=list(parts or []))
+        self.header = self.data.header  # what the page got (`requests`: the picker's list)
         self.add_class("spectool-viewer")
-        self.error = header.get("error")
+        self.error = self.data.header.get("error")
         if self.trace is not None and request is not None and not self.positions:
             self.error = no_iterations_message(self.trace, request)
-        self._requests: dict[int, dict] = {r["id"]: {k: v for k, v in r.items() if k != "loaded"}
-                                           for r in header.get("loaded", [])}
         self.on_msg(self._message)
         self.observe(lambda _: self._snap(), names=["request", "position"])
         self._snap()
@@ -136,41 +121,10 @@ class TraceViewer(anywidget.AnyWidget):
             self.position = position
 
     def _message(self, _widget: Any, content: dict, _buffers: list) -> None:
-        """The page's questions: plotly.js, a request's columns, a chunk of per-node arrays, a request's text."""
-        if not isinstance(content, dict):
-            return
-        kind, request = content.get("kind"), content.get("request")
-        if kind == "plotly":
-            self.send({"kind": "plotly"}, buffers=[get_plotlyjs().encode()])
-        elif self.trace is None or not isinstance(request, int):
-            return
-        elif kind == "request":
-            # With the chunk of the position the page will show: one round trip to the first tree, not two.
-            data, blob = dict(self._request_data(request)), Blob()
-            position = content.get("position")
-            chunk = position // data["chunk"] if isinstance(position, int) and position >= 0 else 0
-            if chunk < data["chunks"]:
-                data["loaded"] = {str(chunk): chunk_data(chunk_rows(self.trace, request, chunk), blob, self.trace)}
-            self.send({"kind": "request", "data": data}, buffers=[blob.bytes()])
-        elif kind == "chunk" and isinstance(content.get("chunk"), int):
-            blob = Blob()
-            data = chunk_data(chunk_rows(self.trace, request, content["chunk"]), blob, self.trace)
-            self.send({"kind": "chunk", "request": request, "chunk": content["chunk"], "data": data},
-                      buffers=[blob.bytes()])
-        elif kind == "text":
-            accept = self._request_data(request)["accept_length"]
-            self.send({"kind": "text", "request": request, "data": text_data(self.trace, request, accept)})
-
-    def _request_data(self, request: int) -> dict:
-        """A request's per-iteration columns, kept for the last few requests shown."""
-        if request not in self._requests:
-            if len(self._requests) >= 8:
-                self._requests.pop(next(iter(self._requests)))
-            # A large trace without a request index reads every request row the first time a text is
-            # asked for: the text follows in its own message, after the tree is drawn.
-            self._requests[request] = request_data(self.trace, request, with_text=len(self.trace) <= LARGE_RECORDS
-                                                   or self.trace.finds_requests_fast)
-        return self._requests[request]
+        """The page's questions: plotly.js, or a request's data (`PageData.answer`)."""
+        reply = plotly_reply(content) or self.data.answer(content)
+        if reply is not None:
+            self.send(*reply)
 
     def _view(self):
         it = self.iteration
@@ -181,7 +135,7 @@ class TraceViewer(anywidget.AnyWidget):
         if view is None:
             self.snapshot = ""
             return
-        acc = np.asarray(self._request_data(self.request)["accept_length"], np.int64)
+        acc = np.asarray(self.data.request_data(self.request)["accept_length"], np.int64)
         self.snapshot = iteration_svg(view, self.trace.token_text, acc, self.position, iteration_title(view))
 
     def _repr_mimebundle_(self, **kwargs: Any):
@@ -223,3 +177,75 @@ class TraceViewer(anywidget.AnyWidget):
                           title=iteration_title(view))
         return fig
 
+
+def plotly_reply(content: Any) -> tuple[dict, list[bytes]] | None:
+    """The answer to a page's question for plotly.js (sent once per page), or None for another question."""
+    if isinstance(content, dict) and content.get("kind") == "plotly":
+        return {"kind": "plotly"}, [get_plotlyjs().encode()]
+    return None
+
+
+class PageData:
+    """One trace as the page gets it: a header and a first blob, then answers to the page's questions.
+
+    A trace of at most PRELOAD_RECORDS records goes whole; a larger one with the `start` request's
+    first chunk, the rest when the page asks (`answer`).
+    """
+
+    def __init__(self, trace: Any, error: str | None, start: int | None):
+        self.trace = trace
+        header: dict = {"requests": [], "texts": {}, "facts": [], "calibration": {"groups": []}, "phases": []}
+        blob = Blob()
+        if trace is not None and not error:
+            header = header_data(trace)
+        if error or not header["requests"]:
+            header["error"] = error or "this trace has no draft iterations"
+        if not header.get("error"):
+            ids = [r["id"] for r in header["requests"]]
+            if len(trace) <= PRELOAD_RECORDS:
+                for r in ids:
+                    preload(header, blob, trace, r)
+            elif start in ids:
+                preload(header, blob, trace, start, [0])
+        self.header = header
+        self.blob = blob.bytes()
+        self._requests: dict[int, dict] = {r["id"]: {k: v for k, v in r.items() if k != "loaded"}
+                                           for r in header.get("loaded", [])}
+
+    def header_json(self) -> bytes:
+        """The header as UTF-8 JSON bytes (see TraceViewer.header_json)."""
+        return json.dumps(self.header, separators=(",", ":"), allow_nan=False).encode()
+
+    def answer(self, content: Any) -> tuple[dict, list[bytes]] | None:
+        """The reply (message, buffers) to a page's question for a request's columns, a chunk of per-node
+        arrays or a request's text; None for anything else."""
+        if self.trace is None or not isinstance(content, dict) or not isinstance(content.get("request"), int):
+            return None
+        kind, request = content.get("kind"), content["request"]
+        if kind == "request":
+            # With the chunk of the position the page will show: one round trip to the first tree, not two.
+            data, blob = dict(self.request_data(request)), Blob()
+            position = content.get("position")
+            chunk = position // data["chunk"] if isinstance(position, int) and position >= 0 else 0
+            if chunk < data["chunks"]:
+                data["loaded"] = {str(chunk): chunk_data(chunk_rows(self.trace, request, chunk), blob, self.trace)}
+            return {"kind": "request", "data": data}, [blob.bytes()]
+        if kind == "chunk" and isinstance(content.get("chunk"), int):
+            blob = Blob()
+            data = chunk_data(chunk_rows(self.trace, request, content["chunk"]), blob, self.trace)
+            return {"kind": "chunk", "request": request, "chunk": content["chunk"], "data": data}, [blob.bytes()]
+        if kind == "text":
+            accept = self.request_data(request)["accept_length"]
+            return {"kind": "text", "request": request, "data": text_data(self.trace, request, accept)}, []
+        return None
+
+    def request_data(self, request: int) -> dict:
+        """A request's per-iteration columns, kept for the last few requests shown."""
+        if request not in self._requests:
+            if len(self._requests) >= 8:
+                self._requests.pop(next(iter(self._requests)))
+            # A large trace without a request index reads every request row the first time a text is
+            # asked for: the text follows in its own message, after the tree is drawn.
+            self._requests[request] = request_data(self.trace, request, with_text=len(self.trace) <= LARGE_RECORDS
+                                                   or self.trace.finds_requests_fast)
+        return self._requests[request]

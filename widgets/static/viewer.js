@@ -85,6 +85,9 @@ const CSS = `
 .spectool-viewer { font: 13px/1.35 system-ui, sans-serif; color: #222; outline: none; }
 .spectool-viewer .sv-bar { display: flex; flex-wrap: wrap; gap: 6px; align-items: center; margin: 2px 0 6px; }
 .spectool-viewer .sv-bar input[type=range] { flex: 1 1 200px; min-width: 120px; }
+/* ◀ slider ▶ wrap as one: a narrow bar breaks before them or after them, never between */
+.spectool-viewer .sv-steps { display: flex; gap: 6px; align-items: center; flex: 1 1 240px; }
+.spectool-viewer .sv-request-search { flex: none; font: 12px system-ui, sans-serif; box-sizing: border-box; }
 .spectool-viewer .sv-label { font-variant-numeric: tabular-nums; }
 .spectool-viewer .sv-main { display: grid; grid-template-columns: minmax(0, 1.15fr) minmax(0, 1fr); gap: 10px; }
 .spectool-viewer .sv-lower { display: grid; grid-template-columns: repeat(auto-fit, minmax(360px, 1fr)); gap: 10px;
@@ -184,11 +187,40 @@ function layout(v) {
   return {x, depth, shown, keep, leaves: leaf, maxDepth, bonus: hasBonus ? {x: bonusX, y: -(depth[last] + 1), parent: last} : null};
 }
 
+// A titled panel: a plot area and the current-iteration marker that moves over it (markCurrent).
+function panel(cls, title) {
+  const plot = h('div', {class: 'sv-plot-area'});
+  const marker = h('div', {class: 'sv-marker'});
+  const box = h('div', {class: `sv-plot ${cls}`}, h('h4', {}, title), plot, marker);
+  return {box, plot, marker, title: box.firstChild};
+}
+
+// Move panel p's marker to x value `xval` of its plotly plot gd.
+function markCurrent(p, gd, xval) {
+  const full = gd._fullLayout;
+  if (!full || !full.xaxis || !full.yaxis || xval === undefined) { p.marker.style.display = 'none'; return; }
+  const xa = full.xaxis, ya = full.yaxis;
+  // plotly's own numbers, no DOM reads: the marker lives inside the plot's div
+  if (p.marker.parentNode !== gd) gd.append(p.marker);
+  p.marker.style.transform = `translateX(${xa._offset + xa.l2p(xval) - 1}px)`;
+  if (p.marker.style.display !== 'block' || p.markerTop !== ya._offset || p.markerHeight !== ya._length) {
+    p.markerTop = ya._offset;
+    p.markerHeight = ya._length;
+    p.marker.style.top = `${ya._offset}px`;
+    p.marker.style.height = `${ya._length}px`;
+    p.marker.style.display = 'block';
+  }
+}
+
 // The parts a view shows: all of them for the viewer; a standalone view names its own (opts.parts).
 export const PARTS = ['tree', 'mask', 'text', 'find', 'plots'];
 
+// opts: parts (what to show, default PARTS), fetch (ask the kernel for data), onState (where the player
+// stands), initial ({request, position, selected}), height (pixels shared by the tree's levels and the
+// mask's rows, default HEIGHT), player (false: no player of its own, stepped by goTo, as in a comparison).
 export function mount(root, header, buffer, Plotly, opts = {}) {
   const parts = new Set(opts.parts && opts.parts.length ? opts.parts : PARTS);
+  const ownPlayer = opts.player !== false, HEIGHT_PX = opts.height || HEIGHT;
   // ----- data: requests and chunks as they arrive (all of them at once in the report) -------
   const texts = Object.assign({}, header.texts || {});
   const reqs = new Map(), chunks = new Map(), asked = new Set();
@@ -222,20 +254,23 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   const text = (id) => (texts[id] !== undefined ? texts[id] : '#' + id);
   const vtext = (id) => visible(text(id));
   root.classList.add('spectool-viewer');
-  root.tabIndex = 0;
+  if (ownPlayer) root.tabIndex = 0;
   root.replaceChildren(h('style', {}, CSS));
   const message = h('div', {class: 'sv-message'});
   root.append(message);
   if (!header.has_tokenizer) root.append(h('div', {class: 'sv-note'}, 'this trace has no tokenizer: tokens are shown as ids'));
   if (!header.requests.length) {
     message.textContent = header.error || 'this trace has no draft iterations (empty trace)';
-    return {goTo() {}, destroy() {}, state: () => ({})};
+    return {goTo() {}, showRequest() {}, receive() {}, select() {}, destroy() {}, state: () => ({})};
   }
 
   // ----- controls ---------------------------------------------------------------------------
   const picker = h('select', {class: 'sv-request', 'aria-label': 'request'});
-  const search = h('input', {type: 'search', class: 'sv-request-search', placeholder: `find request (${header.requests.length})`,
-                             'aria-label': 'find request', style: 'width: 9em'});
+  // The box is as wide as its placeholder (in its own font, 'ch' of digits and letters alike) plus the
+  // search field's clear button, and never shrinks: the text stays whole at any width of the bar.
+  const hint = `find request (${header.requests.length})`;
+  const search = h('input', {type: 'search', class: 'sv-request-search', placeholder: hint,
+                             'aria-label': 'find request', style: `width: calc(${hint.length + 1}ch + 24px)`});
   const play = h('button', {class: 'sv-play', title: 'play / pause'}, '▶ play');
   const speed = h('select', {class: 'sv-speed', 'aria-label': 'play speed'});
   SPEEDS.forEach((s) => speed.append(new Option(`${s} step/s`, String(s))));
@@ -244,7 +279,8 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   const next = h('button', {class: 'sv-next', title: 'next iteration (→)'}, '▶');
   const slider = h('input', {type: 'range', class: 'sv-slider', min: '0', max: '0', value: '0', 'aria-label': 'iteration'});
   const label = h('span', {class: 'sv-label'});
-  const player = h('div', {class: 'sv-bar spectool-player'}, search, picker, play, speed, prev, slider, next, label);
+  const player = h('div', {class: 'sv-bar spectool-player'}, search, picker, play, speed,
+                   h('span', {class: 'sv-steps'}, prev, slider, next), label);
   const findKind = h('select', {class: 'sv-find-kind', 'aria-label': 'find'});
   [['zero', 'accept length 0'], ['depth', 'first rejection at depth'], ['confident', 'rejected draft with score ≥'],
    ['slowest', 'slowest iteration']].forEach(([v, t]) => findKind.append(new Option(t, v)));
@@ -258,12 +294,6 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
                    h('span', {style: 'flex: 1'}), 'mask row ', rowPick);
 
   // ----- panels -----------------------------------------------------------------------------
-  const panel = (cls, title) => {
-    const plot = h('div', {class: 'sv-plot-area'});
-    const marker = h('div', {class: 'sv-marker'});
-    const box = h('div', {class: `sv-plot ${cls}`}, h('h4', {}, title), plot, marker);
-    return {box, plot, marker, title: box.firstChild};
-  };
   const tree = panel('spectool-tree', 'draft tree');
   const legend = h('div', {class: 'sv-legend'});
   for (const [name, what] of [['accepted', 'accepted: the target agreed'],
@@ -289,7 +319,7 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   if (!parts.has('mask')) rowPick.style.display = 'none';
   main.replaceChildren(...[tree.box, mask.box].filter((_, j) => parts.has(['tree', 'mask'][j])));
   if (main.children.length === 1) main.style.gridTemplateColumns = 'minmax(0, 1fr)';
-  root.append(player);
+  if (ownPlayer) root.append(player);
   if (parts.has('find') || parts.has('mask')) root.append(finder);
   if (parts.has('text')) root.append(textPanel);
   root.append(main);
@@ -353,7 +383,7 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   function renderTree(v, sel) {
     const {x, depth, shown, bonus} = lay;
     const avail = Math.max(240, widths.tree || 600);
-    const left = 34, right = 16, top = 16, levelH = Math.max(36, Math.min(60, Math.floor(HEIGHT / (lay.maxDepth + 1))));
+    const left = 34, right = 16, top = 16, levelH = Math.max(36, Math.min(60, Math.floor(HEIGHT_PX / (lay.maxDepth + 1))));
     const spacing = Math.max(8, (avail - left - right) / Math.max(lay.leaves, 1));
     const W = left + right + spacing * Math.max(lay.leaves, 1), H = top + levelH * (lay.maxDepth + 1) + 24;
     const X = (xv) => left + spacing * (xv + 0.5), Y = (d) => top + 10 + levelH * d;
@@ -423,7 +453,7 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     const labels = rows.map((i) => `${i} ${clip(vtext(v.tokens[i]), 8)}`);
     const avail = Math.max(200, widths.mask || 500);
     const left = 92, topM = 6, bottom = 78;
-    const cell = Math.max(4, Math.min(26, Math.floor((avail - left - 10) / Math.max(m, 1)), Math.floor(HEIGHT / Math.max(m, 1))));
+    const cell = Math.max(4, Math.min(26, Math.floor((avail - left - 10) / Math.max(m, 1)), Math.floor(HEIGHT_PX / Math.max(m, 1))));
     const side = cell * m;
     const svg = svgEl('svg', {width: left + side + 10, height: topM + side + bottom, class: 'sv-mask-svg',
                               'data-nodes': rows.join(',')});  // the query rows (= key columns), in order
@@ -472,22 +502,6 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     tip.style.left = `${e.clientX - rect.left + 14}px`;
     tip.style.top = `${e.clientY - rect.top + 14}px`;
     tip.style.display = 'block';
-  }
-
-  function markCurrent(p, gd, xval) {
-    const full = gd._fullLayout;
-    if (!full || !full.xaxis || !full.yaxis || xval === undefined) { p.marker.style.display = 'none'; return; }
-    const xa = full.xaxis, ya = full.yaxis;
-    // plotly's own numbers, no DOM reads: the marker lives inside the plot's div
-    if (p.marker.parentNode !== gd) gd.append(p.marker);
-    p.marker.style.transform = `translateX(${xa._offset + xa.l2p(xval) - 1}px)`;
-    if (p.marker.style.display !== 'block' || p.markerTop !== ya._offset || p.markerHeight !== ya._length) {
-      p.markerTop = ya._offset;
-      p.markerHeight = ya._length;
-      p.marker.style.top = `${ya._offset}px`;
-      p.marker.style.height = `${ya._length}px`;
-      p.marker.style.display = 'block';
-    }
   }
 
   function renderText(v) {
@@ -684,9 +698,9 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
       levels = Math.max(levels, R.deepest[k] + 2);  // + the bonus token's level
       rows = Math.max(rows, R.shown[k]);
     }
-    const levelH = Math.max(36, Math.min(60, Math.floor(HEIGHT / levels)));
+    const levelH = Math.max(36, Math.min(60, Math.floor(HEIGHT_PX / levels)));
     tree.plot.style.height = `${16 + levelH * levels + 24 + 40}px`;
-    const cell = Math.max(4, Math.min(26, Math.floor(((widths.mask || 500) - 102) / rows), Math.floor(HEIGHT / rows)));
+    const cell = Math.max(4, Math.min(26, Math.floor(((widths.mask || 500) - 102) / rows), Math.floor(HEIGHT_PX / rows)));
     mask.plot.style.height = `${cell * rows + 6 + 78 + 4}px`;
   }
 
@@ -796,7 +810,7 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   findNext.onclick = () => find(1);
   findPrev.onclick = () => find(-1);
   rowPick.onchange = () => { chosen = Number(rowPick.value) < 0 ? null : Number(rowPick.value); render(); };
-  root.addEventListener('keydown', (e) => {
+  if (ownPlayer) root.addEventListener('keydown', (e) => {
     if (e.target.tagName === 'INPUT' || e.target.tagName === 'SELECT') return;
     if (e.key === 'ArrowRight' || e.key === 'ArrowLeft') {
       goTo(pos + (e.key === 'ArrowRight' ? 1 : -1));
@@ -896,6 +910,214 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   };
 }
 
+// ----- two runs compared by output position ------------------------------------------------------
+// `compare` (widgets/compare.py): the sides' labels, the requests both ran, and per request and side the
+// player position (`step`, -1: prefill), iteration and accept length of every output position. Each side
+// is `mount`'s tree view of its own trace (`sides[j]`, `buffers[j]`), without a player: one player steps
+// both through output positions, so a step draws two trees from arrays already in the page.
+const SIDE_COLORS = ['#1f77b4', '#d62728'];
+const COMPARE_PLOT = 190;
+const COMPARE_CSS = `
+.spectool-compare-page .spectool-compare-plot .sv-plot-area { height: ${COMPARE_PLOT}px; }  /* plotly resized may say 100% */
+.spectool-compare-page .sv-compare-top { display: grid; grid-template-columns: minmax(0, 1.5fr) minmax(0, 1fr); gap: 10px; }
+.spectool-compare-page .spectool-compare-summary { font-size: 12px; line-height: 1.45; overflow-wrap: anywhere; }
+.spectool-compare-page .spectool-compare-first { color: ${COLORS.rejected}; font-weight: 600; }
+.spectool-compare-page .sv-compare-sides { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 10px;
+  margin-top: 6px; }
+.spectool-compare-page .sv-compare-side { min-width: 0; border-top: 3px solid var(--side); padding-top: 2px; }
+.spectool-compare-page .sv-compare-side > h4 { color: var(--side); }
+.spectool-compare-page .sv-compare-note { font-weight: normal; margin-left: 8px; }
+.spectool-compare-page .sv-compare-tree h4 { font-size: 12px; font-weight: 500; }
+.spectool-compare-page .sv-compare-side-b .sv-legend { display: none; }  /* the same as side A's */
+.spectool-compare-page .spectool-compare-jump { margin-left: 6px; }
+.spectool-compare-page .sv-compare-idle .sv-compare-tree { visibility: hidden; }
+`;
+// The tree's levels share fewer pixels than in the viewer: plot, summary and both trees fit one screen.
+const COMPARE_HEIGHT = 300;
+
+export function mountCompare(root, compare, sides, buffers, Plotly, opts = {}) {
+  root.classList.add('spectool-viewer', 'spectool-compare-page');
+  root.tabIndex = 0;
+  root.replaceChildren(h('style', {}, CSS + COMPARE_CSS));
+  const message = h('div', {class: 'sv-message'});
+  root.append(message);
+  if (compare.error || !compare.requests.length) {
+    message.textContent = compare.error || 'the two traces share no request ids';
+    return {goTo() {}, showRequest() {}, receive() {}, plotly() {}, destroy() {}, state: () => ({})};
+  }
+  const aligned = new Map(Object.entries(compare.aligned || {}).map(([id, d]) => [Number(id), d]));
+
+  // ----- controls, summary, plot and the two sides ----------------------------------------------
+  const picker = h('select', {class: 'sv-request', 'aria-label': 'request'});
+  compare.requests.forEach((r, i) => picker.append(new Option(r.label, String(i))));
+  const play = h('button', {class: 'sv-play', title: 'play / pause'}, '▶ play');
+  const speed = h('select', {class: 'sv-speed', 'aria-label': 'play speed'});
+  SPEEDS.forEach((v) => speed.append(new Option(`${v} step/s`, String(v))));
+  speed.value = '2';
+  const prev = h('button', {class: 'sv-prev', title: 'previous output token (←)'}, '◀');
+  const next = h('button', {class: 'sv-next', title: 'next output token (→)'}, '▶');
+  const slider = h('input', {type: 'range', class: 'sv-slider', min: '0', max: '0', value: '0', 'aria-label': 'output position'});
+  const label = h('span', {class: 'sv-label'});
+  // One click from the summary's line that names the first difference.
+  const jump = h('button', {class: 'spectool-compare-jump', title: 'the first output token where the runs differ'},
+                 'go to first difference');
+  root.append(h('div', {class: 'sv-bar spectool-player'}, picker, play, speed,
+                 h('span', {class: 'sv-steps'}, prev, slider, next), label));
+  const plot = panel('spectool-compare-plot', 'accept length of the iteration that produced each output token');
+  const summary = h('div', {class: 'spectool-compare-summary'});
+  root.append(h('div', {class: 'sv-compare-top'}, plot.box, summary));
+  if (!Plotly) plot.plot.append(h('div', {class: 'sv-note'}, 'the plot is drawn when the kernel sends plotly.js'));
+  const views = [], ctls = [];
+  for (let j = 0; j < 2; j++) {
+    const note = h('span', {class: 'sv-note sv-compare-note'});
+    const tree = h('div', {class: 'sv-compare-tree'});
+    const box = h('div', {class: `sv-compare-side sv-compare-side-${'ab'[j]}`, style: `--side: ${SIDE_COLORS[j]}`},
+                  h('h4', {}, h('span', {class: 'sv-compare-label'}, compare.labels[j]), note), tree);
+    views.push({box, note, tree});
+  }
+  root.append(h('div', {class: 'sv-compare-sides'}, ...views.map((v) => v.box)));
+  const initial = opts.initial || {};
+  const start = Math.max(0, compare.requests.findIndex((r) => r.id === initial.request));
+  views.forEach((v, j) => ctls.push(mount(v.tree, sides[j], buffers[j], null, {
+    parts: ['tree'], player: false, height: COMPARE_HEIGHT, initial: {request: compare.requests[start].id, position: -1},
+    fetch: opts.fetch && ((msg) => opts.fetch({...msg, side: j})),
+  })));
+
+  // ----- state ----------------------------------------------------------------------------------
+  let ci = 0, C = null, pos = 0, timer = null, waiting = null, P = Plotly;
+
+  function showRequest(i, position) {
+    ci = i;
+    picker.value = String(i);
+    const id = compare.requests[i].id;
+    if (!aligned.has(id)) {  // asked from the kernel; shown when it arrives
+      waiting = {index: i, position};
+      message.textContent = `loading request ${id}…`;
+      if (opts.fetch) opts.fetch({kind: 'compare', request: id});
+      return;
+    }
+    waiting = null;
+    message.textContent = '';
+    C = aligned.get(id);
+    slider.max = String(Math.max(C.length - 1, 0));
+    summary.replaceChildren(...C.summary.map((line) => h('div', line.first ? {class: 'spectool-compare-first'} : {},
+      ...(line.label ? [h('b', {}, line.label)] : []), line.text, ...(line.first ? [jump] : []))));
+    drawPlot();
+    pos = -1;
+    goTo(position === undefined || position === null ? C.start : position);
+  }
+
+  function goTo(p) {
+    if (!C) return;
+    const q = Math.max(0, Math.min(C.length - 1, p));
+    if (q === pos) return;
+    pos = q;
+    render();
+  }
+
+  function render() {
+    slider.value = String(pos);
+    const id = C.id;
+    views.forEach((v, j) => {
+      const S = C.sides[j], k = pos < S.step.length ? S.step[pos] : null;
+      const index = sides[j].requests.findIndex((r) => r.id === id);
+      let why = null;
+      if (index < 0) why = `request ${id} has no draft iterations in this run`;
+      else if (k === null) why = `no output token ${pos}: this run's output has ${S.step.length} tokens`;
+      else if (k < 0) why = `output token ${pos} came from prefill`;
+      v.box.classList.toggle('sv-compare-idle', why !== null);
+      if (why !== null) { v.note.textContent = why; return; }
+      v.note.textContent = `from iteration ${S.iteration[pos]} · accept length ${S.accept_length[pos]}`;
+      if (ctls[j].state().request === id) ctls[j].goTo(k);
+      else ctls[j].showRequest(index, k);  // its data may be on its way: drawn when it arrives
+    });
+    label.textContent = `output token ${pos} (${pos + 1}/${C.length})` + (pos === C.first ? ' · first difference' : '');
+    if (P) markCurrent(plot, plot.plot, pos);
+    if (opts.onState) opts.onState({request: C.id, position: pos});
+  }
+
+  function drawPlot() {
+    if (!P || !C) return;
+    const traces = C.sides.map((S, j) => ({
+      type: 'scatter', mode: 'lines', name: esc(clip(compare.labels[j], 60)), x: S.accept_length.map((_, t) => t).slice(1),
+      y: S.accept_length.slice(1), customdata: S.iteration.slice(1), line: {color: SIDE_COLORS[j], shape: 'hv', width: 1.5},
+      hovertemplate: 'output token %{x}: iteration %{customdata}, accept length %{y}<extra></extra>'}));
+    const first = C.first === null ? [] : [{type: 'line', xref: 'x', yref: 'paper', x0: C.first, x1: C.first, y0: 0, y1: 1,
+                                           line: {color: COLORS.rejected, width: 2, dash: 'dash'}}];
+    P.react(plot.plot, traces, {
+      height: COMPARE_PLOT, margin: {l: 56, r: 12, t: 22, b: 40}, plot_bgcolor: 'white', shapes: first,
+      legend: {orientation: 'h', x: 0, y: 1.02, yanchor: 'bottom', font: {size: 11}},
+      annotations: C.first === null ? [] : [{x: C.first, y: 0, yref: 'paper', yanchor: 'bottom', xanchor: 'left', showarrow: false,
+        text: ` outputs differ from token ${C.first}`, font: {color: COLORS.rejected, size: 11}}],
+      xaxis: {title: {text: 'output position (token index)'}, tickformat: 'd', range: [0, Math.max(C.length - 1, 1)]},
+      yaxis: {title: {text: 'accept length (tokens)'}, rangemode: 'tozero', tickformat: 'd'}}, CONFIG);
+    if (!plot.clicks) {
+      plot.clicks = true;
+      plot.plot.on('plotly_click', (e) => { stop(); goTo(Math.round(e.points[0].x)); });
+    }
+  }
+
+  function stop() { if (timer) { clearTimeout(timer); timer = null; } play.textContent = '▶ play'; }
+  function tick() {
+    if (pos >= C.length - 1) { stop(); return; }
+    if (ctls.some((c) => c.state().loading)) { timer = setTimeout(tick, 50); return; }  // a chunk is coming: never skip
+    goTo(pos + 1);
+    timer = setTimeout(() => requestAnimationFrame(tick), 1000 / Number(speed.value));
+  }
+
+  picker.onchange = () => { stop(); showRequest(Number(picker.value)); };
+  slider.oninput = () => goTo(Number(slider.value));
+  prev.onclick = () => goTo(pos - 1);
+  next.onclick = () => goTo(pos + 1);
+  jump.onclick = () => { stop(); if (C && C.first !== null) goTo(C.first); };
+  play.onclick = () => {
+    if (timer) { stop(); return; }
+    if (pos >= C.length - 1) goTo(0);
+    play.textContent = '❚❚ pause';
+    timer = setTimeout(tick, 1000 / Number(speed.value));
+  };
+  root.addEventListener('keydown', (e) => {
+    if (e.target.tagName === 'INPUT' || e.target.tagName === 'SELECT') return;
+    if (e.key === 'ArrowRight' || e.key === 'ArrowLeft') {
+      goTo(pos + (e.key === 'ArrowRight' ? 1 : -1));
+      e.preventDefault();
+      e.stopPropagation();
+    }
+  });
+  // The plot takes the width it is given; not while hidden (JupyterLab hides cells scrolled far away), when
+  // plotly would size it to nothing.
+  let lastWidth = 0;
+  const resize = new ResizeObserver(() => {
+    const w = root.clientWidth;
+    if (!w || Math.abs(w - lastWidth) < 4 || !P || !C) return;
+    lastWidth = w;
+    P.Plots.resize(plot.plot).then(() => markCurrent(plot, plot.plot, pos));
+  });
+  resize.observe(root);
+
+  showRequest(start, initial.position);
+
+  // A reply from the kernel: a request's alignment, or a side's request, chunk or text.
+  function receive(msg, buf) {
+    if (msg.kind === 'compare') {
+      aligned.set(msg.data.id, msg.data);
+      if (waiting && compare.requests[waiting.index].id === msg.data.id) showRequest(waiting.index, waiting.position);
+    } else if (msg.side === 0 || msg.side === 1) {
+      ctls[msg.side].receive(msg, buf);
+    }
+  }
+
+  return {
+    goTo, receive,
+    showRequest(i, position) { stop(); showRequest(i, position); },
+    // plotly.js arrived (the trees never wait for it)
+    plotly(p) { if (P) return; P = p; plot.plot.replaceChildren(); drawPlot(); if (C) markCurrent(plot, plot.plot, pos); },
+    state: () => ({request: C ? C.id : null, position: pos, loading: Boolean(waiting) || ctls.some((c) => c.state().loading),
+                   iterations: C ? C.sides.map((S) => (pos < S.iteration.length ? S.iteration[pos] : null)) : []}),
+    destroy() { stop(); resize.disconnect(); ctls.forEach((c) => c.destroy()); if (P) P.purge(plot.plot); },
+  };
+}
+
 // Depth colours from one continuous scale, so deep levels never repeat shallow ones.
 function depthColor(d, top) {
   const t = top <= 1 ? 0 : (d - 1) / (top - 1);
@@ -955,8 +1177,42 @@ function showSnapshot(model, el, why) {
   el.append(h('div', {class: 'sv-note', style: 'color:#666;font:12px system-ui,sans-serif'}, why));
 }
 
+// CompareView's page: the trees start at once, the plot when plotly.js is there.
+function renderCompare(model, el) {
+  const json = (name) => JSON.parse(new TextDecoder().decode(model.get(name) || new Uint8Array()) || '{}');
+  const own = (dv) => (dv ? dv.buffer.slice(dv.byteOffset, dv.byteOffset + dv.byteLength) : new ArrayBuffer(0));
+  const compare = json('compare_json'), sides = json('sides_json');
+  let pending = null;
+  const ctl = mountCompare(el, compare, sides, [own(model.get('blob_a')), own(model.get('blob_b'))], globalThis.Plotly || null, {
+    initial: {request: model.get('request'), position: model.get('position')},
+    fetch: (msg) => { try { model.send(msg); } catch (e) { /* no kernel: what was sent stays steppable */ } },
+    onState: (s) => {  // once stepping pauses, as the viewer does
+      clearTimeout(pending);
+      pending = setTimeout(() => { model.set('request', s.request); model.set('position', s.position); model.save_changes(); }, 1000);
+    },
+  });
+  const reply = (msg, buffers) => {
+    if (msg && (msg.kind === 'compare' || msg.side === 0 || msg.side === 1)) ctl.receive(msg, own(buffers && buffers[0]));
+  };
+  model.on('msg:custom', reply);
+  if (!compare.error) loadPlotly(model).then((P) => { if (P) ctl.plotly(P); });
+  const follow = () => {
+    const s = ctl.state();
+    const i = compare.requests.findIndex((r) => r.id === model.get('request'));
+    if (i >= 0 && model.get('request') !== s.request) ctl.showRequest(i, model.get('position'));
+    else if (model.get('position') !== s.position) ctl.goTo(model.get('position'));
+  };
+  model.on('change:position', follow);
+  model.on('change:request', follow);
+  return () => {
+    clearTimeout(pending); model.off('msg:custom', reply); model.off('change:position', follow);
+    model.off('change:request', follow); ctl.destroy();
+  };
+}
+
 export default {
   async render({model, el}) {
+    if (model.get('compare_json') !== undefined) return renderCompare(model, el);
     const header = JSON.parse(new TextDecoder().decode(model.get('header_json') || new Uint8Array()) || '{}');
     const error = header.error;
     showSnapshot(model, el, error || 'static snapshot: the interactive view starts when the kernel answers');
