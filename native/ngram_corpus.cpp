@@ -83,7 +83,10 @@ bool top_children(const Source& src, int32_t id, size_t keep, Child* top, TopChi
     }
     ++read;
     out.sum += c.count;
-    if (out.kept < keep || c.count > top[out.kept - 1].count) {
+    if (out.kept == 0) {  // the first child: the only one of most expanded nodes
+      top[0] = c;
+      out.kept = 1;
+    } else if (out.kept < keep || c.count > top[out.kept - 1].count) {
       // After every kept child of a count >= c's (a stable sort by count, descending); when all
       // `keep` are taken, the last one makes room.
       size_t pos = out.kept < keep ? out.kept++ : out.kept - 1;
@@ -160,7 +163,8 @@ void prob_pass(const Source& src, int32_t start, Tree& tree, ProbScratch& scratc
       next = heap.back();
       heap.pop_back();
     }
-    int idx = tree.find(next.parent, next.token);
+    // A tree node without children has none to reuse (the common case: a chain of new nodes).
+    int idx = tree.fanout[next.parent] > 0 ? tree.find(next.parent, next.token) : -1;
     if (idx < 0) idx = tree.add(next.token, next.parent, next.prob);
     if (tree.full()) return;  // a full tree would only queue the children
     id = next.id;
