@@ -66,32 +66,33 @@ void bfs_pass(const Source& src, int32_t start, int breadth, Tree& tree,
   }
 }
 
-// The `keep` most frequent children of a node (count descending, ties in the source's order)
-// and the sum of all its children's counts, in one walk of the sibling list: no copy of the
-// children, no sort of them all. Stops after `limit` children and returns false when there
-// were more (out then holds those read so far).
+// The `keep` (>= 1) most frequent children of a node into top[0..kept) (count descending, ties
+// in the source's order) and the sum of all its children's counts, in one walk of the sibling
+// list: no copy of the children, no sort of them all. Stops after `limit` children and returns
+// false when there were more (out then holds those read so far).
 template <class Source>
-bool top_children(const Source& src, int32_t id, size_t keep, ProbExpansion& out,
+bool top_children(const Source& src, int32_t id, size_t keep, Child* top, TopChildren& out,
                   int64_t limit = std::numeric_limits<int64_t>::max()) {
-  out.sum = 0;
-  out.children = 0;
-  out.top.clear();
+  out = TopChildren{};
+  int64_t read = 0;
   bool complete = true;
   src.for_each_child(id, [&](const Child& c) {
-    if (out.children == limit) {
+    if (read == limit) {
       complete = false;
       return false;
     }
+    ++read;
     out.sum += c.count;
-    std::vector<Child>& top = out.top;
-    if (keep > 0 && (top.size() < keep || c.count > top.back().count)) {
-      // After every kept child of a count >= c's: a stable sort by count, descending.
-      size_t pos = top.size();
-      while (pos > 0 && top[pos - 1].count < c.count) --pos;
-      if (top.size() == keep) top.pop_back();
-      top.insert(top.begin() + static_cast<std::ptrdiff_t>(pos), c);
+    if (out.kept == 0) {  // the first child: the only one of most expanded nodes
+      top[0] = c;
+      out.kept = 1;
+    } else if (out.kept < keep || c.count > top[out.kept - 1].count) {
+      // After every kept child of a count >= c's (a stable sort by count, descending); when all
+      // `keep` are taken, the last one makes room.
+      size_t pos = out.kept < keep ? out.kept++ : out.kept - 1;
+      for (; pos > 0 && top[pos - 1].count < c.count; --pos) top[pos] = top[pos - 1];
+      top[pos] = c;
     }
-    ++out.children;
     return true;
   });
   return complete;
@@ -99,46 +100,53 @@ bool top_children(const Source& src, int32_t id, size_t keep, ProbExpansion& out
 
 // Best-first by path probability, the product of count shares among siblings. With a
 // `cache` (trie passes), expansions of nodes with many children are read from it while valid.
+// One loop expands a node and pops the next (the start first), so the expansion is inlined.
 template <class Source>
 void prob_pass(const Source& src, int32_t start, Tree& tree, ProbScratch& scratch, ProbCache* cache) {
   std::vector<Candidate>& heap = scratch.heap;
   heap.clear();
   uint64_t seq = 0;
-  Candidate next{};
-  bool has_next = false;
   // A child ranked r among its siblings is popped only after the r before it, each of which
   // adds a node (at most n - size more) or reuses one of the tree node's children: a child
   // ranked below that can never be reached, so only the top are pushed.
   const size_t most = static_cast<size_t>(tree.n - 1);
-  auto expand = [&](int32_t id, int at, double prob) {
-    const ProbExpansion* e = &scratch.expansion;
+  if (scratch.top.size() < most) scratch.top.resize(most);
+  int32_t id = start;  // the source node to expand, its tree node and its path probability
+  int at = 0;
+  double prob = 1.0;
+  while (true) {
+    const size_t reach = static_cast<size_t>(tree.n - tree.size + tree.fanout[at]);
+    const Child* top = scratch.top.data();
+    TopChildren t;
     // Most expanded nodes have a few children (long contexts): a short walk reads them all for
     // less than the cache's lookup costs, so only a node with more consults the cache.
-    if (!top_children(src, id, most, scratch.expansion, ProbCache::kMinChildren)) {
+    if (!top_children(src, id, reach, scratch.top.data(), t, ProbCache::kMinChildren)) {
       if constexpr (std::is_same_v<Source, Trie>) {
         const uint64_t signature = src.children_signature(id);
         auto it = cache->find(id);
         if (it == cache->end() || it->second.signature != signature) {
-          top_children(src, id, most, scratch.expansion);
-          scratch.expansion.signature = signature;
-          if (it != cache->end()) {
-            it->second = scratch.expansion;
-          } else {
+          if (it == cache->end()) {
             if (cache->size() >= ProbCache::kMaxEntries) cache->clear();
-            it = cache->emplace(id, scratch.expansion).first;
+            it = cache->emplace(id, ProbExpansion{}).first;
           }
+          ProbExpansion& e = it->second;
+          e.top.resize(most);
+          top_children(src, id, most, e.top.data(), t);
+          e.top.resize(t.kept);
+          e.sum = t.sum;
+          e.signature = signature;
         }
-        e = &it->second;
+        top = it->second.top.data();
+        t = TopChildren{it->second.sum, std::min(it->second.top.size(), reach)};
       } else {
-        top_children(src, id, most, scratch.expansion);
+        top_children(src, id, reach, scratch.top.data(), t);
       }
     }
-    if (e->sum <= 0) return;
-    const size_t reach = static_cast<size_t>(tree.n - tree.size + tree.fanout[at]);
-    const size_t top = std::min(e->top.size(), reach);
-    for (size_t i = 0; i < top; ++i) {
-      const Child& c = e->top[i];
-      const Candidate cand{prob * static_cast<double>(c.count) / static_cast<double>(e->sum), seq++, c.id, c.token, at};
+    Candidate next;
+    bool has_next = false;
+    for (size_t i = 0; i < t.kept; ++i) {
+      const Child& c = top[i];
+      const Candidate cand{prob * static_cast<double>(c.count) / static_cast<double>(t.sum), seq++, c.id, c.token, at};
       // The most frequent child beating everything queued (strictly: a tie goes to the earlier
       // push) is the next pop: it skips the heap (most expansions have one child, a long chain).
       if (i == 0 && (heap.empty() || heap.front() < cand)) {
@@ -149,20 +157,19 @@ void prob_pass(const Source& src, int32_t start, Tree& tree, ProbScratch& scratc
       heap.push_back(cand);
       std::push_heap(heap.begin(), heap.end());
     }
-  };
-  expand(start, 0, 1.0);
-  while ((has_next || !heap.empty()) && !tree.full()) {
-    Candidate c = next;
-    if (has_next) {
-      has_next = false;
-    } else {
+    if (!has_next) {
+      if (heap.empty()) return;
       std::pop_heap(heap.begin(), heap.end());
-      c = heap.back();
+      next = heap.back();
       heap.pop_back();
     }
-    int idx = tree.find(c.parent, c.token);
-    if (idx < 0) idx = tree.add(c.token, c.parent, c.prob);
-    if (!tree.full()) expand(c.id, idx, c.prob);  // a full tree would only queue the children
+    // A tree node without children has none to reuse (the common case: a chain of new nodes).
+    int idx = tree.fanout[next.parent] > 0 ? tree.find(next.parent, next.token) : -1;
+    if (idx < 0) idx = tree.add(next.token, next.parent, next.prob);
+    if (tree.full()) return;  // a full tree would only queue the children
+    id = next.id;
+    at = idx;
+    prob = next.prob;
   }
 }
 

@@ -58,11 +58,16 @@ struct Child {
   int64_t count;
 };
 
-// What a PROB expansion of a node reads: its most frequent children, in the order they are
-// pushed, and the sum of all its children's counts.
+// What a PROB expansion of a node reads: the sum of all its children's counts and how many of
+// its most frequent children were kept (in a caller's array, in the order they are pushed).
+struct TopChildren {
+  int64_t sum = 0;
+  size_t kept = 0;
+};
+
+// A cached expansion: the sum and the most frequent children themselves.
 struct ProbExpansion {
   int64_t sum = 0;
-  int64_t children = 0;
   std::vector<Child> top;
   uint64_t signature = 0;  // Trie::children_signature when it was read
 };
@@ -88,7 +93,7 @@ struct Candidate {
 
 struct ProbScratch {
   std::vector<Candidate> heap;
-  ProbExpansion expansion;
+  std::vector<Child> top;  // an expansion's kept children (N - 1)
 };
 
 class Trie {

@@ -156,6 +156,31 @@ def test_native_matches_reference_on_random_streams(scenario):
     run_scenario(*scenario)
 
 
+@st.composite
+def wide_prob_scenarios(draw):
+    """PROB with trees wider than the nodes' children lists are long and a frequent token (0) whose
+    contexts have dozens of children, many of equal count, so expansions keep only the children a
+    tree node can still reach, at ties, under evictions. Tokens come from a seeded generator:
+    hypothesis's own integers stay too small to grow such nodes."""
+    depth = draw(st.integers(2, 5))
+    params = dict(max_trie_depth=depth, min_bfs_breadth=1, max_bfs_breadth=10,
+                  num_draft_tokens=draw(st.integers(8, 40)), match="prob",
+                  capacity=draw(st.one_of(st.integers(60, 300), st.just(10_000))))
+    vocab = draw(st.integers(8, 80))
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    ops = []
+    for _ in range(draw(st.integers(4, 24))):
+        toks = [0 if rng.random() < 0.4 else rng.randrange(vocab) for _ in range(rng.randint(1, 60))]
+        ops.append((rng.choice(["put", "put", "req", "get", "get"]), rng.randrange(3), toks))
+    return params, ops
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(wide_prob_scenarios())
+def test_prob_matches_reference_on_wide_trees(scenario):
+    run_scenario(*scenario)
+
+
 @pytest.mark.parametrize("match", ["bfs", "prob"])
 @pytest.mark.parametrize("capacity", [300, 10_000_000])
 def test_native_matches_reference_on_real_text(stdlib_tokens, match, capacity):
