@@ -124,7 +124,11 @@ def test_every_source_yields_its_rows(headline, tmp_path):
         "tree_kernels.json": {"index": [{"bs": 1, "N": 16, "triton_us": 4.62, "speedup": 60.44},
                                         {"bs": 1, "N": 8, "triton_us": 4.0, "speedup": 50.0},
                                         {"bs": 64, "N": 64, "triton_us": nan, "speedup": nan}],
-                              "verify": [{"bs": 1, "N": 16, "greedy_graphed_us": 13.94, "sampling_graphed_us": nan}]},
+                              "verify": [{"bs": 1, "N": 16, "greedy_graphed_us": 13.94, "sampling_graphed_us": nan}],
+                              "sampling": [{"dtype": "float32", "bs": 1, "N": 16, "top_k": 0, "top_p": 1.0,
+                                            "torch_graphed_us": 338.4, "chunked_graphed_us": 56.4},
+                                           {"dtype": "bfloat16", "bs": 1, "N": 16, "top_k": 0, "top_p": 1.0,
+                                            "torch_graphed_us": 344.0, "chunked_graphed_us": 58.8}]},
         "gemv.json": {"rows": [{"shape": "8B", "projection": "o", "N": 4096, "K": 4096, "rows": 1,
                                 "triton_default_us": 10.61, "unfused_us": 13.33},
                                {"shape": "8B", "projection": "o", "N": 4096, "K": 4096, "rows": 4,
@@ -145,6 +149,8 @@ def test_every_source_yields_its_rows(headline, tmp_path):
         ("Recording", "plain, bs 1, Llama-3-8B shape"): "record on/off 0.970 (219 against 226 tok/s)",
         ("Kernels", "tree indices from the mask, bs 1, N 16"): "4.6 µs, 60.4× the torch reference",
         ("Kernels", "greedy verify in a CUDA graph, V 128256, bs 1, N 16"): "13.9 µs",
+        ("Kernels", "chunked sampling verify in a CUDA graph, temperature, V 128256, bs 1, N 16"):
+            "56.4 µs, 6.0× the torch verify",
         ("Kernels", "fused one-row GEMV, Llama-3-8B o 4096×4096"): "10.6 µs (cuBLAS and glue 13.3)",
         ("N-gram corpus", "get + put per request, bs 64, 10M-node trie"): "3.9 µs, 52× the Python reference",
         ("N-gram corpus", "get + put per request against SGLang's corpus, BFS, bs 8, 10M-node trie"):
