@@ -126,6 +126,10 @@ def test_run_gpu_lists_each_part_once_with_its_limit_and_runs_existing_scripts()
     assert header == limits, "the header's parts and limits are the LIMIT table's"
     assert sorted(cases) == sorted(limits), "every part has one case branch"
     default = re.search(r'PARTS="\$\{PARTS:-([^}]*)\}"', text).group(1).split()
-    assert set(default) <= set(limits) and sum(int(limits[p]) for p in default) <= 540  # one 10-minute call
+    assert sorted(default) == sorted(limits), "by default the script runs the whole set, each part once"
+    assert default.index("large") < min(default.index(p) for p in ("step_times", "vs_transformers", "sweep")), \
+        "the parts that use the 113M target run after the part that trains it"
+    stated = re.search(r"<= ([\d,]+) s of limits", text).group(1).replace(",", "")
+    assert int(stated) == sum(int(v) for v in limits.values()), "the header states the limits' sum"
     for script in set(re.findall(r"\brun \w+ \d+ (\w+)", text)):
         assert (BENCHMARKS / f"{script}.py").is_file(), f"run_gpu.sh runs a missing benchmarks/{script}.py"
