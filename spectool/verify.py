@@ -289,6 +289,18 @@ def verify_sampling(
                         bonus_cdf=bonus_cdf)
 
 
+def _kernel_sampling_inputs(tree: DraftTree, logits: torch.Tensor, temperature: float | torch.Tensor, top_k: int,
+                            top_p: float, coins: torch.Tensor) -> torch.Tensor:
+    """The sampling kernels' inputs checked, and the temperature as the [B] float32 tensor they read."""
+    _check_logits(tree, logits)
+    _check_sampling(logits, temperature, top_k, top_p)
+    bs, n, _ = logits.shape
+    _check_coins(coins, bs, n)
+    if isinstance(temperature, torch.Tensor):
+        return temperature
+    return torch.full((bs,), float(temperature), dtype=torch.float32, device=tree.device)
+
+
 def verify_sampling_fused(
     tree: DraftTree,
     logits: torch.Tensor,
@@ -305,12 +317,7 @@ def verify_sampling_fused(
     float32 rounding of the probabilities, and ties at the top-p cut, which it keeps)."""
     from spectool.kernels.verify_sampling_triton import sampling_decide_triton, sampling_rows_triton
 
-    _check_logits(tree, logits)
-    _check_sampling(logits, temperature, top_k, top_p)
-    bs, n, _ = logits.shape
-    _check_coins(coins, bs, n)
-    if not isinstance(temperature, torch.Tensor):
-        temperature = torch.full((bs,), float(temperature), dtype=torch.float32, device=tree.device)
+    temperature = _kernel_sampling_inputs(tree, logits, temperature, top_k, top_p, coins)
     rows = sampling_rows_triton(logits, temperature, top_k, top_p)
     status, path, length, bonus, bonus_cdf, child_probs, coins_out = sampling_decide_triton(
         logits, temperature, rows, tree.tokens, tree.parents, tree.depth, tree.valid, tree.mask, coins,
@@ -341,15 +348,10 @@ def verify_sampling_chunked(
         sampling_rows_chunked,
     )
 
-    _check_logits(tree, logits)
-    _check_sampling(logits, temperature, top_k, top_p)
-    bs, n, _ = logits.shape
-    _check_coins(coins, bs, n)
+    temperature = _kernel_sampling_inputs(tree, logits, temperature, top_k, top_p, coins)
     if isinstance(config, str) and config not in CONFIGS:
         raise ValueError(f"unknown launch config {config!r}; one of {sorted(CONFIGS)}")
     launch = config if isinstance(config, LaunchConfig) else CONFIGS[config or DEFAULT_CONFIG]
-    if not isinstance(temperature, torch.Tensor):
-        temperature = torch.full((bs,), float(temperature), dtype=torch.float32, device=tree.device)
     rows = sampling_rows_chunked(logits, temperature, top_k, top_p, launch)
     status, path, length, bonus, bonus_cdf, child_probs, coins_out = sampling_decide_chunked(
         logits, temperature, rows, tree.tokens, tree.parents, tree.depth, tree.valid, tree.mask, coins,

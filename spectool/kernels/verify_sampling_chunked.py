@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from spectool.kernels.triton_import import tl, triton
-from spectool.kernels.verify_sampling_triton import _tree_decision
+from spectool.kernels.verify_sampling_triton import _tree_decision, decision_outputs
 
 
 @dataclass(frozen=True)
@@ -439,13 +439,7 @@ def sampling_decide_chunked(logits: torch.Tensor, temperature: torch.Tensor, row
     bs, n, vocab = logits.shape
     dev = logits.device
     m, z, cut, cut_id, argmax = (a.contiguous() for a in rows)
-    status = torch.empty(bs, n, dtype=torch.int8, device=dev)
-    path = torch.empty(bs, width, dtype=torch.int64, device=dev)
-    length = torch.empty(bs, dtype=torch.int64, device=dev)
-    bonus = torch.empty(bs, dtype=torch.int64, device=dev)
-    bonus_cdf = torch.empty(bs, 2, dtype=torch.float32, device=dev)
-    child_probs = torch.empty(bs, n, dtype=torch.float32, device=dev)
-    coins_out = torch.empty(bs, n, dtype=torch.float32, device=dev)
+    status, path, length, bonus, bonus_cdf, child_probs, coins_out = decision_outputs(bs, n, width, dev)
     if bs:
         chunk = min(config.chunk, triton.next_power_of_2(vocab))
         nc = triton.cdiv(vocab, chunk)

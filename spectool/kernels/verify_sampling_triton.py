@@ -273,6 +273,15 @@ def sampling_rows_triton(logits: torch.Tensor, temperature: torch.Tensor, top_k:
     return m.view(bs, n), cut.view(bs, n), z.view(bs, n), argmax.view(bs, n)
 
 
+def decision_outputs(bs: int, n: int, width: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The decision kernels' outputs, uninitialised: status int8 [B, N], accept_path int64 [B, width],
+    accept_length and bonus int64 [B], bonus_cdf float32 [B, 2], child_probs and coins float32 [B, N]."""
+    i64, f32 = {"dtype": torch.int64, "device": device}, {"dtype": torch.float32, "device": device}
+    return (torch.empty(bs, n, dtype=torch.int8, device=device), torch.empty(bs, width, **i64),
+            torch.empty(bs, **i64), torch.empty(bs, **i64), torch.empty(bs, 2, **f32),
+            torch.empty(bs, n, **f32), torch.empty(bs, n, **f32))
+
+
 def sampling_decide_triton(logits: torch.Tensor, temperature: torch.Tensor, rows: tuple, tokens: torch.Tensor,
                            parents: torch.Tensor, depth: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor,
                            coins: torch.Tensor, width: int):
@@ -283,13 +292,7 @@ def sampling_decide_triton(logits: torch.Tensor, temperature: torch.Tensor, rows
     bs, n, vocab = logits.shape
     dev = logits.device
     m, cut, z, argmax = rows
-    status = torch.empty(bs, n, dtype=torch.int8, device=dev)
-    path = torch.empty(bs, width, dtype=torch.int64, device=dev)
-    length = torch.empty(bs, dtype=torch.int64, device=dev)
-    bonus = torch.empty(bs, dtype=torch.int64, device=dev)
-    bonus_cdf = torch.empty(bs, 2, dtype=torch.float32, device=dev)
-    child_probs = torch.empty(bs, n, dtype=torch.float32, device=dev)
-    coins_out = torch.empty(bs, n, dtype=torch.float32, device=dev)
+    status, path, length, bonus, bonus_cdf, child_probs, coins_out = decision_outputs(bs, n, width, dev)
     if bs:
         block = max(16, triton.next_power_of_2(max(n, width)))
         _sampling_decide_kernel[(bs,)](
