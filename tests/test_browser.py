@@ -12,12 +12,14 @@ static figure. Screenshots go to test-artifacts/.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -66,6 +68,21 @@ def browser():
         b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+@contextlib.contextmanager
+def closed_on_exit(page, failure_png: str, errors: list | None = None) -> Iterator[None]:
+    """Closes ``page`` after the block; a failure inside it first saves a full-page screenshot as
+    test-artifacts/``failure_png`` (and prints the page's errors) for the CI artifacts."""
+    try:
+        yield
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / failure_png), full_page=True)
+        if errors is not None:
+            print("page errors:", errors)
+        raise
+    finally:
+        page.close()
 
 
 def drawn(view) -> list[int]:
@@ -282,7 +299,7 @@ def test_views_in_jupyterlab_then_reopened_without_a_kernel(browser, lab, tmp_pa
     page = browser.new_page(viewport=VIEWPORT)
     dialogs = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    try:
+    with closed_on_exit(page, "lab_failure.png"):
         open_notebook(page, server, "views.ipynb")
         page.wait_for_selector(".spectool-compare .sv-tree-area circle", timeout=RUN_TIMEOUT_MS)
         page.wait_for_function("() => document.querySelectorAll('.spectool-viewer .sv-tree-area circle').length > 8",
@@ -324,11 +341,6 @@ def test_views_in_jupyterlab_then_reopened_without_a_kernel(browser, lab, tmp_pa
         # The toolbar's save button: a Ctrl+S pressed with the focus in an output may never reach the command.
         page.locator(".jp-NotebookPanel-toolbar [data-command='docmanager:save']").first.click()
         page.wait_for_function("() => !document.querySelector('.jp-mod-current.jp-mod-dirty')", timeout=30_000)
-    except Exception:
-        page.screenshot(path=str(ARTIFACTS / "lab_failure.png"), full_page=True)
-        raise
-    finally:
-        page.close()
     assert dialogs == []
 
     # Reopen it the next day: a fresh JupyterLab whose fresh kernel has run nothing. Every view shows its
@@ -337,21 +349,18 @@ def test_views_in_jupyterlab_then_reopened_without_a_kernel(browser, lab, tmp_pa
     reopened = Lab(root, tmp_path, {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     page = browser.new_page(viewport=VIEWPORT)
     try:
-        page.goto(f"{reopened.url}/lab/tree/views.ipynb?token={reopened.token}")
-        page.wait_for_function("() => document.querySelectorAll("
-                               "'.spectool-viewer .sv-tree-area svg, img.spectool-snapshot').length >= 2",
-                               timeout=90_000)
-        page.wait_for_timeout(1500)
-        assert page.get_by_text("model not found").count() == 0
-        assert page.locator(".jp-Cell:nth-child(1) .jp-InputPrompt").first.inner_text().strip() == "[1]:"
-        if page.locator(f"{first} .sv-label").count():  # live again: at the saved position
-            assert page.locator(f"{first} .sv-label").inner_text() == saved_label
-        page.screenshot(path=str(ARTIFACTS / "lab_reopened.png"))
-    except Exception:
-        page.screenshot(path=str(ARTIFACTS / "lab_reopened_failure.png"), full_page=True)
-        raise
+        with closed_on_exit(page, "lab_reopened_failure.png"):
+            page.goto(f"{reopened.url}/lab/tree/views.ipynb?token={reopened.token}")
+            page.wait_for_function("() => document.querySelectorAll("
+                                   "'.spectool-viewer .sv-tree-area svg, img.spectool-snapshot').length >= 2",
+                                   timeout=90_000)
+            page.wait_for_timeout(1500)
+            assert page.get_by_text("model not found").count() == 0
+            assert page.locator(".jp-Cell:nth-child(1) .jp-InputPrompt").first.inner_text().strip() == "[1]:"
+            if page.locator(f"{first} .sv-label").count():  # live again: at the saved position
+                assert page.locator(f"{first} .sv-label").inner_text() == saved_label
+            page.screenshot(path=str(ARTIFACTS / "lab_reopened.png"))
     finally:
-        page.close()
         reopened.stop()
 
     # The same notebook as static HTML, saved as JupyterLab saves it by default (no widget state, which
@@ -430,36 +439,33 @@ def test_stored_notebooks_show_their_pictures_with_no_kernel_and_as_static_html(
     server = Lab(root, tmp_path, env)
     page = browser.new_page(viewport=VIEWPORT)
     try:
-        for name in [*names, "as_saved.ipynb"]:
-            page.goto(f"{server.url}/lab/tree/{name}?token={server.token}&reset")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            page.locator(".jp-Dialog", has_text="Select Kernel").wait_for(timeout=30_000)
-            page.keyboard.press("Escape")  # keep "No Kernel"
-            page.get_by_text("No Kernel").first.wait_for(timeout=10_000)
-            if name == "as_saved.ipynb":
-                page.get_by_text("Loading widget...").first.wait_for(timeout=30_000)
-                assert page.locator("img.spectool-snapshot").count() == 0
-                page.get_by_text("Loading widget...").first.scroll_into_view_if_needed()
-                page.screenshot(path=str(ARTIFACTS / "lab_no_kernel_control.png"))
-                continue
-            want = _picture_count(nbformat.read(root / name, as_version=4))
-            assert want >= 1
-            pictures = page.locator(".jp-OutputArea-output img.spectool-snapshot")
-            for k in range(want):  # JupyterLab draws cells as they scroll into view
-                pictures.nth(k).scroll_into_view_if_needed(timeout=30_000)
-                page.wait_for_function("(k) => { const i = document.querySelectorAll("
-                                       "'.jp-OutputArea-output img.spectool-snapshot')[k];"
-                                       " return i && i.complete && i.naturalWidth > 300; }", arg=k, timeout=10_000)
-                assert pictures.nth(k).is_visible()
-            assert page.get_by_text("Loading widget").count() == 0
-            assert page.get_by_text("model not found").count() == 0
-            pictures.first.scroll_into_view_if_needed()
-            page.screenshot(path=str(ARTIFACTS / f"lab_no_kernel_{name[:2]}.png"))
-    except Exception:
-        page.screenshot(path=str(ARTIFACTS / "lab_no_kernel_failure.png"), full_page=True)
-        raise
+        with closed_on_exit(page, "lab_no_kernel_failure.png"):
+            for name in [*names, "as_saved.ipynb"]:
+                page.goto(f"{server.url}/lab/tree/{name}?token={server.token}&reset")
+                page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+                page.locator(".jp-Dialog", has_text="Select Kernel").wait_for(timeout=30_000)
+                page.keyboard.press("Escape")  # keep "No Kernel"
+                page.get_by_text("No Kernel").first.wait_for(timeout=10_000)
+                if name == "as_saved.ipynb":
+                    page.get_by_text("Loading widget...").first.wait_for(timeout=30_000)
+                    assert page.locator("img.spectool-snapshot").count() == 0
+                    page.get_by_text("Loading widget...").first.scroll_into_view_if_needed()
+                    page.screenshot(path=str(ARTIFACTS / "lab_no_kernel_control.png"))
+                    continue
+                want = _picture_count(nbformat.read(root / name, as_version=4))
+                assert want >= 1
+                pictures = page.locator(".jp-OutputArea-output img.spectool-snapshot")
+                for k in range(want):  # JupyterLab draws cells as they scroll into view
+                    pictures.nth(k).scroll_into_view_if_needed(timeout=30_000)
+                    page.wait_for_function("(k) => { const i = document.querySelectorAll("
+                                           "'.jp-OutputArea-output img.spectool-snapshot')[k];"
+                                           " return i && i.complete && i.naturalWidth > 300; }", arg=k, timeout=10_000)
+                    assert pictures.nth(k).is_visible()
+                assert page.get_by_text("Loading widget").count() == 0
+                assert page.get_by_text("model not found").count() == 0
+                pictures.first.scroll_into_view_if_needed()
+                page.screenshot(path=str(ARTIFACTS / f"lab_no_kernel_{name[:2]}.png"))
     finally:
-        page.close()
         server.stop()
 
     from nbconvert import HTMLExporter
@@ -534,7 +540,7 @@ def test_a_long_trace_opens_and_steps_across_chunks_in_jupyterlab(browser, lab):
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     server.shutdown_kernels()  # the notebooks before: Run All waits for this notebook's kernel alone
-    try:
+    with closed_on_exit(page, "lab_long_failure.png", errors):
         open_notebook(page, server, "long.ipynb")
         page.wait_for_selector(f"{viewer} .sv-tree-area circle", timeout=RUN_TIMEOUT_MS)
         # Open time of the viewer alone: its cell again, spectool imported and plotly.js on the page.
@@ -570,12 +576,6 @@ def test_a_long_trace_opens_and_steps_across_chunks_in_jupyterlab(browser, lab):
                                  .map(c => +c.dataset.node).sort((a, b) => a - b)""")
         assert got == drawn(trace.iteration(far, 0))
         page.screenshot(path=str(ARTIFACTS / "lab_long_far.png"))
-    except Exception:
-        page.screenshot(path=str(ARTIFACTS / "lab_long_failure.png"), full_page=True)
-        print("page errors:", errors)
-        raise
-    finally:
-        page.close()
     assert statistics.median(ms) <= STEP_FAIL_MS, f"step latency {ms} ms"
 
 
@@ -724,7 +724,7 @@ def test_compare_view_steps_in_the_page_in_jupyterlab(browser, lab):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     cmp = ".jp-Cell:nth-child(1) .spectool-compare-page"
-    try:
+    with closed_on_exit(page, "lab_compare_failure.png", errors):
         open_notebook(page, server, "compare.ipynb")
         page.wait_for_function(f"() => [...document.querySelectorAll('{cmp} .sv-compare-tree')]"
                                ".filter(t => t.querySelectorAll('circle').length > 8).length === 2",
@@ -824,11 +824,5 @@ def test_compare_view_steps_in_the_page_in_jupyterlab(browser, lab):
             assert inside(box(page, f"{cmp} {part}"), view), part
         _check_compare_plot(page, cmp)
         page.screenshot(path=str(ARTIFACTS / "lab_compare_1600.png"))
-    except Exception:
-        page.screenshot(path=str(ARTIFACTS / "lab_compare_failure.png"), full_page=True)
-        print("page errors:", errors)
-        raise
-    finally:
-        page.close()
     assert errors == []
     assert statistics.median(ms) <= STEP_FAIL_MS, f"step latency {ms} ms"
