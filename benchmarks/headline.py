@@ -67,6 +67,19 @@ def recording_rows(data: dict) -> Rows:
 
 
 
+def tune_rows(data: dict) -> Rows:
+    """Per draft method: how many of its points the tuner predicted within 10 % of the measured tokens/s."""
+    rows = data["rows"]
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method]
+        tps = [r["tokens_per_s_error"] for r in mine]
+        acc = [r["accept_error"] for r in mine if r["accept_error"] is not None]
+        sizes = ", ".join(str(b) for b in sorted({r["batch_size"] for r in mine}))
+        yield (f"{METHOD_NAMES.get(method, method)}: predicted against measured, bs {sizes}",
+               f"tokens/s within 10 % at {sum(abs(e) <= 0.10 for e in tps)} of {len(tps)} points "
+               f"({min(tps):+.1%} to {max(tps):+.1%}); accept length {min(acc):+.1%} to {max(acc):+.1%}")
+
+
 INDEX_CELLS = {(1, 16), (64, 64), (256, 64)}  # (bs, N): the engine's smallest tree, and large batches
 
 
@@ -141,6 +154,7 @@ SOURCES: list[tuple[str, str, Callable[[dict], Rows]]] = [
     ("speculative.json", "Speculative decoding, demo model", speculative_rows),
     ("recording_8B.json", "Recording", recording_rows),
     ("recording.json", "Recording", recording_rows),
+    ("large/tune_accuracy.json", "What-if tuner, 113M target", tune_rows),
     ("tree_kernels.json", "Kernels", tree_kernel_rows),
     ("gemv.json", "Kernels", gemv_rows),
     ("ngram_corpus.json", "N-gram corpus", ngram_rows),

@@ -18,16 +18,18 @@ only its num_steps to vary), then each point is decoded for real (a warm-up run,
 of ``--repeats``) and the relative errors are reported: of the mean accept length (exact in
 float32 on the CPU; in bf16 the teacher-forced and incremental forwards round differently,
 spectool/tune/eagle_whatif.py) and of tokens/s (the profile's model of an iteration against the engine's
-measured iterations). Tokens/s come from ``--profile``; when that is not a file it is
-measured first, in the same run, by ``spectool.tune.calibrate`` on exactly the batch sizes,
-tree sizes, top-k and steps the points use, from a cache as long as the workload's mean prompt
-plus half its output (and written to ``--profile`` when given). Prints a table and the seconds
-each phase took; writes $OUT/tune_accuracy.json (or --out).
+measured iterations; the JSON splits both into the iterations that verified a drafted tree and
+those that verified the roots alone, medians and counts). Tokens/s come from ``--profile``;
+when that is not a file it is measured first, in the same run, by ``spectool.tune.calibrate``
+on exactly the batch sizes, tree sizes, top-k and steps the points use, from a cache as long
+as the workload's mean prompt plus half its output (and written to ``--profile`` when given).
+Prints a table and the seconds each phase took; writes $OUT/tune_accuracy.json (or --out).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
@@ -71,11 +73,35 @@ def calibration_grid(points: dict[str, list], batch_sizes: list[int]) -> dict:
 
 def print_row(r: dict) -> None:
     c = r["config"]
-    short = ",".join(f"{k[:4]}={c[k]}" for k in ("num_steps", "topk", "max_bfs_breadth", "num_draft_tokens") if k in c)
+    names = {"num_steps": "steps", "topk": "topk", "max_bfs_breadth": "breadth", "num_draft_tokens": "N"}
+    short = ",".join(f"{n}={c[k]}" for k, n in names.items() if k in c)
     acc_err = "n/a" if r["accept_error"] is None else f"{r['accept_error']:+.1%}"
     print(f"{r['method']:<18} {short:<28} {r['batch_size']:>3} {r['predicted_accept_length']:>11.2f} "
           f"{r['measured_accept_length']:>6.2f} {acc_err:>6} {r['predicted_tokens_per_s']:>10.1f} "
           f"{r['measured_tokens_per_s']:>8.1f} {r['tokens_per_s_error']:>+6.1%}", flush=True)
+
+
+def iteration_split(stats, pred, profile: CostProfile) -> dict:
+    """Measured and predicted µs per iteration, medians over the iterations that verified a drafted
+    tree and over those that verified the roots alone, with their counts: where a tokens/s error
+    comes from (the iteration's cost, or how often each kind ran)."""
+    cols = stats.columns
+    measured: dict[int, list] = {}
+    for it, depth, us in zip(cols["iteration"], cols["depth"], cols["iteration_us"]):
+        drafted, _ = measured.get(it, (False, us))
+        measured[it] = (drafted or depth[0] > 0, us)
+    cfg = None if pred.method == "none" else pred.config
+    predicted = [(int(n) > 1, profile.iteration_us(cfg, int(b), int(n)))
+                 for b, n in zip(pred.batch_size, pred.num_nodes)]
+
+    def split(pairs) -> dict:
+        out = {}
+        for kind, flag in (("drafted", True), ("roots", False)):
+            us = [u for d, u in pairs if d == flag]
+            out[kind] = {"iterations": len(us), "median_us": statistics.median(us) if us else None}
+        return out
+
+    return {"measured": split(measured.values()), "predicted": split(predicted)}
 
 
 def context_of(prompts: dict[str, list[list[int]]], new_tokens: int) -> int:
@@ -144,7 +170,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     rows = []
 
     def save() -> None:  # after every method: a run cut short still leaves the points it measured
-        write_json("tune_accuracy.json", {"meta": {**run_meta(args), "profile": profile.source,
+        write_json("tune_accuracy.json", {"meta": {**run_meta(args, "tune_accuracy"), "profile": profile.source,
                                                    "profile_device": profile.device, "seconds": seconds},
                                           "rows": rows}, args.out)
 
@@ -175,7 +201,8 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                              "accept_error": pred.mean_accept_length / best.mean_accept_length - 1
                              if best.mean_accept_length else None,
                              "predicted_tokens_per_s": pt, "measured_tokens_per_s": best.tokens_per_s,
-                             "tokens_per_s_error": pt / best.tokens_per_s - 1})
+                             "tokens_per_s_error": pt / best.tokens_per_s - 1,
+                             "iteration_us": iteration_split(best, pred, profile)})
                 print_row(rows[-1])
         save()
     seconds["record, predict and run"] = time.perf_counter() - t0
