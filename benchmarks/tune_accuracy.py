@@ -17,12 +17,14 @@ batch size of ``--batch-sizes`` (a point = configuration x batch size: multi-lay
 only its num_steps to vary), then each point is decoded for real (a warm-up run, then the best
 of ``--repeats``) and the relative errors are reported: of the mean accept length (exact in
 float32 on the CPU; in bf16 the teacher-forced and incremental forwards round differently,
-spectool/tune/eagle_whatif.py) and of tokens/s (the profile's model of an iteration against the engine's
-measured iterations; the JSON splits both into the iterations that verified a drafted tree and
-those that verified the roots alone, medians and counts). Tokens/s come from ``--profile``;
-when that is not a file it is measured first, in the same run, by ``spectool.tune.calibrate``
-on exactly the batch sizes, tree sizes, top-k and steps the points use, from a cache as long
-as the workload's mean prompt plus half its output (and written to ``--profile`` when given).
+spectool/tune/eagle_whatif.py) and of tokens/s (the profile's model of an iteration against
+the engine's measured iterations; the JSON splits both into the iterations that verified a
+drafted tree and those that verified the roots alone, medians and counts; ``--recheck`` adds
+the point's configuration timed again as the calibration times a grid point, right after its
+runs). Tokens/s come from ``--profile``; when that is not a file it is measured first, in the
+same run, by ``spectool.tune.calibrate`` on exactly the batch sizes, tree sizes, top-k and
+steps the points use, from a cache as long as the workload's mean prompt plus half its output
+(and written to ``--profile`` when given).
 Prints a table and the seconds each phase took; writes $OUT/tune_accuracy.json (or --out).
 """
 
@@ -38,7 +40,7 @@ from speculative import add_common_arguments, load_target, run_meta, write_json
 import spectool as st
 from spectool.prompts import load_prompts
 from spectool.tune import CostProfile
-from spectool.tune.calibrate import calibrate
+from spectool.tune.calibrate import calibrate, time_iterations
 from spectool.tune.recommend import tune
 
 WORKLOAD = {"ngram": "editing", "eagle": "completion", "multi_layer_eagle": "completion"}
@@ -121,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--calibration-repeats", type=int, default=10, help="timed repeats per calibration point")
     p.add_argument("--methods", default="ngram,eagle,multi_layer_eagle")
+    p.add_argument("--recheck", action="store_true",
+                   help="after each point's runs, time its configuration again as the calibration does (a "
+                        "fresh engine on the synthetic prompts): whether the profile's figure still holds then")
     p.add_argument("--process-clock", action="store_true",
                    help="CPU only: every timing (engine and calibration) reads the process's CPU time, what one "
                         "thread's wall time would be on an idle core of a CPU shared with other work")
@@ -152,6 +157,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                for m in methods}
     seconds = {}
     t0 = time.perf_counter()
+    context = 32 if args.quick else context_of(prompts, new_tokens)
     if args.profile and Path(args.profile).is_file():
         profile = CostProfile.load(args.profile)
     else:
@@ -160,7 +166,7 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         profile = calibrate(target, eagle_path=f"{args.draft_dir}/eagle" if has["eagle"] else None,
                             multi_layer_path=f"{args.draft_dir}/multi_layer_eagle" if has["multi_layer_eagle"]
                             else None, repeats=2 if args.quick else args.calibration_repeats,
-                            context=32 if args.quick else context_of(prompts, new_tokens), **grid)
+                            context=context, **grid)
         if args.profile:
             profile.save(args.profile)
     seconds["calibrate"] = time.perf_counter() - t0
@@ -203,6 +209,9 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                              "predicted_tokens_per_s": pt, "measured_tokens_per_s": best.tokens_per_s,
                              "tokens_per_s_error": pt / best.tokens_per_s - 1,
                              "iteration_us": iteration_split(best, pred, profile)})
+                if args.recheck:
+                    rows[-1]["iteration_us"]["recheck_us"] = time_iterations(
+                        target, cfg, bs, context=context, iterations=2 if args.quick else args.calibration_repeats)
                 print_row(rows[-1])
         save()
     seconds["record, predict and run"] = time.perf_counter() - t0

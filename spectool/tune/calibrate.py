@@ -75,10 +75,25 @@ class _Runs:
         self.prompts = [(rng.integers(1, vocab, chunk).tolist() * (context // chunk + 1))[:context]
                         for _ in range(max_batch_size)]
 
-    def engine(self, draft, most_tokens_per_iteration: int, num_nodes: int):
-        """An engine for ``draft`` and an output length that no request reaches before its runs end."""
+    @staticmethod
+    def room_for(draft) -> tuple[int, int]:
+        """(most tokens one iteration of ``draft`` gains per request, its tree size)."""
+        if draft is None:
+            return 1, 1
+        if isinstance(draft, NgramConfig):
+            return min(draft.num_draft_tokens - 1, draft.max_trie_depth) + 1, draft.num_draft_tokens
+        if isinstance(draft, MultiLayerEagleConfig):
+            return draft.num_steps + 1, draft.num_steps + 1
+        return draft.num_steps + 1, draft.num_draft_tokens
+
+    def engine(self, draft):
+        """An engine for ``draft`` and an output length that no request reaches before its runs end.
+        An N-gram engine's corpus holds every token of the vocabulary once, in a random order: each
+        token then has a continuation, so a tree is drafted whatever the target outputs (a
+        random-weight target's outputs take long to repeat)."""
         from spectool.engine import Engine
 
+        most_tokens_per_iteration, num_nodes = self.room_for(draft)
         runs = WARM_ITERATIONS + self.iterations * (SEARCH if isinstance(draft, NgramConfig) else 1)
         room = self.target.config.max_position_embeddings - self.context - num_nodes - 8
         if room < 2:
@@ -86,8 +101,12 @@ class _Runs:
                              f"{self.target.config.max_position_embeddings} positions")
         # Past the room a run ends early (its last iterations, with part of the batch, are not timed).
         new_tokens = min(room, (runs + 2) * most_tokens_per_iteration + 1)
-        return Engine(self.target, draft=draft, max_batch_size=self.max_batch_size,
-                      max_seq_len=self.context + new_tokens + num_nodes + 8), new_tokens
+        engine = Engine(self.target, draft=draft, max_batch_size=self.max_batch_size,
+                        max_seq_len=self.context + new_tokens + num_nodes + 8)
+        if isinstance(draft, NgramConfig):
+            every_token = np.random.default_rng(1).permutation(self.target.config.vocab_size).tolist()
+            engine.drafter.corpus.batch_put([every_token], req_ids=None, total_lens=None)
+        return engine, new_tokens
 
     def median_us(self, engine, new_tokens: int, batch_size: int, full_trees: bool = False) -> float:
         """Median ``iteration_us`` of ``iterations`` of the engine's iterations at this batch size, after
@@ -111,6 +130,20 @@ class _Runs:
                    else " ran with the whole batch (too few positions left past --context)")
             raise ValueError(f"calibration of {engine.method} at batch {batch_size}: no iteration{why}")
         return float(statistics.median(times))
+
+
+@torch.no_grad()
+def time_iterations(target, draft, batch_size: int, context: int = 256, iterations: int = 20) -> float:
+    """Median µs of an iteration of ``draft`` (None: plain decoding) at ``batch_size``, timed as
+    ``calibrate`` times a grid point (a fresh engine over the synthetic prompts, ``iterations``
+    after the warm ones; N-gram: those that verified a drafted tree)."""
+    runs = _Runs(target, context, iterations, batch_size)
+    engine, new_tokens = runs.engine(draft)
+    try:
+        return runs.median_us(engine, new_tokens, batch_size, full_trees=isinstance(draft, NgramConfig))
+    finally:
+        del engine
+        _free(torch.device(target.device))
 
 
 @torch.no_grad()
@@ -162,7 +195,7 @@ def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Seque
     del plain, step
     _free(dev)
     # --- plain decoding's iteration per B, as the engine runs it
-    engine, new_tokens = runs.engine(None, 1, 1)
+    engine, new_tokens = runs.engine(None)
     plain_us = [runs.median_us(engine, new_tokens, b) for b in bss]
     del engine
     _free(dev)
@@ -194,15 +227,10 @@ def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Seque
 def _ngram_costs(runs: _Runs, bss, ns, progress) -> dict:
     """The N-gram engine's iteration per (B, N), over iterations that verified a full tree."""
     dev = torch.device(runs.target.device)
-    # Every token once, in a random order: each token then has a continuation in the corpus, so a tree
-    # is drafted whatever the target outputs (a random-weight target's outputs take long to repeat).
-    every_token = np.random.default_rng(1).permutation(runs.target.config.vocab_size).tolist()
     us = [[0.0] * len(ns) for _ in bss]
     bar = _bar(len(bss) * len(ns), progress, "ngram")
     for j, n in enumerate(ns):
-        config = NgramConfig(num_draft_tokens=n)
-        engine, new_tokens = runs.engine(config, min(n - 1, config.max_trie_depth) + 1, n)
-        engine.drafter.corpus.batch_put([every_token], req_ids=None, total_lens=None)
+        engine, new_tokens = runs.engine(NgramConfig(num_draft_tokens=n))
         for i, b in enumerate(bss):
             us[i][j] = runs.median_us(engine, new_tokens, b, full_trees=True)
             bar.update(1)
@@ -222,7 +250,8 @@ def _eagle_costs(runs: _Runs, path, bss, topks, steps, num_nodes: Mapping[tuple[
     for t, k in enumerate(topks):
         for s, S in enumerate(steps):
             n = sizes[t][s] = num_nodes.get((k, S), min(16, 1 + k + (S - 1) * k * k))
-            engine, new_tokens = runs.engine(EagleConfig(path, num_steps=S, topk=k, num_draft_tokens=n), S + 1, n)
+            config = EagleConfig(path, num_steps=S, topk=k, num_draft_tokens=n)
+            engine, new_tokens = runs.engine(config)
             for i, b in enumerate(bss):
                 us[i][t][s] = runs.median_us(engine, new_tokens, b)
                 bar.update(1)
@@ -242,7 +271,8 @@ def _multi_layer_costs(runs: _Runs, path, bss, progress) -> dict:
     us = [[0.0] * len(steps) for _ in bss]
     bar = _bar(len(bss) * len(steps), progress, "multi_layer_eagle")
     for s, S in enumerate(steps):
-        engine, new_tokens = runs.engine(MultiLayerEagleConfig(path, num_steps=S), S + 1, S + 1)
+        config = MultiLayerEagleConfig(path, num_steps=S)
+        engine, new_tokens = runs.engine(config)
         for i, b in enumerate(bss):
             us[i][s] = runs.median_us(engine, new_tokens, b)
             bar.update(1)
