@@ -17,7 +17,7 @@ import spectool as st
 from spectool.cli import main as cli_main
 from spectool.trace.reader import Trace
 from spectool.tune import CostProfile, TuneError
-from spectool.tune.calibrate import calibrate
+from spectool.tune.calibrate import calibrate, time_iterations
 from spectool.tune.cost_profile import shipped_profiles
 from spectool.tune.recommend import tune
 
@@ -102,6 +102,16 @@ def test_profile_prediction_is_the_sum_of_its_measured_parts(ngram_trace, profil
     assert profile.iteration_us(None, 2, 1) == pytest.approx(profile.data["plain_us"]["us"][1])
     row = result.frame.iloc[0]
     assert row["speedup"] == pytest.approx(result.tokens_per_s(pred) / result.tokens_per_s(result.plain))
+
+
+def test_one_configuration_timed_again_the_calibrations_way(target, demo_model_dir):
+    # What tune_accuracy --recheck reads: the engine's own iteration times, one figure per config.
+    for draft in (None, st.NgramConfig(num_draft_tokens=4), st.EagleConfig(demo_model_dir / "eagle", num_steps=2,
+                                                                          topk=1, num_draft_tokens=3)):
+        us = time_iterations(target, draft, 2, context=32, iterations=2)
+        assert 0 < us < float("inf"), draft
+    with pytest.raises(ValueError, match="max_batch_size"):
+        time_iterations(target, None, 0, context=32)
 
 
 def test_profile_of_another_version_is_refused_naming_both(profile, tmp_path):
