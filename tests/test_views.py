@@ -115,6 +115,20 @@ def test_views_accept_an_iteration_view_and_a_path(ngram_trace, tmp_path):
     assert tree.request == 1 and tree.message.value == ""
 
 
+def test_compare_labels_name_only_the_settings_that_differ(ngram_trace):
+    # The synthetic trace's run info names only num_draft_tokens; a prediction's names every
+    # setting. Against it only the prediction's own choices are named: the rest are the defaults.
+    from spectool.config import NgramConfig
+    from spectool.tune.recommend import tune
+
+    predicted = tune(ngram_trace, grid=[NgramConfig(num_draft_tokens=2, max_bfs_breadth=4)],
+                     progress=False).predictions[0]
+    cmp = CompareView(ngram_trace, predicted)
+    n = ngram_trace.run_info["draft"]["num_draft_tokens"]
+    assert cmp.labels == (f"A: ngram (num_draft_tokens={n})",
+                          "B: predicted ngram (max_bfs_breadth=4, num_draft_tokens=2)"), cmp.labels
+
+
 def test_compare_view_aligns_by_output_position(ngram_trace):
     sampled = make_trace("eagle", num_requests=3, batch_size=2, num_draft_tokens=10, seed=1, temperature=1.0)
     same = CompareView(ngram_trace, ngram_trace)

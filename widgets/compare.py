@@ -17,6 +17,7 @@ already in the page. The page reports its position back once stepping pauses, so
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 from typing import Any
@@ -45,15 +46,29 @@ def _draft_settings(trace: Any) -> tuple[str, dict]:
                          if k not in ("method", "path") and not isinstance(v, (dict, list))}
 
 
+def _method_defaults(method: str) -> dict:
+    """The settings a draft method's config takes when not given: what a run info that leaves one
+    out (an older or a hand-made trace) ran with."""
+    from spectool import config
+
+    for cls in (config.NgramConfig, config.EagleConfig, config.Eagle3Config, config.DraftModelConfig,
+                config.MultiLayerEagleConfig):
+        if cls.method == method:
+            return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    return {}
+
+
 def side_label(trace: Any, other: Any = None) -> str:
     """A run named by its draft method and settings, e.g. 'ngram (num_draft_tokens=12, match=bfs)'.
 
-    Against `other`, a run of the same method, only the settings that differ are named.
+    Against `other`, a run of the same method, only the settings that differ are named (a setting
+    the other run's info leaves out counts as the method's default).
     """
     method, settings = _draft_settings(trace)
     if other is not None:
         other_method, theirs = _draft_settings(other)
         if other_method == method:
+            theirs = {**_method_defaults(method), **theirs}
             settings = {k: v for k, v in settings.items() if k not in theirs or theirs[k] != v}
     listed = ", ".join(f"{k}={v}" for k, v in settings.items())
     name = f"{method} ({listed})" if listed else method
