@@ -66,6 +66,49 @@ function svgEl(tag, attrs = {}, ...children) {
   return node;
 }
 
+// The player's controls (Play / pause, speed, ◀ ▶, slider, label) and how they step, shared by the trace
+// viewer and CompareView. `unit` names a position in the buttons' titles; `length()` and `position()`
+// read the page's state, `goTo(k)` moves it, and while `loading()` Play waits: it never skips a position.
+// `bindKeys(root)`: ← / → step while the focus is not in a field.
+function makePlayer({unit, sliderLabel, length, position, goTo, loading}) {
+  const play = h('button', {class: 'sv-play', title: 'play / pause'}, '▶ play');
+  const speed = h('select', {class: 'sv-speed', 'aria-label': 'play speed'});
+  SPEEDS.forEach((s) => speed.append(new Option(`${s} step/s`, String(s))));
+  speed.value = '2';
+  const prev = h('button', {class: 'sv-prev', title: `previous ${unit} (←)`}, '◀');
+  const next = h('button', {class: 'sv-next', title: `next ${unit} (→)`}, '▶');
+  const slider = h('input', {type: 'range', class: 'sv-slider', min: '0', max: '0', value: '0', 'aria-label': sliderLabel});
+  const label = h('span', {class: 'sv-label'});
+  let timer = null;
+  function stop() { if (timer) { clearTimeout(timer); timer = null; } play.textContent = '▶ play'; }
+  function tick() {
+    if (position() >= length() - 1) { stop(); return; }
+    if (loading()) { timer = setTimeout(tick, 50); return; }  // a chunk is on its way: wait, never skip it
+    goTo(position() + 1);  // one step per tick
+    timer = setTimeout(() => requestAnimationFrame(tick), 1000 / Number(speed.value));
+  }
+  slider.oninput = () => goTo(Number(slider.value));
+  prev.onclick = () => goTo(position() - 1);
+  next.onclick = () => goTo(position() + 1);
+  play.onclick = () => {
+    if (timer) { stop(); return; }
+    if (position() >= length() - 1) goTo(0);
+    play.textContent = '❚❚ pause';
+    timer = setTimeout(tick, 1000 / Number(speed.value));
+  };
+  function bindKeys(root) {
+    root.addEventListener('keydown', (e) => {
+      if (e.target.tagName === 'INPUT' || e.target.tagName === 'SELECT') return;
+      if (e.key === 'ArrowRight' || e.key === 'ArrowLeft') {
+        goTo(position() + (e.key === 'ArrowRight' ? 1 : -1));
+        e.preventDefault();
+        e.stopPropagation();
+      }
+    });
+  }
+  return {play, speed, prev, next, slider, label, stop, bindKeys};
+}
+
 // Text with whitespace glyphs dimmed, line breaks kept (the text panel).
 function appendVisible(node, s) {
   let run = '';
@@ -271,14 +314,9 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   const hint = `find request (${header.requests.length})`;
   const search = h('input', {type: 'search', class: 'sv-request-search', placeholder: hint,
                              'aria-label': 'find request', style: `width: calc(${hint.length + 1}ch + 24px)`});
-  const play = h('button', {class: 'sv-play', title: 'play / pause'}, '▶ play');
-  const speed = h('select', {class: 'sv-speed', 'aria-label': 'play speed'});
-  SPEEDS.forEach((s) => speed.append(new Option(`${s} step/s`, String(s))));
-  speed.value = '2';
-  const prev = h('button', {class: 'sv-prev', title: 'previous iteration (←)'}, '◀');
-  const next = h('button', {class: 'sv-next', title: 'next iteration (→)'}, '▶');
-  const slider = h('input', {type: 'range', class: 'sv-slider', min: '0', max: '0', value: '0', 'aria-label': 'iteration'});
-  const label = h('span', {class: 'sv-label'});
+  const ctl = makePlayer({unit: 'iteration', sliderLabel: 'iteration', length: () => R.iteration.length,
+                         position: () => pos, goTo: (k) => goTo(k), loading: () => Boolean(waiting)});
+  const {play, speed, prev, next, slider, label, stop} = ctl;
   const player = h('div', {class: 'sv-bar spectool-player'}, search, picker, play, speed,
                    h('span', {class: 'sv-steps'}, prev, slider, next), label);
   const findKind = h('select', {class: 'sv-find-kind', 'aria-label': 'find'});
@@ -326,7 +364,7 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
   if (parts.has('plots')) root.append(lower, details);
 
   // ----- state ------------------------------------------------------------------------------
-  let R = null, ri = 0, pos = 0, chosen = null, timer = null, tokIter = null, spans = [], lit = [];
+  let R = null, ri = 0, pos = 0, chosen = null, tokIter = null, spans = [], lit = [];
   let view = null, lay = null, waiting = null, textLo = 0;
 
   // Iteration k of the current request from its chunk (null while the chunk is on its way).
@@ -781,14 +819,6 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     findNote.textContent = count ? `no further match (${count} in all)` : 'no matching iteration';
   }
 
-  function stop() { if (timer) { clearTimeout(timer); timer = null; } play.textContent = '▶ play'; }
-  function tick() {
-    if (pos >= R.iteration.length - 1) { stop(); return; }
-    if (waiting) { timer = setTimeout(tick, 50); return; }  // the chunk is on its way: wait, never skip it
-    goTo(pos + 1);  // one step per tick: Play never skips an iteration
-    timer = setTimeout(() => requestAnimationFrame(tick), 1000 / Number(speed.value));
-  }
-
   picker.onchange = () => { if (picker.value === '') return; stop(); showRequest(Number(picker.value)); };
   search.oninput = () => fillPicker();
   search.addEventListener('keydown', (e) => {
@@ -796,28 +826,12 @@ export function mount(root, header, buffer, Plotly, opts = {}) {
     const hits = fillPicker();
     if (hits.length) { stop(); showRequest(hits[0]); fillPicker(); }
   });
-  slider.oninput = () => goTo(Number(slider.value));
-  prev.onclick = () => goTo(pos - 1);
-  next.onclick = () => goTo(pos + 1);
-  play.onclick = () => {
-    if (timer) { stop(); return; }
-    if (pos >= R.iteration.length - 1) goTo(0);
-    play.textContent = '❚❚ pause';
-    timer = setTimeout(tick, 1000 / Number(speed.value));
-  };
   findKind.onchange = () => { findArg.step = findKind.value === 'confident' ? '0.05' : '1';
     findArg.value = findKind.value === 'confident' ? '0.5' : '1'; findNote.textContent = ''; };
   findNext.onclick = () => find(1);
   findPrev.onclick = () => find(-1);
   rowPick.onchange = () => { chosen = Number(rowPick.value) < 0 ? null : Number(rowPick.value); render(); };
-  if (ownPlayer) root.addEventListener('keydown', (e) => {
-    if (e.target.tagName === 'INPUT' || e.target.tagName === 'SELECT') return;
-    if (e.key === 'ArrowRight' || e.key === 'ArrowLeft') {
-      goTo(pos + (e.key === 'ArrowRight' ? 1 : -1));
-      e.preventDefault();
-      e.stopPropagation();
-    }
-  });
+  if (ownPlayer) ctl.bindKeys(root);
   textPanel.addEventListener('click', (e) => {
     const s = e.target.closest('.sv-out');
     if (!s) return;
@@ -950,14 +964,9 @@ export function mountCompare(root, compare, sides, buffers, Plotly, opts = {}) {
   // ----- controls, summary, plot and the two sides ----------------------------------------------
   const picker = h('select', {class: 'sv-request', 'aria-label': 'request'});
   compare.requests.forEach((r, i) => picker.append(new Option(r.label, String(i))));
-  const play = h('button', {class: 'sv-play', title: 'play / pause'}, '▶ play');
-  const speed = h('select', {class: 'sv-speed', 'aria-label': 'play speed'});
-  SPEEDS.forEach((v) => speed.append(new Option(`${v} step/s`, String(v))));
-  speed.value = '2';
-  const prev = h('button', {class: 'sv-prev', title: 'previous output token (←)'}, '◀');
-  const next = h('button', {class: 'sv-next', title: 'next output token (→)'}, '▶');
-  const slider = h('input', {type: 'range', class: 'sv-slider', min: '0', max: '0', value: '0', 'aria-label': 'output position'});
-  const label = h('span', {class: 'sv-label'});
+  const ctl = makePlayer({unit: 'output token', sliderLabel: 'output position', length: () => C.length,
+                         position: () => pos, goTo: (k) => goTo(k), loading: () => ctls.some((c) => c.state().loading)});
+  const {play, speed, prev, next, slider, label, stop} = ctl;
   // One click from the summary's line that names the first difference.
   const jump = h('button', {class: 'spectool-compare-jump', title: 'the first output token where the runs differ'},
                  'go to first difference');
@@ -984,7 +993,7 @@ export function mountCompare(root, compare, sides, buffers, Plotly, opts = {}) {
   })));
 
   // ----- state ----------------------------------------------------------------------------------
-  let ci = 0, C = null, pos = 0, timer = null, waiting = null, P = Plotly;
+  let ci = 0, C = null, pos = 0, waiting = null, P = Plotly;
 
   function showRequest(i, position) {
     ci = i;
@@ -1057,33 +1066,9 @@ export function mountCompare(root, compare, sides, buffers, Plotly, opts = {}) {
     }
   }
 
-  function stop() { if (timer) { clearTimeout(timer); timer = null; } play.textContent = '▶ play'; }
-  function tick() {
-    if (pos >= C.length - 1) { stop(); return; }
-    if (ctls.some((c) => c.state().loading)) { timer = setTimeout(tick, 50); return; }  // a chunk is coming: never skip
-    goTo(pos + 1);
-    timer = setTimeout(() => requestAnimationFrame(tick), 1000 / Number(speed.value));
-  }
-
   picker.onchange = () => { stop(); showRequest(Number(picker.value)); };
-  slider.oninput = () => goTo(Number(slider.value));
-  prev.onclick = () => goTo(pos - 1);
-  next.onclick = () => goTo(pos + 1);
   jump.onclick = () => { stop(); if (C && C.first !== null) goTo(C.first); };
-  play.onclick = () => {
-    if (timer) { stop(); return; }
-    if (pos >= C.length - 1) goTo(0);
-    play.textContent = '❚❚ pause';
-    timer = setTimeout(tick, 1000 / Number(speed.value));
-  };
-  root.addEventListener('keydown', (e) => {
-    if (e.target.tagName === 'INPUT' || e.target.tagName === 'SELECT') return;
-    if (e.key === 'ArrowRight' || e.key === 'ArrowLeft') {
-      goTo(pos + (e.key === 'ArrowRight' ? 1 : -1));
-      e.preventDefault();
-      e.stopPropagation();
-    }
-  });
+  ctl.bindKeys(root);
   // The plot takes the width it is given; not while hidden (JupyterLab hides cells scrolled far away), when
   // plotly would size it to nothing.
   let lastWidth = 0;
