@@ -194,6 +194,28 @@ def box(page, selector: str) -> dict:
     return page.locator(selector).first.bounding_box()
 
 
+SETTLED_BOX_JS = """async ([sel, ms]) => {
+  const frame = () => new Promise(r => requestAnimationFrame(r));
+  const end = performance.now() + ms;
+  let last = null;
+  while (performance.now() < end) {
+    const r = document.querySelector(sel)?.getBoundingClientRect();
+    const now = r && r.width > 0 && r.height > 0 ? {x: r.x, y: r.y, width: r.width, height: r.height} : null;
+    if (now && JSON.stringify(now) === JSON.stringify(last)) return now;
+    last = now;
+    await frame();
+  }
+  return last;
+}"""
+
+
+def shown_box(page, selector: str, timeout_ms: int = 15_000) -> dict | None:
+    """The box of the first match once it is drawn and holds still for a frame, measured in one step in
+    the page. JupyterLab skips drawing cells out of view (content-visibility) and the views redraw their
+    trees when resized, so right after a scroll or a resize an element may be undrawn or replaced."""
+    return page.evaluate(SETTLED_BOX_JS, [selector, timeout_ms])
+
+
 def inside(inner: dict, outer: dict) -> bool:
     return (inner["x"] >= outer["x"] - 1 and inner["y"] >= outer["y"] - 1 and
             inner["x"] + inner["width"] <= outer["x"] + outer["width"] + 1 and

@@ -36,6 +36,7 @@ from browser_pages import (
     long_trace,
     open_notebook,
     placeholder_room,
+    shown_box,
     step_latencies,
 )
 from trace_factory import make_trace
@@ -109,7 +110,7 @@ def _check_viewer(page, root: str, trace, request: int, name: str) -> dict:
     assert mask["x"] >= tree["x"] + tree["width"] - 2 and abs(mask["y"] - tree["y"]) < 4, (tree, mask)
     for part in (".spectool-player", ".spectool-tree h4", ".spectool-mask h4", ".sv-tree-area svg",
                  ".spectool-mask svg", ".spectool-text"):
-        b = box(page, f"{root} {part}")
+        b = shown_box(page, f"{root} {part}")
         assert b is not None and inside(b, view), f"{part} is not inside the {VIEWPORT} viewport: {b}"
     _check_placeholder(page, root)
     page.screenshot(path=str(ARTIFACTS / f"{name}_layout.png"))
@@ -398,7 +399,8 @@ def test_notebook_02_in_jupyterlab(browser, lab):
         tree, mask = box(page, f"{root} .spectool-tree"), box(page, f"{root} .spectool-mask")
         assert mask["x"] >= tree["x"] + tree["width"] - 2
         for part in (".spectool-player", ".sv-tree-area svg", ".spectool-mask svg", ".spectool-text"):
-            assert inside(box(page, f"{root} {part}"), {"x": 0, "y": 0, **VIEWPORT}), part
+            b = shown_box(page, f"{root} {part}")
+            assert b is not None and inside(b, {"x": 0, "y": 0, **VIEWPORT}), f"{part}: {b}"
         before = page.locator(f"{root} .sv-label").inner_text()
         page.locator(f"{root} .sv-next").click()
         assert page.locator(f"{root} .sv-label").inner_text() != before
@@ -746,7 +748,7 @@ def test_compare_view_steps_in_the_page_in_jupyterlab(browser, lab):
         assert side_b["x"] >= side_a["x"] + side_a["width"] - 2 and abs(side_b["y"] - side_a["y"]) < 4
         for part in (".spectool-player", ".spectool-compare-plot", ".spectool-compare-summary",
                      ".sv-compare-side-a .sv-tree-area svg", ".sv-compare-side-b .sv-tree-area svg"):
-            b_ = box(page, f"{cmp} {part}")
+            b_ = shown_box(page, f"{cmp} {part}")
             assert b_ is not None and inside(b_, view), f"{part} is not inside the notebook's area {view}: {b_}"
         _check_compare_plot(page, cmp)
         page.screenshot(path=str(ARTIFACTS / "lab_compare_1366.png"))
@@ -817,11 +819,11 @@ def test_compare_view_steps_in_the_page_in_jupyterlab(browser, lab):
 
         page.set_viewport_size(WIDE)
         page.evaluate(f"() => document.querySelector('{cmp}').scrollIntoView({{block: 'start'}})")
-        page.wait_for_timeout(500)
         view = box(page, ".jp-NotebookPanel .jp-WindowedPanel-outer")
         for part in (".spectool-player", ".sv-compare-side-a .sv-tree-area svg",
                      ".sv-compare-side-b .sv-tree-area svg"):
-            assert inside(box(page, f"{cmp} {part}"), view), part
+            b_ = shown_box(page, f"{cmp} {part}")
+            assert b_ is not None and inside(b_, view), f"{part} is not inside the notebook's area {view}: {b_}"
         _check_compare_plot(page, cmp)
         page.screenshot(path=str(ARTIFACTS / "lab_compare_1600.png"))
     assert errors == []
