@@ -16,8 +16,10 @@ smaller trie (it needs ~0.5 KB per node), in the same run, for the ratio.
 18 n-grams), so eviction runs in every timed put; pass e.g. --capacity 20000000 to time
 a trie that never evicts. Native timings are the median of --repeats runs.
 
-``--match both`` (the default) times BFS and then PROB matching on the same tokens and streams
-in one run (one corpus at a time) and prints PROB's get and get+put over BFS's per batch size.
+``--match both`` (the default) builds a BFS and a PROB corpus of the same tokens (about 1 GB
+together) and runs each timed stretch on the two in turn, so drift in the machine's speed weighs on
+both alike; it prints PROB's get and get+put over BFS's per batch size (the median of the repeats'
+ratios).
 
 Prints a table and writes ngram_corpus.json to $OUT if set.
 """
@@ -133,18 +135,22 @@ def main() -> None:
     train, held = load_tokens(args.tokens)
 
     matches = ("bfs", "prob") if args.match == "both" else (args.match,)
-    results = {m: time_match(m, train, held, args) for m in matches}
+    corpora = {m: build(m, train, args) for m in matches}
+    runs = time_native({m: c for m, (c, _) in corpora.items()}, held, args)
+    results = {m: summarize(m, corpora[m][0], corpora[m][1], runs[m], train, held, args) for m in matches}
     out: dict = results[matches[0]] if len(matches) == 1 else {"matches": results}
     if len(matches) == 2:
-        print("\nPROB over BFS per request (same tokens, streams and run; get cpu = the calling thread's CPU "
-              "time in get)")
+        print("\nPROB over BFS per request (same tokens, streams and run, the two in turn on each stretch: "
+              "median of the repeats' ratios; get cpu = the calling thread's CPU time in get)")
         print(f"{'bs':>4} {'get':>6} {'get cpu':>8} {'get+put':>8}")
         ratios = []
-        for b, p in zip(results["bfs"]["rows"], results["prob"]["rows"]):
-            ratio = {"bs": b["bs"], "get": p["get_us"] / b["get_us"], "get_cpu": p["get_cpu_us"] / b["get_cpu_us"],
-                     "total": p["total_us"] / b["total_us"]}
+        for i, bs in enumerate(BATCHES):
+            pairs = list(zip(runs["bfs"][i], runs["prob"][i]))
+            per = {"get": [p[0] / b[0] for b, p in pairs], "get_cpu": [p[3] / b[3] for b, p in pairs],
+                   "total": [(p[0] + p[1]) / (b[0] + b[1]) for b, p in pairs]}
+            ratio = {"bs": bs, **{k: float(np.median(v)) for k, v in per.items()}, "get_runs": per["get"]}
             ratios.append(ratio)
-            print(f"{b['bs']:>4} {ratio['get']:>5.2f}x {ratio['get_cpu']:>7.2f}x {ratio['total']:>7.2f}x")
+            print(f"{bs:>4} {ratio['get']:>5.2f}x {ratio['get_cpu']:>7.2f}x {ratio['total']:>7.2f}x")
         out["prob_over_bfs"] = ratios
     from speculative import provenance  # after the timing: it imports torch
 
@@ -155,47 +161,69 @@ def main() -> None:
         print(f"wrote {path}")
 
 
-def time_match(match: str, train: np.ndarray, held: np.ndarray, args: argparse.Namespace) -> dict:
-    """Build a corpus of ``train`` with this match type and time the decode loop at bs 1, 8, 64."""
+BATCHES = (1, 8, 64)
+
+
+def build(match: str, train: np.ndarray, args: argparse.Namespace) -> tuple[NgramCorpus, dict]:
+    """A corpus of ``train`` with this match type, and how its build went."""
     corpus = NgramCorpus(max_trie_depth=DEPTH, num_draft_tokens=N, match=match, capacity=args.capacity)
     t0 = time.perf_counter()
     corpus.batch_put([train[i:i + CHUNK] for i in range(0, len(train), CHUNK)])
     corpus.synchronize()
-    build_s = time.perf_counter() - t0
     stats = corpus.stats()
-    print(f"put {len(train)} tokens in {build_s:.1f}s: {stats['nodes']} nodes (capacity {args.capacity}, "
-          f"{stats['evictions']} evictions), {stats['bytes_per_node']:.0f} bytes/node")
+    info = dict(build_s=time.perf_counter() - t0, stats=stats)
+    print(f"{match}: put {len(train)} tokens in {info['build_s']:.1f}s: {stats['nodes']} nodes (capacity "
+          f"{args.capacity}, {stats['evictions']} evictions), {stats['bytes_per_node']:.0f} bytes/node")
+    return corpus, info
 
-    ref = ReferenceCorpus(max_trie_depth=DEPTH, num_draft_tokens=N, match=match)
-    ref.batch_put([train[i:i + CHUNK] for i in range(0, args.ref_tokens, CHUNK)])
 
-    rows = []
+def time_native(corpora: dict[str, NgramCorpus], held: np.ndarray, args: argparse.Namespace) -> dict:
+    """The decode loop at each batch size, --repeats times on fresh stretches of held-out source
+    (each request its own unseen stretch); every corpus runs each stretch in turn, first one first
+    on odd repeats, so a change of the machine's speed during the run weighs on all of them alike.
+    Returns, per match and batch size, the (get, put, cpu, get cpu) seconds of each repeat."""
+    runs = {m: [] for m in corpora}
+    order = list(corpora)
     stretch = args.iters + WINDOW + 1
     next_stretch = 0
-    for bs in (1, 8, 64):
-        # Each request decodes through its own unseen stretch of held-out source; the
-        # native loop runs --repeats times on fresh stretches and the median is kept.
-        runs = []
-        for _ in range(args.repeats):
+    for bs in BATCHES:
+        for m in order:
+            runs[m].append([])
+        for k in range(args.repeats):
             streams = [held[(next_stretch + r) * stretch:(next_stretch + r + 1) * stretch] for r in range(bs)]
             next_stretch += bs
-            corpus.erase_match_state(list(range(bs)))
-            runs.append(decode_loop(corpus, streams, WINDOW + 1, args.iters, sync=True))
-        g, p, cpu, gcpu = (float(np.median(x)) for x in zip(*runs))
+            for m in order if k % 2 == 0 else order[::-1]:
+                corpora[m].erase_match_state(list(range(bs)))
+                runs[m][-1].append(decode_loop(corpora[m], streams, WINDOW + 1, args.iters, sync=True))
+    return runs
+
+
+def summarize(match: str, corpus: NgramCorpus, info: dict, runs: list, train: np.ndarray, held: np.ndarray,
+              args: argparse.Namespace) -> dict:
+    """The medians of the native runs against the pure-Python reference's loop on the last stretch."""
+    stats = info["stats"]
+    ref = ReferenceCorpus(max_trie_depth=DEPTH, num_draft_tokens=N, match=match)
+    ref.batch_put([train[i:i + CHUNK] for i in range(0, args.ref_tokens, CHUNK)])
+    rows = []
+    stretch = args.iters + WINDOW + 1
+    for bs, bs_runs in zip(BATCHES, runs):
+        g, p, cpu, gcpu = (float(np.median(x)) for x in zip(*bs_runs))
         n = args.iters * bs
         ref_iters = max(3, args.iters // bs // 4)
+        streams = [held[r * stretch:(r + 1) * stretch] for r in range(bs)]
         rg, rp, rcpu, _ = decode_loop(ref, streams, WINDOW + 1, ref_iters, sync=False)
         rn = ref_iters * bs
         rows.append(dict(bs=bs, get_us=g / n * 1e6, get_cpu_us=gcpu / n * 1e6, put_us=p / n * 1e6,
                          total_us=(g + p) / n * 1e6,
-                         cpu_us=cpu / n * 1e6, cpu_us_runs=[r[2] / n * 1e6 for r in runs],
+                         cpu_us=cpu / n * 1e6, cpu_us_runs=[r[2] / n * 1e6 for r in bs_runs],
                          ref_total_us=(rg + rp) / rn * 1e6, ref_cpu_us=rcpu / rn * 1e6,
                          speedup=((rg + rp) / rn) / ((g + p) / n), cpu_speedup=(rcpu / rn) / (cpu / n)))
-    timed_evictions = corpus.stats()["evictions"] - stats["evictions"]
+    after = corpus.stats()  # PROB's rankings of wide nodes are made by the gets
+    timed_evictions = after["evictions"] - stats["evictions"]
 
     print(f"\nNgramCorpus ({match}, N={N}, depth {DEPTH}, {len(train)} tokens put, capacity "
-          f"{args.capacity}, {timed_evictions} evictions while timed), "
-          "µs per request, one core")
+          f"{args.capacity}, {timed_evictions} evictions while timed, {after['bytes_per_node']:.1f} bytes/node "
+          "after), µs per request, one core")
     print("(wall: get, put+synchronize, both; cpu: process CPU time of get+put, all threads; "
           "native: median of runs)")
     print(f"{'bs':>4} {'get':>8} {'get cpu':>8} {'put+sync':>9} {'get+put':>8} {'cpu':>8} {'ref wall':>9} "
@@ -206,7 +234,8 @@ def time_match(match: str, train: np.ndarray, held: np.ndarray, args: argparse.N
               f"{r['speedup']:>7.1f}x {r['cpu_speedup']:>7.1f}x")
     return dict(match=match, tokens=len(train), capacity=args.capacity, nodes=stats["nodes"],
                 evictions=stats["evictions"], timed_evictions=timed_evictions,
-                bytes_per_node=stats["bytes_per_node"], build_s=build_s, rows=rows)
+                bytes_per_node=stats["bytes_per_node"], bytes_per_node_after=after["bytes_per_node"],
+                build_s=info["build_s"], rows=rows)
 
 
 if __name__ == "__main__":

@@ -98,11 +98,11 @@ bool top_children(const Source& src, int32_t id, size_t keep, Child* top, TopChi
   return complete;
 }
 
-// Best-first by path probability, the product of count shares among siblings. With a
-// `cache` (trie passes), expansions of nodes with many children are read from it while valid.
+// Best-first by path probability, the product of count shares among siblings. A trie node with
+// many children is expanded from its ranked children (Trie::rank_children) instead of a walk.
 // One loop expands a node and pops the next (the start first), so the expansion is inlined.
 template <class Source>
-void prob_pass(const Source& src, int32_t start, Tree& tree, ProbScratch& scratch, ProbCache* cache) {
+void prob_pass(Source& src, int32_t start, Tree& tree, ProbScratch& scratch) {
   std::vector<Candidate>& heap = scratch.heap;
   heap.clear();
   uint64_t seq = 0;
@@ -118,29 +118,17 @@ void prob_pass(const Source& src, int32_t start, Tree& tree, ProbScratch& scratc
     const size_t reach = static_cast<size_t>(tree.n - tree.size + tree.fanout[at]);
     const Child* top = scratch.top.data();
     TopChildren t;
-    // Most expanded nodes have a few children (long contexts): a short walk reads them all for
-    // less than the cache's lookup costs, so only a node with more consults the cache.
-    if (!top_children(src, id, reach, scratch.top.data(), t, ProbCache::kMinChildren)) {
-      if constexpr (std::is_same_v<Source, Trie>) {
-        const uint64_t signature = src.children_signature(id);
-        auto it = cache->find(id);
-        if (it == cache->end() || it->second.signature != signature) {
-          if (it == cache->end()) {
-            if (cache->size() >= ProbCache::kMaxEntries) cache->clear();
-            it = cache->emplace(id, ProbExpansion{}).first;
-          }
-          ProbExpansion& e = it->second;
-          e.top.resize(most);
-          top_children(src, id, most, e.top.data(), t);
-          e.top.resize(t.kept);
-          e.sum = t.sum;
-          e.signature = signature;
-        }
-        top = it->second.top.data();
-        t = TopChildren{it->second.sum, std::min(it->second.top.size(), reach)};
-      } else {
-        top_children(src, id, reach, scratch.top.data(), t);
-      }
+    const RankedChildren::Entry* ranked = nullptr;
+    if constexpr (std::is_same_v<Source, Trie>) ranked = src.ranked(id);
+    // Most expanded nodes have a few children (long contexts): a walk of them costs less than
+    // keeping them ranked, so a node is ranked once a walk finds it has more.
+    if (ranked == nullptr && !top_children(src, id, reach, scratch.top.data(), t, RankedChildren::kWide)) {
+      if constexpr (std::is_same_v<Source, Trie>) ranked = src.rank_children(id);
+      if (ranked == nullptr) top_children(src, id, reach, scratch.top.data(), t);
+    }
+    if (ranked != nullptr) {
+      top = ranked->top.data();
+      t = TopChildren{ranked->sum, std::min(ranked->top.size(), reach)};
     }
     Candidate next;
     bool has_next = false;
@@ -176,7 +164,10 @@ void prob_pass(const Source& src, int32_t start, Tree& tree, ProbScratch& scratc
 }  // namespace
 
 NgramCorpus::NgramCorpus(const CorpusConfig& config)
-    : config_(config), trie_(config.max_trie_depth, config.capacity), worker_([this] { worker_loop(); }) {}
+    : config_(config),
+      trie_(config.max_trie_depth, config.capacity,
+            config.match == Match::kProb ? static_cast<size_t>(config.num_draft_tokens - 1) : 0),
+      worker_([this] { worker_loop(); }) {}
 
 NgramCorpus::~NgramCorpus() {
   {
@@ -304,12 +295,12 @@ void NgramCorpus::build_tree(const int32_t* tail, int64_t len, int64_t row, cons
   tree.scores[0] = 1.0f;
   int match_len = 0, breadth = 0;
 
-  auto run_pass = [&](const auto& src, int32_t start, int m) {
+  auto run_pass = [&](auto& src, int32_t start, int m) {
     int b = breadth_for(m);
     if (bfs)
       bfs_pass(src, start, b, tree, bfs_queue_);
     else
-      prob_pass(src, start, tree, prob_scratch_, &prob_cache_);
+      prob_pass(src, start, tree, prob_scratch_);
     if (match_len == 0) {
       match_len = m;
       breadth = b;
@@ -382,9 +373,6 @@ void NgramCorpus::build_tree(const int32_t* tail, int64_t len, int64_t row, cons
 void NgramCorpus::get(const TokenBatch& tails, const std::vector<int64_t>& req_ids,
                       const std::vector<int64_t>& total_lens, const DraftBuffers& out) {
   std::lock_guard<std::mutex> lock(mu_);
-  // Entries of nodes that lost a child to eviction since the last get are stale (a created or
-  // counted child changes the node's signature instead).
-  if (!trie_.drain_evicted([this](int32_t parent) { prob_cache_.erase(parent); })) prob_cache_.clear();
   const bool cached = !req_ids.empty() && !total_lens.empty();
   for (int64_t i = 0; i < tails.size(); ++i) {
     const int32_t* tail = tails.data(i);
@@ -413,7 +401,6 @@ void NgramCorpus::reset() {
   std::lock_guard<std::mutex> lock(mu_);
   trie_.clear();
   requests_.clear();
-  prob_cache_.clear();
   puts_ = gets_ = 0;
 }
 

@@ -37,6 +37,7 @@
 
 #include "flat_map.h"
 #include "node_index.h"
+#include "ranked_children.h"
 
 namespace spectool {
 
@@ -51,35 +52,11 @@ struct CorpusConfig {
   int64_t capacity = 10'000'000;
 };
 
-// One child of a trie node or automaton state, as the tree builder sees it.
-struct Child {
-  int32_t id;
-  int32_t token;
-  int64_t count;
-};
-
 // What a PROB expansion of a node reads: the sum of all its children's counts and how many of
 // its most frequent children were kept (in a caller's array, in the order they are pushed).
 struct TopChildren {
   int64_t sum = 0;
   size_t kept = 0;
-};
-
-// A cached expansion: the sum and the most frequent children themselves.
-struct ProbExpansion {
-  int64_t sum = 0;
-  std::vector<Child> top;
-  uint64_t signature = 0;  // Trie::children_signature when it was read
-};
-
-// Trie node -> its expansion, kept only for nodes of more than kMinChildren children (a walk
-// reads that many before the cache is looked up: fewer cost less to walk again than to look up): the nodes of frequent short contexts, costly to
-// walk and expanded by many requests. An entry is used only while the node's children are
-// unchanged: its signature says no child was created or counted since, and get() drops the
-// entries of the parents of evicted nodes (all of them when the trie lost track, or was reset).
-struct ProbCache : std::unordered_map<int32_t, ProbExpansion> {
-  static constexpr int64_t kMinChildren = 32;
-  static constexpr size_t kMaxEntries = 1 << 14;
 };
 
 // A PROB candidate: a source node below tree node `parent`, by path probability (a max-heap).
@@ -98,9 +75,10 @@ struct ProbScratch {
 
 class Trie {
  public:
+  // ranked_keep: how many top children to keep ranked for wide nodes (RankedChildren; 0: none).
   // stamp_limit: stamps stay below it; reaching it renumbers them (tests lower it; it
   // must exceed capacity + 1).
-  Trie(int max_depth, int64_t capacity, uint32_t stamp_limit = UINT32_MAX);
+  Trie(int max_depth, int64_t capacity, size_t ranked_keep = 0, uint32_t stamp_limit = UINT32_MAX);
 
   // The trie nodes of a stream's suffixes: id[k] = node of its last k tokens for
   // k <= known (id[0] = root). A node evicted since is detected by its generation.
@@ -139,23 +117,11 @@ class Trie {
   }
   // The first `limit` children in recency order.
   void children(int32_t node, std::vector<Child>& out, size_t limit) const;
-  // Changes whenever a child of `node` is created or counted (that child moves to the front
-  // of the sibling list with a larger count, or is the new front); evictions are not seen.
-  uint64_t children_signature(int32_t node) const {
-    const int32_t c = nodes_[node].first_child;
-    return c < 0 ? ~uint64_t{0} : (static_cast<uint64_t>(static_cast<uint32_t>(c)) << 32) | nodes_[c].count;
-  }
-  // Calls f(parent) for the parent of every node evicted since the last call, or returns false
-  // (calling nothing) when too many were to keep track of, or the trie was cleared since.
-  template <class F>
-  bool drain_evicted(F&& f) {
-    const bool complete = !evicted_overflow_;
-    if (complete)
-      for (int32_t p : evicted_parents_) f(p);
-    evicted_parents_.clear();
-    evicted_overflow_ = false;
-    return complete;
-  }
+  // The ranked children of `node` if it has an entry (RankedChildren), else nullptr.
+  const RankedChildren::Entry* ranked(int32_t node) const { return ranked_.find(node); }
+  // Ranks the children of `node` (a walk of them all) and keeps them ranked from then on; nullptr
+  // when ranking is off or the table is full.
+  const RankedChildren::Entry* rank_children(int32_t node);
   void clear();
 
   int64_t size() const { return size_; }
@@ -209,10 +175,8 @@ class Trie {
   size_t queue_peak_ = 0;  // most entries the queue held (its touched memory)
   int64_t size_ = 0;  // nodes, root excluded
   int64_t evictions_ = 0;
-  // Parents of the nodes evicted since the last drain_evicted (until there are too many).
-  std::vector<int32_t> evicted_parents_;
-  bool evicted_overflow_ = true;
-  static constexpr size_t kMaxEvictedParents = 1 << 16;
+  RankedChildren ranked_;
+  std::vector<Child> rank_scratch_;  // rank_children's walk
 };
 
 // Suffix automaton over the token chunks of one external corpus (chunks are joined by a
@@ -338,7 +302,6 @@ class NgramCorpus {
   Trie::Suffixes scratch_suf_;   // puts without request ids
   std::vector<int32_t> chain_;   // scratch of get: chain_[k] = node of the tail's last k tokens
   ProbScratch prob_scratch_;  // scratch of build_tree (under mu_)
-  ProbCache prob_cache_;      // PROB expansions of trie nodes (under mu_)
   std::vector<std::pair<int32_t, int>> bfs_queue_;
   std::vector<int> fanout_;
   int64_t puts_ = 0, gets_ = 0;

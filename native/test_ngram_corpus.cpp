@@ -46,7 +46,7 @@ void check_trees(const CorpusConfig& c, int64_t bs, const std::vector<int32_t>& 
 
 // vocab 12 and capacity 300 keep the trie small and evicting; `skewed` (half the tokens are 0,
 // the rest of a vocabulary of 80, capacity 3000) gives node 0 dozens of children, the nodes whose
-// PROB expansions the corpus keeps between gets.
+// children the trie keeps ranked for PROB while puts count, create and evict them.
 void run(Match match, bool skewed = false) {
   CorpusConfig c;
   c.max_trie_depth = 8;

@@ -1,13 +1,14 @@
 // The n-gram trie: counts, recency order of siblings, and LRU eviction of leaves.
 #include <algorithm>
+#include <limits>
 
 #include "huge_pages.h"
 #include "ngram_corpus.h"
 
 namespace spectool {
 
-Trie::Trie(int max_depth, int64_t capacity, uint32_t stamp_limit)
-    : max_depth_(max_depth), capacity_(capacity), stamp_limit_(stamp_limit) {
+Trie::Trie(int max_depth, int64_t capacity, size_t ranked_keep, uint32_t stamp_limit)
+    : max_depth_(max_depth), capacity_(capacity), stamp_limit_(stamp_limit), ranked_(ranked_keep) {
   clear();
 }
 
@@ -23,8 +24,7 @@ void Trie::clear() {
   head_ = 0;
   queue_peak_ = 0;
   orphans_ = {};
-  evicted_parents_.clear();
-  evicted_overflow_ = true;  // a cache of expansions must drop everything
+  ranked_.clear();
   // Reserved address space is not memory until touched: reserving up to capacity (at
   // most 16M nodes) spares the trie the copies of vector doubling and keeps the arrays
   // in the huge pages advised below (a reallocation would lose them). Within a position
@@ -60,8 +60,10 @@ void Trie::insert(const int32_t* w, int64_t len, int64_t first_new, Suffixes& su
         c = create(parent, t);
       else
         move_to_front(c);
-      if (nodes_[c].count < UINT32_MAX) ++nodes_[c].count;
+      const bool grew = nodes_[c].count < UINT32_MAX;
+      if (grew) ++nodes_[c].count;
       stamp(c);
+      if (ranked_.enabled()) ranked_.counted(parent, Child{c, t, nodes_[c].count}, grew);
       if (n < max_depth_) {
         suf.id[n] = c;
         suf.gen[n] = nodes_[c].gen;
@@ -81,6 +83,7 @@ int32_t Trie::ensure_path(const int32_t* tokens, int64_t n) {
       c = create(node, tokens[i]);
       nodes_[c].count = 1;
       stamp(c);
+      if (ranked_.enabled()) ranked_.counted(node, Child{c, tokens[i], 1}, true);
     }
     node = c;
   }
@@ -154,10 +157,7 @@ void Trie::evict_one() {
   }
   Node& n = nodes_[id];
   const int32_t parent = n.parent;
-  if (evicted_parents_.size() < kMaxEvictedParents)
-    evicted_parents_.push_back(parent);
-  else
-    evicted_overflow_ = true;
+  if (ranked_.enabled()) ranked_.evicted(parent, id, n.count);
   sibling_unlink(id);
   const uint32_t h = NodeIndex::hash(parent, n.token);
   index_.prefetch(h);
@@ -218,6 +218,12 @@ void Trie::renumber_stamps() {
   orphans_ = {};
 }
 
+const RankedChildren::Entry* Trie::rank_children(int32_t node) {
+  if (!ranked_.enabled() || ranked_.full()) return nullptr;
+  children(node, rank_scratch_, std::numeric_limits<size_t>::max());
+  return ranked_.add(node, rank_scratch_);
+}
+
 void Trie::children(int32_t node, std::vector<Child>& out, size_t limit) const {
   out.clear();
   if (limit == 0) return;
@@ -249,7 +255,7 @@ double Trie::bytes_per_node() const {
   // was never touched, so nodes and queue count by their high-water marks.
   double total = static_cast<double>(nodes_.size() * sizeof(Node) + free_.capacity() * sizeof(int32_t) +
                                      index_.bytes() + queue_peak_ * sizeof(int32_t) +
-                                     orphans_.size() * sizeof(std::pair<uint32_t, int32_t>));
+                                     orphans_.size() * sizeof(std::pair<uint32_t, int32_t>) + ranked_.bytes());
   return total / static_cast<double>(std::max<int64_t>(1, size_));
 }
 

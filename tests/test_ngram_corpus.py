@@ -212,9 +212,9 @@ def test_native_matches_reference_on_real_text(stdlib_tokens, match, capacity):
 
 @pytest.mark.parametrize("capacity", [900, 10_000_000])
 def test_prob_matches_reference_on_nodes_with_many_children(capacity):
-    """PROB reads every child of a node it expands; a node with many (here the context "0", which
-    is followed by up to 150 different tokens) is where repeated expansions within a get and
-    across gets must see every count, creation and eviction since. Gets of several rows sharing
+    """PROB needs the count sum and top children of a node it expands; a node with many (here the
+    context "0", which is followed by up to 150 different tokens) has them ranked by the trie, which
+    must follow every count, creation and eviction of its children between and within gets. Gets of several rows sharing
     that node alternate with puts that change its children and (at the small capacity) puts of
     text without a 0, which leave its children alone or evict some of them."""
     params = dict(max_trie_depth=4, num_draft_tokens=12, match="prob", capacity=capacity)
