@@ -56,7 +56,10 @@ class RankedChildren {
     for (const Child& c : children) e.sum += c.count;
     e.top = children;
     std::stable_sort(e.top.begin(), e.top.end(), [](const Child& a, const Child& b) { return a.count > b.count; });
-    if (e.top.size() > keep_) e.top.resize(keep_);
+    if (e.top.size() > keep_) {
+      e.top.resize(keep_);
+      e.top.shrink_to_fit();  // a node of thousands of children keeps only its top
+    }
     mark(node, true);
     return &e;
   }

@@ -106,7 +106,7 @@ def _check_viewer(page, root: str, trace, request: int, name: str) -> dict:
     page.evaluate(f"() => document.querySelector('{root}').scrollIntoView({{block: 'start'}})")
     page.wait_for_timeout(300)
     view = {"x": 0, "y": 0, **VIEWPORT}
-    tree, mask = box(page, f"{root} .spectool-tree"), box(page, f"{root} .spectool-mask")
+    tree, mask = shown_box(page, f"{root} .spectool-tree"), shown_box(page, f"{root} .spectool-mask")
     assert mask["x"] >= tree["x"] + tree["width"] - 2 and abs(mask["y"] - tree["y"]) < 4, (tree, mask)
     for part in (".spectool-player", ".spectool-tree h4", ".spectool-mask h4", ".sv-tree-area svg",
                  ".spectool-mask svg", ".spectool-text"):
@@ -396,7 +396,7 @@ def test_notebook_02_in_jupyterlab(browser, lab):
         root = ".spectool-viewer"
         page.evaluate(f"() => document.querySelector('{root}').scrollIntoView({{block: 'start'}})")
         page.wait_for_timeout(300)
-        tree, mask = box(page, f"{root} .spectool-tree"), box(page, f"{root} .spectool-mask")
+        tree, mask = shown_box(page, f"{root} .spectool-tree"), shown_box(page, f"{root} .spectool-mask")
         assert mask["x"] >= tree["x"] + tree["width"] - 2
         for part in (".spectool-player", ".sv-tree-area svg", ".spectool-mask svg", ".spectool-text"):
             b = shown_box(page, f"{root} {part}")
@@ -700,7 +700,8 @@ def _compare_label_position(page, root: str) -> int:
 
 def _check_compare_plot(page, root: str) -> None:
     """The plot is whole: its x-axis title sits above the trees, not under them."""
-    title, side = box(page, f"{root} .spectool-compare-plot .xtitle"), box(page, f"{root} .sv-compare-side-a")
+    title = shown_box(page, f"{root} .spectool-compare-plot .xtitle")
+    side = shown_box(page, f"{root} .sv-compare-side-a")
     assert title["y"] + title["height"] <= side["y"], (title, side)
 
 
@@ -744,7 +745,7 @@ def test_compare_view_steps_in_the_page_in_jupyterlab(browser, lab):
         page.evaluate(f"() => document.querySelector('{cmp}').scrollIntoView({{block: 'start'}})")
         page.wait_for_timeout(300)
         view = box(page, ".jp-NotebookPanel .jp-WindowedPanel-outer")  # the notebook's visible area
-        side_a, side_b = box(page, f"{cmp} .sv-compare-side-a"), box(page, f"{cmp} .sv-compare-side-b")
+        side_a, side_b = shown_box(page, f"{cmp} .sv-compare-side-a"), shown_box(page, f"{cmp} .sv-compare-side-b")
         assert side_b["x"] >= side_a["x"] + side_a["width"] - 2 and abs(side_b["y"] - side_a["y"]) < 4
         for part in (".spectool-player", ".spectool-compare-plot", ".spectool-compare-summary",
                      ".sv-compare-side-a .sv-tree-area svg", ".sv-compare-side-b .sv-tree-area svg"):
