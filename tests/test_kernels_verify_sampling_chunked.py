@@ -19,6 +19,7 @@ import types
 
 import pytest
 import torch
+from sampling_checks import assert_decides_as, check_residual_ends
 from test_verify import random_batch
 
 from spectool.draft.tree import DraftTree
@@ -26,7 +27,6 @@ from spectool.engine import Engine, _led_by
 from spectool.kernels.verify_sampling_chunked import LaunchConfig, cut_rounds
 from spectool.verify import target_probs_at, verify_sampling, verify_sampling_chunked
 
-EXACT = ("status", "accept_path", "accept_length", "bonus", "target_argmax")
 # Three chunks of a 1,200-token row in groups of 256, 16 probes (8 cut rounds); one chunk with 64
 # probes (6 rounds).
 VOCAB = 1200
@@ -54,12 +54,7 @@ def assert_same_decision(tree: DraftTree, logits: torch.Tensor, temperature: flo
     want = verify_sampling(tree, logits, temperature, top_k, top_p, coins=coins)
     temps = torch.full((logits.shape[0],), temperature)
     got = verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
-    for name in EXACT:
-        assert torch.equal(getattr(got, name), getattr(want, name)), name
-    assert torch.equal(got.coins.isnan(), want.coins.isnan())
-    assert torch.allclose(got.coins.nan_to_num(), want.coins.nan_to_num())
-    torch.testing.assert_close(got.child_probs, want.child_probs, equal_nan=True, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got.bonus_cdf, want.bonus_cdf, rtol=1e-5, atol=1e-6)
+    assert_decides_as(got, want)
     ids = torch.arange(logits.shape[-1]).expand(logits.shape).contiguous()
     probs = target_probs_at(logits, temps, got.target_rows, ids)
     assert torch.equal(probs > 0, want.target_probs > 0)
@@ -132,17 +127,8 @@ def test_chunked_rows_with_one_token_left():
 
 @pytest.mark.triton_interpreter
 def test_chunked_at_the_ends_of_the_residual():
-    bs, n, vocab = 4, 6, VOCAB
-    tree, g = random_batch(bs, n, vocab, 21, pad_max=0)
-    logits = torch.randn(bs, n, vocab, generator=g)
-    # Coins next to 1: the bonus is the residual's last tokens (or past its total by rounding).
-    assert_same_decision(tree, logits, 1.0, 0, 1.0, torch.full((bs, n), 1 - 2**-24))
-    # top-k 1 and the argmax drafted under every node: the children hold all the mass.
-    argmax_tree = DraftTree.from_parents(
-        torch.full((bs, n), 700), tree.parents, tree.scores, tree.seq_lens, tree.valid)
-    peaked = logits.clone()
-    peaked[..., 700] = 10.0
-    assert_same_decision(argmax_tree, peaked, 1.0, 1, 1.0, torch.rand(bs, n, generator=g), WIDE)
+    check_residual_ends(assert_same_decision, bs=4, n=6, vocab=VOCAB, token=700,
+                        decide_peaked=lambda *args: assert_same_decision(*args, WIDE))
 
 
 def test_chunked_rejects_an_unknown_launch_config():
