@@ -179,8 +179,9 @@ def build(match: str, train: np.ndarray, args: argparse.Namespace) -> tuple[Ngra
 
 def time_native(corpora: dict[str, NgramCorpus], held: np.ndarray, args: argparse.Namespace) -> dict:
     """The decode loop at each batch size, --repeats times on fresh stretches of held-out source
-    (each request its own unseen stretch); every corpus runs each stretch in turn, first one first
-    on odd repeats, so a change of the machine's speed during the run weighs on all of them alike.
+    (each request its own unseen stretch); every corpus runs each stretch in turn, in an order that
+    reverses from one repeat to the next, so a change of the machine's speed during the run weighs
+    on all of them alike.
     Returns, per match and batch size, the (get, put, cpu, get cpu) seconds of each repeat."""
     runs = {m: [] for m in corpora}
     order = list(corpora)
@@ -200,7 +201,8 @@ def time_native(corpora: dict[str, NgramCorpus], held: np.ndarray, args: argpars
 
 def summarize(match: str, corpus: NgramCorpus, info: dict, runs: list, train: np.ndarray, held: np.ndarray,
               args: argparse.Namespace) -> dict:
-    """The medians of the native runs against the pure-Python reference's loop on the last stretch."""
+    """The medians of the native runs against the pure-Python reference's loop (on the first stretches
+    of each batch size, for fewer iterations: it is far slower)."""
     stats = info["stats"]
     ref = ReferenceCorpus(max_trie_depth=DEPTH, num_draft_tokens=N, match=match)
     ref.batch_put([train[i:i + CHUNK] for i in range(0, args.ref_tokens, CHUNK)])

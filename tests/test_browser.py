@@ -104,7 +104,6 @@ def _check_viewer(page, root: str, trace, request: int, name: str) -> dict:
     its = trace.iterations(request)
     # Tree, mask and text panel side by side / together, all inside the viewport.
     page.evaluate(f"() => document.querySelector('{root}').scrollIntoView({{block: 'start'}})")
-    page.wait_for_timeout(300)
     view = {"x": 0, "y": 0, **VIEWPORT}
     tree, mask = shown_box(page, f"{root} .spectool-tree"), shown_box(page, f"{root} .spectool-mask")
     assert mask["x"] >= tree["x"] + tree["width"] - 2 and abs(mask["y"] - tree["y"]) < 4, (tree, mask)
@@ -395,7 +394,6 @@ def test_notebook_02_in_jupyterlab(browser, lab):
                             ).filter(has_text="Traceback").count() == 0, "a cell raised"
         root = ".spectool-viewer"
         page.evaluate(f"() => document.querySelector('{root}').scrollIntoView({{block: 'start'}})")
-        page.wait_for_timeout(300)
         tree, mask = shown_box(page, f"{root} .spectool-tree"), shown_box(page, f"{root} .spectool-mask")
         assert mask["x"] >= tree["x"] + tree["width"] - 2
         for part in (".spectool-player", ".sv-tree-area svg", ".spectool-mask svg", ".spectool-text"):
@@ -743,7 +741,6 @@ def test_compare_view_steps_in_the_page_in_jupyterlab(browser, lab):
 
         # One screen at 1366 px with the file browser open: player, plot, summary and both trees side by side.
         page.evaluate(f"() => document.querySelector('{cmp}').scrollIntoView({{block: 'start'}})")
-        page.wait_for_timeout(300)
         view = box(page, ".jp-NotebookPanel .jp-WindowedPanel-outer")  # the notebook's visible area
         side_a, side_b = shown_box(page, f"{cmp} .sv-compare-side-a"), shown_box(page, f"{cmp} .sv-compare-side-b")
         assert side_b["x"] >= side_a["x"] + side_a["width"] - 2 and abs(side_b["y"] - side_a["y"]) < 4
