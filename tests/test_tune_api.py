@@ -17,6 +17,7 @@ import spectool as st
 from spectool.cli import main as cli_main
 from spectool.trace.reader import Trace
 from spectool.tune import CostProfile, TuneError
+from spectool.tune import calibrate as calibration
 from spectool.tune.calibrate import calibrate, time_iterations
 from spectool.tune.cost_profile import shipped_profiles
 from spectool.tune.recommend import tune
@@ -112,6 +113,24 @@ def test_one_configuration_timed_again_the_calibrations_way(target, demo_model_d
         assert 0 < us < float("inf"), draft
     with pytest.raises(ValueError, match="max_batch_size"):
         time_iterations(target, None, 0, context=32)
+
+
+def test_an_ngram_grid_point_keeps_its_fastest_run(target, monkeypatch):
+    # The host's speed moves between runs, and an N-gram iteration waits for the host: each N-gram
+    # grid point is the fastest of NGRAM_RUNS runs' medians; the other points are timed in one run.
+    medians = iter([700.0, 500.0, 600.0, 900.0, 800.0])
+    calls = []
+
+    def one_run(self, engine, new_tokens, batch_size, full_trees):
+        calls.append(full_trees)
+        return next(medians)
+
+    monkeypatch.setattr(calibration._Runs, "_run_median_us", one_run)
+    runs = calibration._Runs(target, 32, 2, 1)
+    assert calibration.NGRAM_RUNS == 3
+    assert runs.median_us(None, 8, 1, full_trees=True) == 500.0
+    assert runs.median_us(None, 8, 1) == 900.0
+    assert calls == [True, True, True, False]
 
 
 def test_profile_of_another_version_is_refused_naming_both(profile, tmp_path):
