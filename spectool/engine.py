@@ -46,6 +46,12 @@ from spectool.verify import (
     verify_sampling_chunked,
 )
 
+# Prompt lengths a prefill is padded to on CUDA, one graph per (batch bucket, length): eagerly a
+# prefill launches some thirty kernels per layer, and on a slow host those launches take tens of
+# ms (a 32-layer 113M target: ~50 ms of host time for 2 ms of GPU work).
+PREFILL_LENGTHS = (16, 32, 64, 128, 256, 512)
+PREFILL_GRAPH_TOKENS = 4096  # most padded tokens (batch bucket x length) a prefill graph takes
+
 
 @dataclass
 class _Request:
@@ -130,6 +136,7 @@ class Engine:
         self.prefill_budget = 8192  # padded tokens per prefill forward
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.tp = getattr(target, "tp", None)  # this rank's place when the target is split (drafters read it)
+        self._pads_prefill = self.device.type == "cuda" and self.tp is None  # see _prefill_length
         self.drafter = make_drafter(draft, self)
         # The target layers whose outputs the drafter reads in place of the last hidden state (EAGLE-3).
         self.aux_layers: tuple[int, ...] | None = getattr(self.drafter, "aux_layers", None)
@@ -153,6 +160,9 @@ class Engine:
         # With record=True the greedy graph also packs the iteration's trace fields (see _greedy_step).
         self._greedy_record_runner = GraphRunner(functools.partial(self._greedy_step, record=True),
                                                  self.graph_buckets, self.cuda_graphs, scratch)
+        # The prompt's forward and its last positions' logits, per (batch bucket, padded length).
+        self._prefill_runner = GraphRunner(self._prefill_step, self.graph_buckets,
+                                           self.cuda_graphs and self.tp is None, scratch)
         # Per (mode, tree size N): the verify graph's packed trace layout (mode "greedy" or "sampling").
         self._record_layouts: dict[tuple[str, int], list] = {}
         self._root_scores: dict[int, torch.Tensor] = {}  # per batch size: plain decoding's tree scores
@@ -315,7 +325,9 @@ class Engine:
         Graphs are otherwise captured lazily, the first time a batch bucket, tree size or mode
         comes up, each capture costing tens to hundreds of ms inside that call: as requests
         finish at different iterations a batch falls into smaller buckets, so a user's calls
-        would pay it again and again. ``warmup`` runs one prefill and one iteration of dummy
+        would pay it again and again. ``warmup`` first prefills dummy prompts of every padded
+        prompt length (``PREFILL_LENGTHS``) at every batch bucket, which captures the prefill
+        graphs of the target and the drafter, then runs one prefill and one iteration of dummy
         requests per batch bucket (largest first) for greedy decoding and, with ``sampling``,
         for temperature > 0, each with recording off and, with ``record``, on; that takes every
         path of the iteration (N-gram's whole tree and roots alone, both EAGLEs' draft and
@@ -333,6 +345,7 @@ class Engine:
         if drafter is not None and drafter.host_accepted:
             self.drafter = _NotLearning(drafter)
         try:
+            self._warm_prefills()
             for bucket in reversed(self.graph_buckets):
                 for k, (temperature, rec) in enumerate(modes):
                     # Prompt lengths of both kinds Triton specialises a kernel for: a multiple of 16 and not.
@@ -343,6 +356,33 @@ class Engine:
         if self.on_cuda:
             torch.cuda.synchronize(self.device)
         return {"seconds": time.perf_counter() - started, "captures": self.graph_stats()["captures"] - before}
+
+    def _warm_prefills(self) -> None:
+        """Prefill dummy prompts of every padded length at every batch bucket (``warmup``), capturing the
+        prefill graphs of the target and the drafter; they sit in slots 0..b-1, whose K/V later
+        prefills overwrite."""
+        if not (self.cuda_graphs and self._pads_prefill):
+            return
+        sampling = dict(temperature=0.0, top_k=0, top_p=1.0)
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        vocab, longest, shorter = self.config.vocab_size, self.max_seq_len - 1, 0
+        for t in PREFILL_LENGTHS:
+            length = min(t, longest)  # the longest prompt this padded length serves
+            if length <= shorter:
+                break
+            shorter = t
+            for bucket in self.graph_buckets:
+                rows = min(bucket, self.max_batch_size)
+                if self.prefill_length(rows, length) != (t, True):
+                    continue
+                reqs = [_Request(i, [(7 * i + j) % vocab for j in range(length)], "", self.max_seq_len, slot=i)
+                        for i in range(rows)]
+                for req in reqs:
+                    req.history = list(req.prompt)
+                try:
+                    self._prefill(reqs, sampling, generator, RunStats(method=self.method))
+                finally:
+                    self._release(reqs, [], None)
 
     def _warm_iteration(self, b: int, temperature: float, record: bool, length: int) -> None:
         """Prefill ``b`` dummy requests of ``length`` tokens in slots 0..b-1 and run one iteration (``warmup``)."""
@@ -435,19 +475,65 @@ class Engine:
         for runner in runners:
             for k in out:
                 out[k] += runner.stats[k]
+        # The prefills' graphs too (a prompt longer than PREFILL_LENGTHS is prefilled eagerly by design).
+        for k in ("replays", "captures"):
+            out[k] += self._prefill_runner.stats[k]
         return out
 
     def _forward_step(self, tokens, positions, slots, starts, mask, gather: bool = True):
         """Target forward over a tree (or one token): the hidden states the drafter reads (the last
         layer's, or the concatenated ``aux_layers``' outputs) and float32 logits (under tensor
         parallelism with ``gather=False``, this rank's vocabulary slice)."""
+        hidden, feed = self._forward_hidden(tokens, positions, slots, starts, mask)
+        return feed, self.model.logits(hidden, deterministic=self.deterministic, gather=gather)
+
+    def _forward_hidden(self, tokens, positions, slots, starts, mask):
+        """Target forward: (the last layer's hidden states, what the drafter reads: those again or the
+        concatenated ``aux_layers``' outputs)."""
         if self.aux_layers is None:
             hidden = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
                                 kv_len=self._kv_len, deterministic=self.deterministic)
-            return hidden, self.model.logits(hidden, deterministic=self.deterministic, gather=gather)
-        hidden, aux = self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
-                                 kv_len=self._kv_len, aux_layers=self.aux_layers, deterministic=self.deterministic)
-        return aux, self.model.logits(hidden, deterministic=self.deterministic, gather=gather)
+            return hidden, hidden
+        return self.model(tokens, positions, cache=self.cache, slots=slots, starts=starts, tree_mask=mask,
+                          kv_len=self._kv_len, aux_layers=self.aux_layers, deterministic=self.deterministic)
+
+    def _prefill_step(self, tokens, slots, last):
+        """Forward of right-padded prompts [B, T] from cache index 0 (``_kv_len`` = T): what the drafter
+        reads (None without a drafter that reads hidden states, as then no [B, T, H] output is kept)
+        and the float32 logits [B, 1, V] at each row's last prompt position ``last``."""
+        b, t = tokens.shape
+        positions = torch.arange(t, device=tokens.device).expand(b, t)
+        starts = torch.zeros(b, dtype=torch.long, device=tokens.device)
+        hidden, feed = self._forward_hidden(tokens, positions, slots, starts, None)
+        at_last = hidden[torch.arange(b, device=tokens.device), last][:, None]
+        logits = self.model.logits(at_last, deterministic=self.deterministic, gather=False)
+        reads_hidden = self.drafter is not None and getattr(self.drafter, "reads_hidden", True)
+        return (feed if reads_hidden else None), logits
+
+    def prefill_length(self, rows: int, longest: int) -> tuple[int, bool]:
+        """(padded length, whether a graph runs it) of a prefill forward of ``rows`` prompts, the longest
+        ``longest`` tokens (the drafters pad their own prefills the same way): on CUDA the shortest of
+        PREFILL_LENGTHS that holds it, when the group fits a prefill graph (eager CUDA pads the same
+        way, so eager and graphed runs compute the same shapes); else ``longest``, eagerly."""
+        t = next((n for n in PREFILL_LENGTHS if n >= longest), None) if self._pads_prefill else None
+        if (t is None or t > self.max_seq_len or t + self.num_draft_tokens + 2 > self.model.rope.max_position
+                or self._prefill_runner.bucket_for(rows) * t > PREFILL_GRAPH_TOKENS):
+            return longest, False
+        return t, True
+
+    def _prefill_groups(self, reqs: list[_Request]) -> list[list[_Request]]:
+        """Requests in prefill groups, each one forward: on CUDA groups that fit a prefill graph
+        (PREFILL_GRAPH_TOKENS, counted as the graph pads them), else ``prefill_budget`` tokens."""
+        lengths = [len(r.prompt) for r in reqs]
+        if self._pads_prefill:
+            def padded(rows: int, longest: int) -> int:
+                t = next((n for n in PREFILL_LENGTHS if n >= longest), longest)
+                return self._prefill_runner.bucket_for(rows) * t
+
+            groups = prefill_groups(lengths, PREFILL_GRAPH_TOKENS, padded)
+        else:
+            groups = prefill_groups(lengths, self.prefill_budget)
+        return [[reqs[i] for i in g] for g in groups]
 
     def _verify_greedy(self, tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
         """Greedy verify against the whole logits, or under tensor parallelism against this rank's
@@ -569,36 +655,36 @@ class Engine:
         Padding is harmless: a short row's pad tokens land past its prompt in the cache,
         where later writes overwrite them before anything reads them.
         """
-        hiddens: list[torch.Tensor] = []
         on_admit = getattr(self.drafter, "on_admit", None)  # host work that can overlap the prefill
         if on_admit is not None:
             on_admit([r.request_id for r in reqs], [r.prompt for r in reqs])
-        for group in _prefill_groups(reqs, self.prefill_budget):
+        for group in self._prefill_groups(reqs):
             lens = [len(r.prompt) for r in group]
-            t = max(lens)
+            t, graphed = self.prefill_length(len(group), max(lens))
             dev = self.device
             tokens = torch.tensor([r.prompt + [0] * (t - len(r.prompt)) for r in group], dtype=torch.long,
                                   device=dev)
-            positions = torch.arange(t, device=dev).expand(len(group), -1)
             slots = torch.tensor([r.slot for r in group], dtype=torch.long, device=dev)
             self._slot_nonce[slots] = torch.tensor([r.request_id % 2**31 for r in group], device=dev)
-            starts = torch.zeros(len(group), dtype=torch.long, device=dev)
-            self._kv_len = t  # prompts are longer than the graphed attention takes: read t keys
-            hidden, logits = self._forward_step(tokens, positions, slots, starts, None, gather=False)
             last = torch.tensor(lens, device=dev) - 1
+            self._kv_len = t  # prompts are longer than the graphed attention takes: read t keys
+            if graphed:
+                hidden, logits = self._prefill_runner(len(group), tokens=tokens, slots=slots, last=last)
+            else:
+                hidden, logits = self._prefill_step(tokens, slots, last)
             rows = torch.arange(len(group), device=dev)
-            res = self._verify(self._root_tree(tokens[rows, last], last), logits[rows, last][:, None],
-                               sampling, generator)
-            for req, first, n, h in zip(group, res.bonus.tolist(), lens, hidden):
+            res = self._verify(self._root_tree(tokens[rows, last], last), logits, sampling, generator)
+            for req, first, n in zip(group, res.bonus.tolist(), lens):
                 req.output.append(first)
                 req.history.append(first)
                 req.seq_len = n
-                hiddens.append(h[:n])
             stats.prefill_tokens += sum(lens)
             stats.generated_tokens += len(group)
-        if self.drafter is not None:
-            with self._drafting():
-                self.drafter.on_prefill(self._batch(reqs)[0], hiddens)
+            if self.drafter is not None:
+                # Group by group: a prefill graph's outputs are rewritten by its next replay.
+                with self._drafting():
+                    self.drafter.on_prefill(self._batch(group)[0], [] if hidden is None else
+                                            [h[:n] for h, n in zip(hidden, lens)])
 
     def _drafting(self):
         """The context of the drafter's forwards: in deterministic mode the batch-invariant kernels too,
@@ -995,11 +1081,6 @@ def graph_buckets(max_batch_size: int) -> tuple[int, ...]:
     while buckets[-1] < max_batch_size:
         buckets.append(buckets[-1] * 2)
     return tuple(buckets)
-
-
-def _prefill_groups(reqs: list[_Request], budget: int) -> list[list[_Request]]:
-    """Split requests into prefill groups whose padded size stays within ``budget`` tokens."""
-    return [[reqs[i] for i in group] for group in prefill_groups([len(r.prompt) for r in reqs], budget)]
 
 
 def _version() -> str:

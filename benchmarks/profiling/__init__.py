@@ -6,6 +6,7 @@ A benchmark reports a figure; its profiles explain it, and run only through the 
     python3 benchmarks/speculative.py --profile phases                # GPU kernel time against host time per phase
     python3 benchmarks/speculative.py --profile ops                   # kernels launched per iteration (CPU)
     python3 benchmarks/speculative.py --profile host                  # host work outside the timed phases
+    python3 benchmarks/speculative.py --profile prefill               # a prefill: graphs against eager, GPU time
 
 Everything after ``--profile KIND`` is the profile's own options (``--profile ops --help`` lists them).
 """
@@ -18,7 +19,7 @@ import sys
 # Per benchmark, each profile kind and the module (in this folder) whose main(argv) runs it.
 PROFILES = {
     "decode": {"kernels": "decode_kernels"},
-    "speculative": {"phases": "phases", "ops": "op_counts", "host": "host"},
+    "speculative": {"phases": "phases", "ops": "op_counts", "host": "host", "prefill": "prefill"},
 }
 
 

@@ -23,6 +23,7 @@ work overlaps the engine's own host work; its phases are timed into the next ite
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -69,13 +70,23 @@ def accepted_inputs(tree_tokens: torch.Tensor, accept_path: torch.Tensor, accept
     return tokens, hidden.gather(1, path[..., None].expand(-1, -1, hidden.shape[-1]))
 
 
-def prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:
-    """Indices of consecutive prompts in groups whose right-padded size (longest × count) stays
-    within ``budget`` tokens (a prompt longer than the budget is a group of its own)."""
+def pad_to(x: torch.Tensor, length: int) -> torch.Tensor:
+    """``x`` [B, T, ...] right-padded with zeros to ``length`` along dim 1 (itself when T = length)."""
+    if x.shape[1] >= length:
+        return x
+    return torch.cat([x, x.new_zeros(x.shape[0], length - x.shape[1], *x.shape[2:])], dim=1)
+
+
+def prefill_groups(lengths: list[int], budget: int,
+                   padded: Callable[[int, int], int] | None = None) -> list[list[int]]:
+    """Indices of consecutive prompts in groups whose right-padded size stays within ``budget``
+    tokens (a prompt longer than the budget is a group of its own); ``padded(count, longest)`` is a
+    group's size, by default longest × count."""
+    size = padded or (lambda count, longest: count * longest)
     groups: list[list[int]] = []
     longest = 0
     for i, n in enumerate(lengths):
-        if groups and max(longest, n) * (len(groups[-1]) + 1) <= budget:
+        if groups and size(len(groups[-1]) + 1, max(longest, n)) <= budget:
             groups[-1].append(i)
             longest = max(longest, n)
         else:

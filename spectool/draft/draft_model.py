@@ -21,6 +21,8 @@ from spectool.kernels.topk import row_topk
 class DraftModelDrafter(EagleDrafter):
     """Drafts a chain or an EAGLE-2 tree from a standalone draft model."""
 
+    reads_hidden = False  # its own tokens stand in for the target's hidden states
+
     def _load(self) -> int:
         from spectool.model.loader import load
 

@@ -13,9 +13,11 @@ each node to its own ancestors), so every step is one fixed-shape forward.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from spectool.draft import Batch, accepted_inputs, prefill_groups
+from spectool.draft import Batch, accepted_inputs, pad_to, prefill_groups
 from spectool.draft.tree import DraftTree, eagle_tree_from_candidates
 from spectool.graphs import GraphRunner
 from spectool.kernels.topk import row_topk
@@ -96,7 +98,9 @@ class EagleDrafter:
         # serves the first iteration after a prefill or a change of the batch.
         self._extend_runner = GraphRunner(self._extend_and_draft_step, e.graph_buckets, e.cuda_graphs, scratch)
         self._draft_runner = GraphRunner(self._draft_step, e.graph_buckets, e.cuda_graphs, scratch)
-        self.graph_runners = [self._extend_runner, self._draft_runner]
+        # The prompts' extend, per (batch bucket, padded length) as the target's prefill.
+        self._prefill_runner = GraphRunner(self._extend_step, e.graph_buckets, e.cuda_graphs, scratch)
+        self.graph_runners = [self._extend_runner, self._draft_runner, self._prefill_runner]
         self._next: tuple[Batch, tuple] | None = None  # the batch on_verify drafted for, and the draft
 
     def _make_draft_constants(self) -> None:
@@ -151,13 +155,15 @@ class EagleDrafter:
         # where the first extend after a verify writes before anything reads.
         for rows in prefill_groups([len(h) for h in hiddens], self.engine.prefill_budget):
             lens = [len(hiddens[b]) for b in rows]  # prompt lengths; a history also holds the root
-            tokens = torch.tensor([batch.histories[b][1:] + [0] * (max(lens) - n) for b, n in zip(rows, lens)],
+            t, graphed = self.engine.prefill_length(len(rows), max(lens))
+            tokens = torch.tensor([batch.histories[b][1:] + [0] * (t - n) for b, n in zip(rows, lens)],
                                   dtype=torch.long, device=self.device)
-            hidden = torch.nn.utils.rnn.pad_sequence([hiddens[b] for b in rows], batch_first=True)
+            hidden = pad_to(torch.nn.utils.rnn.pad_sequence([hiddens[b] for b in rows], batch_first=True), t)
             index = torch.tensor(rows, device=self.device)
             last = torch.tensor(lens, device=self.device) - 1
             self._kv_len = 0
-            self._extend_step(batch.slots[index], torch.zeros_like(last), tokens, hidden, last)
+            step = functools.partial(self._prefill_runner, len(rows)) if graphed else self._extend_step
+            step(slots=batch.slots[index], starts=torch.zeros_like(last), tokens=tokens, hidden=hidden, last=last)
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
                   accepted: list[list[int]] | None, timer) -> None:

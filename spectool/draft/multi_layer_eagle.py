@@ -21,10 +21,12 @@ batches, so one launch per layer would leave the GPU waiting.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from spectool.config import MultiLayerEagleConfig
-from spectool.draft import Batch, accepted_inputs, prefill_groups
+from spectool.draft import Batch, accepted_inputs, pad_to, prefill_groups
 from spectool.draft.tree import DraftTree, chain_tree
 from spectool.graphs import GraphRunner
 
@@ -73,7 +75,11 @@ class MultiLayerEagleDrafter:
         self._next: tuple[Batch, tuple] | None = None  # the batch on_verify drafted for, and its tree
         self._extend_runner = GraphRunner(self._extend_step, e.graph_buckets, e.cuda_graphs,
                                           {"slots": e.max_batch_size})
-        self.graph_runners = [self._extend_runner]
+        # The prompts' extend, per (batch bucket, padded length) as the target's prefill; a padded
+        # row's length is 1, so its last index is 0.
+        self._prefill_runner = GraphRunner(self._prefill_step, e.graph_buckets, e.cuda_graphs,
+                                           {"slots": e.max_batch_size, "lens": 1})
+        self.graph_runners = [self._extend_runner, self._prefill_runner]
 
     def _layer_step(self, k: int, slots, start, last, draft_at, window: int | None = None,
                     kv_len: int | None = None):
@@ -138,17 +144,26 @@ class MultiLayerEagleDrafter:
         # layer reads them; its drafts are written after the padding, where later layers read them.
         for rows in prefill_groups([len(h) for h in hiddens], self.engine.prefill_budget):
             lens = [len(hiddens[b]) for b in rows]
-            t = max(lens)
+            t, graphed = self.engine.prefill_length(len(rows), max(lens))
             index = torch.tensor(rows, device=self.device)
-            slots = batch.slots[index]
-            self.tokens[slots, :t + 1] = torch.tensor(
-                [batch.histories[b] + [0] * (t - n) for b, n in zip(rows, lens)], device=self.device)
-            self.hidden[slots, :t] = torch.nn.utils.rnn.pad_sequence([hiddens[b] for b in rows], batch_first=True)
-            n = torch.tensor(lens, device=self.device)
-            zero = torch.zeros_like(n)
-            for k in range(self.steps):
-                draft, p = self._layer_step(k, slots, zero, n - 1, n + k + 1, window=t, kv_len=t + k + 1)
-                self.chain[slots, k], self.chain_p[slots, k + 1] = draft, p
+            tokens = torch.tensor([batch.histories[b] + [0] * (t - n) for b, n in zip(rows, lens)],
+                                  device=self.device)
+            hidden = pad_to(torch.nn.utils.rnn.pad_sequence([hiddens[b] for b in rows], batch_first=True), t)
+            step = functools.partial(self._prefill_runner, len(rows)) if graphed else self._prefill_step
+            step(slots=batch.slots[index], tokens=tokens, hidden=hidden, lens=torch.tensor(lens, device=self.device))
+
+    def _prefill_step(self, slots, tokens, hidden, lens):
+        """Every layer's extend over right-padded prompts: ``tokens`` [B, T + 1] the histories (the
+        prompt and its first token), ``hidden`` [B, T, H] the target's hidden states, ``lens`` [B] the
+        prompt lengths. Returns the chain's drafts [B, steps]."""
+        t = hidden.shape[1]
+        self.tokens[slots, :t + 1] = tokens
+        self.hidden[slots, :t] = hidden
+        zero = torch.zeros_like(lens)
+        for k in range(self.steps):
+            draft, p = self._layer_step(k, slots, zero, lens - 1, lens + k + 1, window=t, kv_len=t + k + 1)
+            self.chain[slots, k], self.chain_p[slots, k + 1] = draft, p
+        return self.chain[slots]
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
                   accepted: list[list[int]] | None, timer) -> None:

@@ -36,6 +36,7 @@ class NgramDrafter:
     """Drafts from a ``NgramCorpus`` shared by all requests of the engine."""
 
     host_accepted = True  # on_verify feeds the accepted tokens to the trie
+    reads_hidden = False  # the target's hidden states are never read (the engine keeps none after prefill)
 
     def __init__(self, config: NgramConfig, engine) -> None:
         from spectool.native import NgramCorpus
