@@ -498,9 +498,9 @@ class Engine:
                           kv_len=self._kv_len, aux_layers=self.aux_layers, deterministic=self.deterministic)
 
     def _prefill_step(self, tokens, slots, last):
-        """Forward of right-padded prompts [B, T] from cache index 0 (``_kv_len`` = T): what the drafter
-        reads (None without a drafter that reads hidden states, as then no [B, T, H] output is kept)
-        and the float32 logits [B, 1, V] at each row's last prompt position ``last``."""
+        """Forward of right-padded prompts [B, T] from cache index 0 (``_kv_len`` = T): the float32 logits
+        [B, 1, V] at each row's last prompt position ``last``, then what the drafter reads (left out
+        when the drafter reads no hidden states, so no [B, T, H] output is kept)."""
         b, t = tokens.shape
         positions = torch.arange(t, device=tokens.device).expand(b, t)
         starts = torch.zeros(b, dtype=torch.long, device=tokens.device)
@@ -508,7 +508,7 @@ class Engine:
         at_last = hidden[torch.arange(b, device=tokens.device), last][:, None]
         logits = self.model.logits(at_last, deterministic=self.deterministic, gather=False)
         reads_hidden = self.drafter is not None and getattr(self.drafter, "reads_hidden", True)
-        return (feed if reads_hidden else None), logits
+        return (logits, feed) if reads_hidden else (logits,)
 
     def prefill_length(self, rows: int, longest: int) -> tuple[int, bool]:
         """(padded length, whether a graph runs it) of a prefill forward of ``rows`` prompts, the longest
@@ -668,10 +668,8 @@ class Engine:
             self._slot_nonce[slots] = torch.tensor([r.request_id % 2**31 for r in group], device=dev)
             last = torch.tensor(lens, device=dev) - 1
             self._kv_len = t  # prompts are longer than the graphed attention takes: read t keys
-            if graphed:
-                hidden, logits = self._prefill_runner(len(group), tokens=tokens, slots=slots, last=last)
-            else:
-                hidden, logits = self._prefill_step(tokens, slots, last)
+            step = functools.partial(self._prefill_runner, len(group)) if graphed else self._prefill_step
+            logits, *feed = step(tokens=tokens, slots=slots, last=last)
             rows = torch.arange(len(group), device=dev)
             res = self._verify(self._root_tree(tokens[rows, last], last), logits, sampling, generator)
             for req, first, n in zip(group, res.bonus.tolist(), lens):
@@ -683,8 +681,8 @@ class Engine:
             if self.drafter is not None:
                 # Group by group: a prefill graph's outputs are rewritten by its next replay.
                 with self._drafting():
-                    self.drafter.on_prefill(self._batch(group)[0], [] if hidden is None else
-                                            [h[:n] for h, n in zip(hidden, lens)])
+                    self.drafter.on_prefill(self._batch(group)[0],
+                                            [h[:n] for h, n in zip(feed[0], lens)] if feed else [])
 
     def _drafting(self):
         """The context of the drafter's forwards: in deterministic mode the batch-invariant kernels too,
