@@ -10,7 +10,6 @@ lossless whatever the drafts, so only equal accept lengths show that the drafter
 from __future__ import annotations
 
 import pytest
-import torch
 from test_engine_support import cut_prompts, demo_token_streams
 
 import spectool as st
@@ -62,3 +61,6 @@ def test_prompts_are_grouped_by_their_padded_size(target):
     assert engine.prefill_length(8, 300) == (512, True)
     assert engine.prefill_length(16, 300) == (300, False)  # past a graph's tokens: eager, unpadded
     assert engine.prefill_length(1, 600) == (600, False)  # longer than every padded length
+    # Prompts no padded length serves are grouped by the eager budget, unpadded: 13 of 600 tokens.
+    groups = engine._prefill_groups([engine._make_request(i, [1] * 600, 8) for i in range(16)])
+    assert [len(g) for g in groups] == [engine.prefill_budget // 600, 16 - engine.prefill_budget // 600]

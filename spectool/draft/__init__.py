@@ -78,15 +78,15 @@ def pad_to(x: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def prefill_groups(lengths: list[int], budget: int,
-                   padded: Callable[[int, int], int] | None = None) -> list[list[int]]:
-    """Indices of consecutive prompts in groups whose right-padded size stays within ``budget``
-    tokens (a prompt longer than the budget is a group of its own); ``padded(count, longest)`` is a
-    group's size, by default longest × count."""
-    size = padded or (lambda count, longest: count * longest)
+                   fits: Callable[[int, int], bool] | None = None) -> list[list[int]]:
+    """Indices of consecutive prompts in groups whose right-padded size (longest × count) stays
+    within ``budget`` tokens, or, given ``fits(count, longest)``, for which that holds (a prompt
+    that fits no group is a group of its own)."""
+    fits = fits or (lambda count, longest: count * longest <= budget)
     groups: list[list[int]] = []
     longest = 0
     for i, n in enumerate(lengths):
-        if groups and size(len(groups[-1]) + 1, max(longest, n)) <= budget:
+        if groups and fits(len(groups[-1]) + 1, max(longest, n)):
             groups[-1].append(i)
             longest = max(longest, n)
         else:
