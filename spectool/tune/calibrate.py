@@ -34,8 +34,9 @@ from spectool.tune.cost_profile import FORMAT, VERSION, CostProfile
 WARM_ITERATIONS = 3  # left out of each run's timings
 SEARCH = 4  # N-gram: full-tree iterations are looked for over this many times the iterations timed
 # N-gram: runs per grid point, the fastest kept. Its iterations wait for the host (the trie's get and
-# put, the tree's copy) and, on the H200 machine, the host ran one run of an engine up to 1.9x slower
-# than the next (every host phase alike); a benchmark reports the best of its repeats, so does this.
+# put, the tree's copy), whose speed moves from one run of an engine to the next (on the H200 machine
+# every host phase alike, docs/BENCHMARKS.md "What-if tuner"); a benchmark reports the best of its
+# repeats, and so does this.
 NGRAM_RUNS = 3
 CHUNK = 64  # most tokens of the random chunk the synthetic prompts repeat (at least 4 times)
 
