@@ -161,8 +161,7 @@ class Engine:
         self._greedy_record_runner = GraphRunner(functools.partial(self._greedy_step, record=True),
                                                  self.graph_buckets, self.cuda_graphs, scratch)
         # The prompt's forward and its last positions' logits, per (batch bucket, padded length).
-        self._prefill_runner = GraphRunner(self._prefill_step, self.graph_buckets,
-                                           self.cuda_graphs and self.tp is None, scratch)
+        self._prefill_runner = GraphRunner(self._prefill_step, self.graph_buckets, self.cuda_graphs, scratch)
         # Per (mode, tree size N): the verify graph's packed trace layout (mode "greedy" or "sampling").
         self._record_layouts: dict[tuple[str, int], list] = {}
         self._root_scores: dict[int, torch.Tensor] = {}  # per batch size: plain decoding's tree scores
@@ -365,7 +364,7 @@ class Engine:
             return
         sampling = dict(temperature=0.0, top_k=0, top_p=1.0)
         generator = torch.Generator(device=self.device).manual_seed(0)
-        vocab, longest, shorter = self.config.vocab_size, self.max_seq_len - 1, 0
+        longest, shorter = self.max_seq_len - 1, 0
         for t in PREFILL_LENGTHS:
             length = min(t, longest)  # the longest prompt this padded length serves
             if length <= shorter:
@@ -375,23 +374,21 @@ class Engine:
                 rows = min(bucket, self.max_batch_size)
                 if self.prefill_length(rows, length) != (t, True):
                     continue
-                reqs = [_Request(i, [(7 * i + j) % vocab for j in range(length)], "", self.max_seq_len, slot=i)
-                        for i in range(rows)]
-                for req in reqs:
-                    req.history = list(req.prompt)
+                reqs = self._dummy_requests(rows, length)
                 try:
                     self._prefill(reqs, sampling, generator, RunStats(method=self.method))
                 finally:
                     self._release(reqs, [], None)
 
+    def _dummy_requests(self, b: int, length: int) -> list[_Request]:
+        """``warmup``'s requests: ``b`` prompts of ``length`` tokens in slots 0..b-1."""
+        vocab = self.config.vocab_size
+        prompts = [[(7 * i + j) % vocab for j in range(length)] for i in range(b)]
+        return [_Request(i, p, "", self.max_seq_len, slot=i, history=list(p)) for i, p in enumerate(prompts)]
+
     def _warm_iteration(self, b: int, temperature: float, record: bool, length: int) -> None:
         """Prefill ``b`` dummy requests of ``length`` tokens in slots 0..b-1 and run one iteration (``warmup``)."""
-        vocab = self.config.vocab_size
-        length = max(1, min(length, self.max_seq_len - 2))
-        reqs = [_Request(i, [(7 * i + j) % vocab for j in range(length)], "", self.max_seq_len, slot=i)
-                for i in range(b)]
-        for req in reqs:
-            req.history = list(req.prompt)
+        reqs = self._dummy_requests(b, max(1, min(length, self.max_seq_len - 2)))
         sampling = dict(temperature=temperature, top_k=0, top_p=1.0)
         generator = torch.Generator(device=self.device).manual_seed(0)
         stats = RunStats(method=self.method)
@@ -533,10 +530,9 @@ class Engine:
         a prefill graph (PREFILL_GRAPH_TOKENS, counted as the graph pads them), longer ones in groups
         of ``prefill_budget`` tokens."""
         def fits(rows: int, longest: int) -> bool:
-            t = self._padded_length(longest)
-            if t is None:
+            if self._padded_length(longest) is None:
                 return rows * longest <= self.prefill_budget
-            return self._prefill_runner.bucket_for(rows) * t <= PREFILL_GRAPH_TOKENS
+            return self.prefill_length(rows, longest)[1]
 
         groups = prefill_groups([len(r.prompt) for r in reqs], self.prefill_budget, fits)
         return [[reqs[i] for i in g] for g in groups]
