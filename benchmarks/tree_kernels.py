@@ -4,6 +4,7 @@ Figure: docs/BENCHMARKS.md "Kernels". Time: about 1 minute on an H200.
 
     python benchmarks/tree_kernels.py            # CUDA if available, else CPU (torch reference only)
     python benchmarks/tree_kernels.py --sampling-only --sampling-configs sweep   # every chunked launch shape
+    python benchmarks/tree_kernels.py --profile sampling   # the graphed sampling verify, kernel by kernel
 
 Prints a table and, when $OUT is set, writes $OUT/tree_kernels.json. Index kernel: µs per
 call of the Triton kernel and of the torch reference for bs x N, in interleaved rounds; verify: µs per iteration
@@ -26,9 +27,11 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
+from profiling import profile_help, run_profile
 from speculative import provenance
 
 from spectool.draft.tree import DraftTree, parents_to_mask
@@ -146,8 +149,13 @@ def sampling_table(configs: list[str], g: torch.Generator) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    code = run_profile("tree_kernels", argv)
+    if code is not None:
+        return code
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", metavar="KIND", help=profile_help("tree_kernels"))
     parser.add_argument("--sampling-configs", default=None,
                         help="also the chunked sampling verify table over these launch shapes: default, sweep "
                              "or names joined by commas")
@@ -170,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
             results["sampling"] = sampling_table(configs, g)
     if args.sampling_only:
         write(results)
-        return
+        return 0
     # The reference is ~20 small torch ops, so its eager time is the host's launch speed, which
     # drifts within a run and between machines (250-420 µs at 256 x 64 on H200 hosts). Kernel and
     # reference are therefore timed in interleaved rounds and the ratio is taken per round.
@@ -265,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{row['torch_us']:>8.1f} {row['row_topk_graphed_us']:>17.1f} {row['torch_graphed_us']:>14.1f}")
 
     write(results)
+    return 0
 
 
 def write(results: dict) -> None:
@@ -276,4 +285,4 @@ def write(results: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

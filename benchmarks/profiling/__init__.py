@@ -1,4 +1,5 @@
-"""Where a benchmark's time goes: the ``--profile KIND`` modes of decode.py and speculative.py.
+"""Where a benchmark's time goes: the ``--profile KIND`` modes of decode.py, speculative.py and
+tree_kernels.py.
 
 A benchmark reports a figure; its profiles explain it, and run only through the benchmark:
 
@@ -7,6 +8,7 @@ A benchmark reports a figure; its profiles explain it, and run only through the 
     python3 benchmarks/speculative.py --profile ops                   # kernels launched per iteration (CPU)
     python3 benchmarks/speculative.py --profile host                  # host work outside the timed phases
     python3 benchmarks/speculative.py --profile prefill               # a prefill: graphs against eager, GPU time
+    python3 benchmarks/tree_kernels.py --profile sampling             # the graphed sampling verify, kernel by kernel
 
 Everything after ``--profile KIND`` is the profile's own options (``--profile ops --help`` lists them).
 """
@@ -19,6 +21,7 @@ import sys
 # Per benchmark, each profile kind and the module (in this folder) whose main(argv) runs it.
 PROFILES = {
     "decode": {"kernels": "decode_kernels"},
+    "tree_kernels": {"sampling": "sampling_kernels"},
     "speculative": {"phases": "phases", "ops": "op_counts", "host": "host", "prefill": "prefill"},
 }
 

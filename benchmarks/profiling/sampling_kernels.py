@@ -1,0 +1,85 @@
+"""Where the graphed sampling verify's time goes, kernel by kernel.
+
+    python3 benchmarks/tree_kernels.py --profile sampling              # bs 1 and 64, N 16, V 128256
+    python3 benchmarks/tree_kernels.py --profile sampling --config c1024-p16-w4 --dtype bfloat16
+
+Explains: docs/BENCHMARKS.md "Kernels" (the chunked sampling verify's µs). Time: under a minute on an H200.
+
+The engine's sampling verify (its coins kernel, then ``verify_sampling_chunked``) on random
+logits and trees, captured in a CUDA graph and replayed under the profiler, at temperature 0.8
+alone and with top-k 50: per kernel its launches and µs per replay, and the replay's span, kernel
+time and idle time between kernels (benchmarks/profiling/kernel_table.py). Writes
+profile_sampling.json to $OUT when it is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+from profiling.kernel_table import graph_kernels, print_rows
+from spectool.draft.tree import DraftTree
+from spectool.kernels.sampling import sampling_coins
+from spectool.kernels.verify_sampling_chunked import CONFIGS, DEFAULT_CONFIG
+from spectool.verify import verify_sampling_chunked
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,64", help="batch sizes, comma-separated")
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=128256)
+    parser.add_argument("--config", default=DEFAULT_CONFIG, choices=sorted(CONFIGS))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("tree_kernels.py --profile sampling profiles CUDA kernels: it needs a GPU")
+    from tree_kernels import random_parents, warm_up_gpu
+
+    device = torch.device("cuda")
+    g = torch.Generator().manual_seed(0)
+    n, vocab = args.nodes, args.vocab
+    warm_up_gpu()
+    results = []
+    for bs in (int(b) for b in args.batches.split(",")):
+        parents = random_parents(bs, n, g).to(device)
+        tokens = torch.randint(0, vocab, (bs, n), generator=g).to(device)
+        tree = DraftTree.from_parents(tokens, parents, torch.zeros(bs, n, device=device),
+                                      torch.randint(0, 4096, (bs,), generator=g).to(device))
+        logits = (torch.randn(bs, n, vocab, generator=g) * 2).to(device, getattr(torch, args.dtype))
+        seed = torch.zeros(1, dtype=torch.long, device=device)
+        nonces = torch.arange(bs, device=device)
+        temps = torch.full((bs,), 0.8, device=device)
+        for top_k in (0, 50):
+            def step(top_k=top_k, tree=tree, logits=logits, seed=seed, nonces=nonces, temps=temps):
+                coins = sampling_coins(seed, nonces, tree.seq_lens, n)
+                return verify_sampling_chunked(tree, logits, temps, top_k, 1.0, coins, args.config)
+
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    step()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            for _ in range(3):
+                graph.replay()
+            summary, rows = graph_kernels(graph.replay, args.steps)
+            cuts = "temperature" if top_k == 0 else f"top-k {top_k}"
+            summary.update(bs=bs, N=n, V=vocab, top_k=top_k, config=args.config, dtype=args.dtype)
+            print(f"\nbs {bs}, N {n}, V {vocab}, {args.dtype}, {cuts}, {args.config}: "
+                  f"{summary['kernels_per_step']:.0f} kernels, span {summary['span_us']:.1f} µs, kernels "
+                  f"{summary['kernel_us']:.1f} µs, idle {summary['idle_us']:.1f} µs (medians over "
+                  f"{summary['steps']} replays)")
+            print_rows(rows)
+            results.append({"summary": summary, "kernels": rows})
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "profile_sampling.json"), "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
