@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         runner.capture(1, tokens=token, positions=starts[:, None], slots=slots, starts=starts)
         for _ in range(3):
             runner(1, tokens=token, positions=starts[:, None], slots=slots, starts=starts)
-    summary, rows = graph_kernels(lambda: runner(1, tokens=token, positions=starts[:, None], slots=slots,
-                                                  starts=starts), args.steps)
+        summary, rows = graph_kernels(lambda: runner(1, tokens=token, positions=starts[:, None], slots=slots,
+                                                      starts=starts), args.steps)
     summary["shape"] = args.shape
     n = summary["steps"]
     label = args.shape + " (unfused GEMVs)" * args.unfused

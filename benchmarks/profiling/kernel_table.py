@@ -1,10 +1,10 @@
 """Kernel by kernel, what repeated CUDA graph replays spend (torch.profiler's kernel events).
 
-``graph_kernels(replay, steps)`` runs ``replay`` ``steps`` times, each followed by a host sync so
-that one replay's kernels form a group apart from the next's, and reports from the kernels' own
-start and end times: per kernel (name shortened) its count and µs per replay, and per replay the
-span from the first kernel's start to the last one's end, the sum of kernel time and the idle
-time between kernels (what launches cost inside the graph). Medians over the replays.
+``graph_kernels(replay, steps)`` runs ``replay`` ``steps`` times, each followed by a host sync,
+and reports from the kernels' own start and end times: per kernel (name shortened) its count and
+µs per replay, and per replay the span from the first kernel's start to the last one's end, the
+sum of kernel time and the idle time between kernels (what launches cost inside the graph).
+Medians over the replays.
 """
 
 from __future__ import annotations
@@ -39,15 +39,18 @@ def graph_kernels(replay, steps: int) -> tuple[dict, list[dict]]:
         with open(path) as f:
             events = json.load(f)["traceEvents"]
     kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
-    # Replays are told apart by the host syncs: a gap much longer than any inside a graph.
-    groups, current = [], []
-    for e in kernels:
-        if current and e["ts"] - (current[-1]["ts"] + current[-1]["dur"]) > 50:
-            groups.append(current)
-            current = []
-        current.append(e)
-    groups.append(current)
-    groups = groups[1:] if len(groups) > steps else groups  # a stray first group, if any
+    if kernels and len(kernels) % steps == 0:  # every replay launches the same kernels
+        each = len(kernels) // steps
+        groups = [kernels[i:i + each] for i in range(0, len(kernels), each)]
+    else:  # told apart by the host syncs: a gap much longer than any inside a graph
+        groups, current = [], []
+        for e in kernels:
+            if current and e["ts"] - (current[-1]["ts"] + current[-1]["dur"]) > 50:
+                groups.append(current)
+                current = []
+            current.append(e)
+        groups.append(current)
+        groups = groups[1:] if len(groups) > steps else groups  # a stray first group, if any
     per_kernel = collections.defaultdict(lambda: [0, 0.0])
     spans, busy = [], []
     for g in groups:
