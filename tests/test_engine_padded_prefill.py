@@ -53,14 +53,20 @@ def test_a_padded_prefill_changes_no_token_and_no_accept_length(target, demo_mod
 
 
 def test_prompts_are_grouped_by_their_padded_size(target):
-    engine = st.Engine(target, max_batch_size=16, max_seq_len=1024)
+    engine = st.Engine(target, max_batch_size=16, max_seq_len=4096)
     engine._pads_prefill = True
     # 16 prompts of 300 tokens pad to 512: 8 per graph (8 x 512 = PREFILL_GRAPH_TOKENS), not 13 unpadded.
     groups = engine._prefill_groups([engine._make_request(i, [1] * 300, 8) for i in range(16)])
     assert [len(g) for g in groups] == [8, 8]
     assert engine.prefill_length(8, 300) == (512, True)
     assert engine.prefill_length(16, 300) == (300, False)  # past a graph's tokens: eager, unpadded
-    assert engine.prefill_length(1, 600) == (600, False)  # longer than every padded length
-    # Prompts no padded length serves are grouped by the eager budget, unpadded: 13 of 600 tokens.
+    # 600 tokens pad to 768: four per graph.
+    assert engine.prefill_length(1, 600) == (768, True) and engine.prefill_length(8, 600) == (600, False)
     groups = engine._prefill_groups([engine._make_request(i, [1] * 600, 8) for i in range(16)])
-    assert [len(g) for g in groups] == [engine.prefill_budget // 600, 16 - engine.prefill_budget // 600]
+    assert [len(g) for g in groups] == [4, 4, 4, 4]
+    # 1,600 tokens would pad to 2,048, past the demo target's 2,048 positions with a tree after them.
+    assert target.config.max_position_embeddings == 2048
+    assert engine.prefill_length(1, 1600) == (1600, False)
+    # Prompts no padded length serves are grouped by the eager budget, unpadded: 5 of 1,600 tokens.
+    groups = engine._prefill_groups([engine._make_request(i, [1] * 1600, 8) for i in range(7)])
+    assert [len(g) for g in groups] == [5, 2] and engine.prefill_budget // 1600 == 5

@@ -32,7 +32,7 @@ from spectool.verify import target_probs_at, verify_sampling, verify_sampling_ch
 VOCAB = 1200
 SMALL = LaunchConfig(chunk=512, sub=256, probes=16, warps=4)
 WIDE = LaunchConfig(chunk=2048, sub=2048, probes=64, warps=4)
-# 10 chunks: at least k of them, so the k-th largest chunk maximum starts the top-k search.
+# 10 groups: at least k of them, so the k-th largest group maximum starts the top-k search.
 TINY = LaunchConfig(chunk=128, sub=128, probes=16, warps=4)
 
 

@@ -1,7 +1,7 @@
 """Where the graphed sampling verify's time goes, kernel by kernel.
 
     python3 benchmarks/tree_kernels.py --profile sampling              # bs 1 and 64, N 16, V 128256
-    python3 benchmarks/tree_kernels.py --profile sampling --config c1024-p16-w4 --dtype bfloat16
+    python3 benchmarks/tree_kernels.py --profile sampling --configs c1024-p16-w4,c4096-p16-w4 --dtype bfloat16
 
 Explains: docs/BENCHMARKS.md "Kernels" (the chunked sampling verify's µs). Time: under a minute on an H200.
 
@@ -32,10 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,64", help="batch sizes, comma-separated")
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=128256)
-    parser.add_argument("--config", default=DEFAULT_CONFIG, choices=sorted(CONFIGS))
+    parser.add_argument("--configs", default=DEFAULT_CONFIG,
+                        help=f"launch shapes, comma-separated, of {', '.join(sorted(CONFIGS))}")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args(argv)
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown launch shape {unknown[0]!r}; one of {', '.join(sorted(CONFIGS))}")
     if not torch.cuda.is_available():
         raise SystemExit("tree_kernels.py --profile sampling profiles CUDA kernels: it needs a GPU")
     from tree_kernels import random_parents, warm_up_gpu
@@ -54,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         seed = torch.zeros(1, dtype=torch.long, device=device)
         nonces = torch.arange(bs, device=device)
         temps = torch.full((bs,), 0.8, device=device)
-        for top_k in (0, 50):
-            def step(top_k=top_k, tree=tree, logits=logits, seed=seed, nonces=nonces, temps=temps):
+        for top_k, config in ((k, c) for k in (0, 50) for c in configs):
+            def step(top_k=top_k, config=config, tree=tree, logits=logits, seed=seed, nonces=nonces, temps=temps):
                 coins = sampling_coins(seed, nonces, tree.seq_lens, n)
-                return verify_sampling_chunked(tree, logits, temps, top_k, 1.0, coins, args.config)
+                return verify_sampling_chunked(tree, logits, temps, top_k, 1.0, coins, config)
 
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -72,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                 graph.replay()
             summary, rows = graph_kernels(graph.replay, args.steps)
             cuts = "temperature" if top_k == 0 else f"top-k {top_k}"
-            summary.update(bs=bs, N=n, V=vocab, top_k=top_k, config=args.config, dtype=args.dtype)
-            print(f"\nbs {bs}, N {n}, V {vocab}, {args.dtype}, {cuts}, {args.config}: "
+            summary.update(bs=bs, N=n, V=vocab, top_k=top_k, config=config, dtype=args.dtype)
+            print(f"\nbs {bs}, N {n}, V {vocab}, {args.dtype}, {cuts}, {config}: "
                   f"{summary['kernels_per_step']:.0f} kernels, span {summary['span_us']:.1f} µs, kernels "
                   f"{summary['kernel_us']:.1f} µs, idle {summary['idle_us']:.1f} µs (medians over "
                   f"{summary['steps']} replays)")

@@ -5,11 +5,13 @@ through ``spectool.verify.target_probs_at``).
 A node's distribution after temperature, top-k and top-p is fixed by five numbers of its row:
 its maximum ``m`` of ``x = logits / temperature``, its argmax, a cut value ``c``, a cut id and the
 normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_t == c`` and
-``t <= cut id``, else 0. They are found without a sort, each pass one program per (row, chunk):
+``t <= cut id``, else 0. They are found without sorting the row, each pass one program per (row, chunk):
 
-1. ``_stats_kernel``: per chunk the maximum, its first index and the sum of ``exp(x - max)``; and
-   the maximum of every ``sub`` entries, so a later pass skips the groups wholly below what it counts
-   (after a few rounds the top-k search reads only the groups that hold its candidates).
+1. ``_stats_kernel``: per chunk the maximum, its first index and the sum of ``exp(x - max)``; and,
+   with a cut, the maximum of every ``sub`` entries, so a later pass skips the groups wholly below
+   what it counts. ``_k_start_kernel`` (top-k), one program per row, sorts those group maxima: k
+   groups whose maxima are at or above v hold k values at or above v, so the k-th largest starts the
+   top-k search, and its rounds read only the k groups (and ties) that can hold the cut.
 2. ``_cut_round_kernel`` (top-k, then top-p): a search over the floats' ordered integer keys with
    ``probes`` thresholds per round, so a fixed number of rounds (8 for 16 probes) covers the 2**32
    keys and the step stays graph-capturable; each round's programs first combine the previous
@@ -23,10 +25,11 @@ normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_
    is below ``top_p`` are kept: the cut id is the last of those, found by the per-chunk tie counts
    and a scan of one chunk.
 4. ``_residual_kernel``, per (request, chunk): the tree decision (``_tree_decision``, the same as the
-   one-program-per-request verify's) and each chunk's mass of the last accepted node's residual (its
-   children's tokens zeroed), float64.
-5. ``_bonus_kernel``, one program per request: the chunk that holds the coin, then its inverse CDF
-   within that chunk, in vocabulary order (float64, as the reference's cumsum).
+   one-program-per-request verify's) and the mass of the last accepted node's residual (its
+   children's tokens zeroed) in each group of ``G`` tokens, float64; a chunk that holds none of the
+   children's tokens skips the test for them.
+5. ``_bonus_kernel``, one program per request: the group that holds the coin, then the residual's
+   inverse CDF within that one group, in vocabulary order (float64, as the reference's cumsum).
 
 No host sync, and a fixed launch sequence for given (top_k > 0, top_p < 1). The launch shape is one
 of ``CONFIGS`` (``benchmarks/tree_kernels.py --sampling-configs sweep`` times them all).
@@ -92,20 +95,36 @@ def _value(key):
 
 
 @triton.jit
-def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, N, V, NC, NG, CHUNK: tl.constexpr, SUB: tl.constexpr):
+def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, N, V, NC, NG, CHUNK: tl.constexpr, SUB: tl.constexpr,
+                  GROUPS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     t = tl.load(Temp + row // N)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
-    best, i = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    best = tl.max(x, axis=0)
+    # The first index of the maximum (a plain min: cheaper than max's index-tracking reduction).
+    i = tl.min(tl.where(x == best, offs, 2**31 - 1), axis=0)
     # A chunk may be all -inf: its sum is then 0, not exp(-inf - -inf).
     s = tl.sum(tl.exp(x - tl.where(best > -float("inf"), best, 0.0)), axis=0)
     tl.store(Max + row * NC + c, best)
-    tl.store(Arg + row * NC + c, (c * CHUNK + i).to(tl.int64))
+    tl.store(Arg + row * NC + c, tl.where(i < 2**31 - 1, i, c * CHUNK).to(tl.int64))
     tl.store(Sum + row * NC + c, s)
-    groups = tl.max(tl.reshape(x, (CHUNK // SUB, SUB)), axis=1)
-    tl.store(GMax + row * NG + c * (CHUNK // SUB) + tl.arange(0, CHUNK // SUB), groups)
+    if GROUPS:  # only the cut rounds skip groups
+        groups = tl.max(tl.reshape(x, (CHUNK // SUB, SUB)), axis=1)
+        tl.store(GMax + row * NG + c * (CHUNK // SUB) + tl.arange(0, CHUNK // SUB), groups)
+
+
+@triton.jit
+def _k_start_kernel(GMax, KStart, NG, top_k, BLOCK_G: tl.constexpr):
+    """The key where the row's top-k search starts: with at least k groups, k of their maxima at or
+    above v are k values at or above v, so the k-th largest group maximum is at or below the cut
+    (fewer groups than k leave -inf)."""
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, BLOCK_G)
+    vals = tl.sort(tl.load(GMax + row * NG + j, mask=j < NG, other=-float("inf")), descending=True)
+    kth = tl.sum(tl.where(j == top_k - 1, vals, 0.0), axis=0)
+    tl.store(KStart + row, tl.where(top_k <= NG, _key(kth), _key(tl.full((), -float("inf"), tl.float32))))
 
 
 @triton.jit
@@ -135,7 +154,7 @@ def _probes(lo, hi, S: tl.constexpr):
 
 
 @triton.jit
-def _cut_state(Max, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top_p,
+def _cut_state(KStart, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top_p,
                TOP_P: tl.constexpr, HAS_K: tl.constexpr, S: tl.constexpr, BLOCK_C: tl.constexpr):
     """The row's search interval [lo, hi] after round r - 1 (its start when r == 0) and, for top-p,
     the mass it is a fraction of (the top-k mass, else the whole row's)."""
@@ -146,13 +165,7 @@ def _cut_state(Max, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top
             lo = tl.load(KCut + row)
             zk = _chunk_total(KParts, row, NC, 0, BLOCK_C)
     else:
-        # With at least k chunks, k of their maxima at or above v are k values at or above v: the k-th
-        # largest chunk maximum starts the top-k search (an empty set leaves -inf).
-        j = tl.arange(0, BLOCK_C)
-        ok = j < NC
-        vals = tl.load(Max + row * NC + j, mask=ok, other=-float("inf"))
-        at_least = tl.sum(((vals[None, :] >= vals[:, None]) & ok[None, :]).to(tl.int32), axis=1)
-        lo = tl.maximum(lo, _key(tl.max(tl.where(ok & (at_least >= top_k), vals, -float("inf")), axis=0)))
+        lo = tl.load(KStart + row)
     hi = _key(m)
     if r > 0:
         base = Bounds + ((r - 1) * R + row) * 2
@@ -178,14 +191,14 @@ def _cut_state(Max, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top
 
 
 @triton.jit
-def _cut_round_kernel(Logits, Temp, Max, Arg, Sum, GMax, KCut, KParts, Bounds, Parts, CutOut, MeasureOut,
+def _cut_round_kernel(Logits, Temp, Max, Arg, Sum, GMax, KStart, KCut, KParts, Bounds, Parts, CutOut, MeasureOut,
                       N, V, NC, NG, R, r, ROUNDS, top_k, top_p, TOP_P: tl.constexpr, HAS_K: tl.constexpr,
                       CHUNK: tl.constexpr, SUB: tl.constexpr, S: tl.constexpr, BLOCK_C: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     t = tl.load(Temp + row // N)
     m, _, z = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
-    lo, hi, zk = _cut_state(Max, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top_p, TOP_P, HAS_K,
+    lo, hi, zk = _cut_state(KStart, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top_p, TOP_P, HAS_K,
                             S, BLOCK_C)
     base = Logits + row * V
     if r < ROUNDS:
@@ -307,17 +320,23 @@ def _decision(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mas
 
 
 @triton.jit
-def _residual(Logits, M, Z, Cut, CutId, row, offs, children, t, V):
-    """The residual at ``offs`` of ``row`` (its kept probabilities, ``children``'s tokens zeroed), float64."""
-    p = _kept_probs(Logits, M, Z, Cut, CutId, row, offs, offs < V, t, V)
-    is_child = tl.sum((offs[:, None] == children[None, :]).to(tl.int32), axis=1) > 0
-    return tl.where(is_child, 0.0, p).to(tl.float64)
+def _residual_tile(Logits, row, offs, m, z, cut, cut_id, children, t, V, HAS_CHILD):
+    """The residual at ``offs`` of ``row`` (its kept probabilities given the row's five numbers, the
+    tokens of ``children`` zeroed when ``HAS_CHILD``), float64."""
+    inb = offs < V
+    x = tl.load(Logits + row * V + offs, mask=inb, other=-float("inf")).to(tl.float32) / t
+    kept = inb & ((x > cut) | ((x == cut) & (offs <= cut_id)))
+    p = tl.where(kept, tl.exp(x - m) / z, 0.0)
+    if HAS_CHILD:
+        is_child = tl.sum((offs[:, None] == children[None, :]).to(tl.int32), axis=1) > 0
+        p = tl.where(is_child, 0.0, p)
+    return p.to(tl.float64)
 
 
 @triton.jit
 def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins,
-                     Status, Path, AcceptLength, ChildProbs, CoinsOut, ResSum, ResLast, N, V, W, NC,
-                     CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr):
+                     Status, Path, AcceptLength, ChildProbs, CoinsOut, Last, U, ResGroups, N, V, W, NG,
+                     CHUNK: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     t, status, path, length, coins_out, child_probs, last, u, children = _decision(
@@ -329,58 +348,50 @@ def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Val
         tl.store(Status + b * N + nodes, status, mask=nodes < N)
         tl.store(CoinsOut + b * N + nodes, coins_out, mask=nodes < N)
         tl.store(ChildProbs + b * N + nodes, child_probs, mask=nodes < N)
+        tl.store(Last + b, last.to(tl.int64))
+        tl.store(U + b, u)
     row = b * N + last
-    total = tl.full((), 0.0, tl.float64)
-    last_nonzero = tl.full((), -1, tl.int64)
-    for start in range(0, CHUNK, SUB):
-        offs = c * CHUNK + start + tl.arange(0, SUB)
-        r = _residual(Logits, M, Z, Cut, CutId, row, offs, children, t, V)
-        total += tl.sum(r, axis=0)
-        last_nonzero = tl.maximum(last_nonzero, tl.max(tl.where(r > 0, offs, -1), axis=0).to(tl.int64))
-    tl.store(ResSum + b * NC + c, total)
-    tl.store(ResLast + b * NC + c, last_nonzero)
+    m, z, cut, cut_id = tl.load(M + row), tl.load(Z + row), tl.load(Cut + row), tl.load(CutId + row)
+    lo = c * CHUNK
+    # Most chunks hold none of the children's tokens and skip the [G, BLOCK] test.
+    has_child = tl.sum(((children >= lo) & (children < lo + CHUNK)).to(tl.int32), axis=0) > 0
+    for start in range(0, CHUNK, G):
+        r = _residual_tile(Logits, row, lo + start + tl.arange(0, G), m, z, cut, cut_id, children, t, V, has_child)
+        tl.store(ResGroups + b * NG + (lo + start) // G, tl.sum(r, axis=0))
 
 
 @triton.jit
-def _bonus_kernel(Logits, Temp, M, Z, Cut, CutId, Argmax, Tokens, Parents, Depth, Valid, Mask, Coins,
-                  ResSum, ResLast, Bonus, BonusCdf, N, V, W, NC,
-                  CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr):
+def _bonus_kernel(Logits, Temp, M, Z, Cut, CutId, Argmax, Tokens, Parents, Valid, Last, U, ResGroups, Bonus,
+                  BonusCdf, N, V, NG, G: tl.constexpr, BLOCK: tl.constexpr, BLOCK_G: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
-    t, _, _, _, _, _, last, u, children = _decision(
-        Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins, b, N, V, W, BLOCK)
+    t = tl.load(Temp + b)
+    last = tl.load(Last + b)
+    u = tl.load(U + b)
+    nodes = tl.arange(0, BLOCK)
+    in_n = nodes < N
+    live = (tl.load(Valid + b * N + nodes, mask=in_n, other=0) != 0) & (nodes > 0)
+    par = tl.load(Parents + b * N + nodes, mask=in_n, other=-1)
+    children = tl.where(live & (par == last), tl.load(Tokens + b * N + nodes, mask=in_n, other=0), -1)
     row = b * N + last
-    j = tl.arange(0, BLOCK_C)
-    sums = tl.load(ResSum + b * NC + j, mask=j < NC, other=0.0)
+    m, z, cut, cut_id = tl.load(M + row), tl.load(Z + row), tl.load(Cut + row), tl.load(CutId + row)
+    j = tl.arange(0, BLOCK_G)
+    sums = tl.load(ResGroups + b * NG + j, mask=j < NG, other=0.0)
     total = tl.sum(sums, axis=0)
     ends = tl.cumsum(sums, axis=0)
-    chunk = tl.sum(((ends <= u) & (j < NC)).to(tl.int32), axis=0)  # the chunk whose mass holds u
-    last_nonzero = tl.max(tl.load(ResLast + b * NC + j, mask=j < NC, other=-1), axis=0)
-    bonus = last_nonzero  # rounding can put u past the residual's total: its last token
-    if chunk < NC:
-        cdf = tl.sum(tl.where(j < chunk, sums, 0.0), axis=0)
-        found = tl.full((), V, tl.int64)
-        for start in range(0, CHUNK, SUB):
-            offs = chunk * CHUNK + start + tl.arange(0, SUB)
-            r = _residual(Logits, M, Z, Cut, CutId, row, offs, children, t, V)
-            c = cdf + tl.cumsum(r, axis=0)
-            found = tl.minimum(found, tl.min(tl.where((c > u) & (offs < V), offs, V), axis=0).to(tl.int64))
-            cdf = tl.max(tl.where(offs < V, c, cdf), axis=0)
-        # Past the chunk by rounding of its sum: the chunk's last token.
-        bonus = tl.where(found < V, found, tl.load(ResLast + b * NC + chunk))
-    bonus = tl.maximum(bonus, 0)  # -1: no residual mass at all (handled below)
-    at = bonus + tl.arange(0, 2)
-    p = tl.sum(tl.where(at == bonus, _residual(Logits, M, Z, Cut, CutId, row, at, children, t, V), 0.0), axis=0)
-    # The residual mass before the bonus token, in vocabulary order.
-    before = tl.full((), 0.0, tl.float64)
-    bchunk = bonus // CHUNK
-    before += tl.sum(tl.where(j < bchunk, sums, 0.0), axis=0)
-    for start in range(0, CHUNK, SUB):
-        offs = bchunk * CHUNK + start + tl.arange(0, SUB)
-        r = _residual(Logits, M, Z, Cut, CutId, row, offs, children, t, V)
-        before += tl.sum(tl.where(offs < bonus, r, 0.0), axis=0)
+    g = tl.sum(((ends <= u) & (j < NG)).to(tl.int32), axis=0)  # the group whose mass holds u
+    # Rounding can put u past the residual's total: its last token with mass, in the last group with mass.
+    at = tl.where(g < NG, g, tl.max(tl.where((sums > 0) & (j < NG), j, 0), axis=0))
+    offs = at * G + tl.arange(0, G)
+    r = _residual_tile(Logits, row, offs, m, z, cut, cut_id, children, t, V, True)
+    cdf = tl.sum(tl.where(j == at - 1, ends, 0.0), axis=0) + tl.cumsum(r, axis=0)
+    last_with_mass = tl.max(tl.where(r > 0, offs, -1), axis=0)
+    found = tl.min(tl.where((cdf > u) & (r > 0), offs, V), axis=0)
+    bonus = tl.where((g < NG) & (found < V), found, last_with_mass)
+    p = tl.sum(tl.where(offs == bonus, r, 0.0), axis=0)
+    before = tl.where(g < NG, tl.sum(tl.where(offs == bonus, cdf, 0.0), axis=0), total) - p
     # An all-zero residual (the children hold all the mass) falls back to the argmax, probability 0.
     has_mass = total > 0
-    tl.store(Bonus + b, tl.where(has_mass, bonus, tl.load(Argmax + row)))
+    tl.store(Bonus + b, tl.where(has_mass, bonus.to(tl.int64), tl.load(Argmax + row)))
     tl.store(BonusCdf + b * 2, tl.where(has_mass, before, 0.0).to(tl.float32))
     tl.store(BonusCdf + b * 2 + 1, tl.where(has_mass, p, 0.0).to(tl.float32))
 
@@ -404,9 +415,9 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     warps = config.warps
     ng = nc * (chunk // sub)
     gmax = torch.empty(rows, ng, **f32)
-    _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, n, vocab, nc, ng, CHUNK=chunk, SUB=sub,
-                              num_warps=warps)
     has_k, has_p = 0 < top_k < vocab, top_p < 1
+    _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, n, vocab, nc, ng, CHUNK=chunk, SUB=sub,
+                              GROUPS=has_k or has_p, num_warps=warps)
     k_cut, p_cut = (torch.empty(rows if has else 1, dtype=torch.int64, device=dev) for has in (has_k, has_p))
     k_parts, p_parts = (torch.empty(rows if has else 1, nc, 2, **f32) for has in (has_k, has_p))
     if has_k or has_p:
@@ -415,11 +426,15 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
         bounds = torch.empty(rounds, rows, 2, dtype=torch.int64, device=dev)
         parts = torch.empty(2, rows, nc, s, **f32)
         phases = ([(False, k_cut, k_parts)] if has_k else []) + ([(True, p_cut, p_parts)] if has_p else [])
+        k_start = torch.empty(rows if has_k else 1, dtype=torch.int64, device=dev)
+        if has_k:
+            _k_start_kernel[(rows,)](gmax, k_start, ng, top_k, BLOCK_G=max(2, triton.next_power_of_2(ng)),
+                                     num_warps=warps)
         for is_p, cut_out, measure in phases:
             for r in range(rounds + 1):
                 _cut_round_kernel[(rows, nc)](
-                    logits, temperature, vals, idx, sums, gmax, k_cut, k_parts, bounds, parts, cut_out, measure,
-                    n, vocab, nc, ng, rows, r, rounds, top_k, float(top_p), TOP_P=is_p, HAS_K=has_k,
+                    logits, temperature, vals, idx, sums, gmax, k_start, k_cut, k_parts, bounds, parts, cut_out,
+                    measure, n, vocab, nc, ng, rows, r, rounds, top_k, float(top_p), TOP_P=is_p, HAS_K=has_k,
                     CHUNK=chunk, SUB=sub, S=s, BLOCK_C=block_c, num_warps=warps)
     m, z, cut = (torch.empty(rows, **f32) for _ in range(3))
     cut_id, argmax = (torch.empty(rows, dtype=torch.int64, device=dev) for _ in range(2))
@@ -444,18 +459,20 @@ def sampling_decide_chunked(logits: torch.Tensor, temperature: torch.Tensor, row
         chunk = min(config.chunk, triton.next_power_of_2(vocab))
         nc = triton.cdiv(vocab, chunk)
         block = max(16, triton.next_power_of_2(max(n, width)))
-        # The [sub, N] child-token tiles of the residual stay at the cut rounds' tile size.
-        sub = min(chunk, max(16, config.sub * 16 // block))
-        res_sum = torch.empty(bs, nc, dtype=torch.float64, device=dev)
-        res_last = torch.empty(bs, nc, dtype=torch.int64, device=dev)
+        # The [G, N] child-token tiles of the residual stay at the cut rounds' tile size.
+        group = min(chunk, max(16, config.sub * 16 // block))
+        ng = nc * (chunk // group)
+        res_groups = torch.empty(bs, ng, dtype=torch.float64, device=dev)
+        last = torch.empty(bs, dtype=torch.int64, device=dev)
+        u = torch.empty(bs, dtype=torch.float64, device=dev)
         tree = (tokens.contiguous(), parents.contiguous(), depth.contiguous(), valid.contiguous().view(torch.uint8),
                 mask.contiguous().view(torch.uint8), coins.float().contiguous())
         logits, temperature = logits.contiguous(), temperature.float().contiguous()
         warps = max(config.warps, 4 if block <= 64 else 8)
         _residual_kernel[(bs, nc)](logits, temperature, m, z, cut, cut_id, *tree, status, path, length, child_probs,
-                                   coins_out, res_sum, res_last, n, vocab, width, nc, CHUNK=chunk, SUB=sub,
+                                   coins_out, last, u, res_groups, n, vocab, width, ng, CHUNK=chunk, G=group,
                                    BLOCK=block, num_warps=warps)
-        _bonus_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, argmax, *tree, res_sum, res_last, bonus,
-                             bonus_cdf, n, vocab, width, nc, CHUNK=chunk, SUB=sub, BLOCK=block,
-                             BLOCK_C=max(2, triton.next_power_of_2(nc)), num_warps=warps)
+        _bonus_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, argmax, tree[0], tree[1], tree[3], last, u,
+                             res_groups, bonus, bonus_cdf, n, vocab, ng, G=group, BLOCK=block,
+                             BLOCK_G=max(2, triton.next_power_of_2(ng)), num_warps=warps)
     return status, path, length, bonus, bonus_cdf, child_probs, coins_out
