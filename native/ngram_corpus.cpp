@@ -119,12 +119,19 @@ void prob_pass(Source& src, int32_t start, Tree& tree, ProbScratch& scratch) {
     const Child* top = scratch.top.data();
     TopChildren t;
     const RankedChildren::Entry* ranked = nullptr;
-    if constexpr (std::is_same_v<Source, Trie>) ranked = src.ranked(id);
+    bool can_rank = false;
+    if constexpr (std::is_same_v<Source, Trie>) {
+      ranked = src.ranked(id);
+      can_rank = src.can_rank();
+    }
     // Most expanded nodes have a few children (long contexts): a walk of them costs less than
-    // keeping them ranked, so a node is ranked once a walk finds it has more.
-    if (ranked == nullptr && !top_children(src, id, reach, scratch.top.data(), t, RankedChildren::kWide)) {
-      if constexpr (std::is_same_v<Source, Trie>) ranked = src.rank_children(id);
-      if (ranked == nullptr) top_children(src, id, reach, scratch.top.data(), t);
+    // keeping them ranked, so a node is ranked once a walk finds it has more. Where no ranking can
+    // be added (the table is full, or the source keeps none) one walk reads them all.
+    if (ranked == nullptr) {
+      const int64_t limit = can_rank ? RankedChildren::kWide : std::numeric_limits<int64_t>::max();
+      if (!top_children(src, id, reach, scratch.top.data(), t, limit)) {
+        if constexpr (std::is_same_v<Source, Trie>) ranked = src.rank_children(id);
+      }
     }
     if (ranked != nullptr) {
       top = ranked->top.data();

@@ -122,6 +122,8 @@ class Trie {
   // Ranks the children of `node` (a walk of them all) and keeps them ranked from then on; nullptr
   // when ranking is off or the table is full.
   const RankedChildren::Entry* rank_children(int32_t node);
+  // Whether rank_children can add an entry (ranking on and its table not full).
+  bool can_rank() const { return ranked_.enabled() && !ranked_.full(); }
   void clear();
 
   int64_t size() const { return size_; }
