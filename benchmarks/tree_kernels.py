@@ -38,7 +38,7 @@ from spectool.draft.tree import DraftTree, parents_to_mask
 from spectool.kernels.sampling import sampling_coins
 from spectool.kernels.topk import row_topk
 from spectool.kernels.tree_indices import reconstruct_indices_torch, reconstruct_indices_triton
-from spectool.kernels.verify_sampling_chunked import CONFIGS, DEFAULT_CONFIG
+from spectool.kernels.verify_sampling_chunked import CONFIGS, default_config
 from spectool.verify import verify_greedy, verify_sampling, verify_sampling_chunked, verify_sampling_fused
 
 
@@ -94,9 +94,10 @@ def random_parents(bs: int, n: int, g: torch.Generator) -> torch.Tensor:
 
 
 def sampling_configs(arg: str) -> list[str]:
-    """The chunked verify's launch shapes that ``--sampling-configs`` names."""
+    """The chunked verify's launch shapes that ``--sampling-configs`` names ("default": the one the
+    engine picks for each cell's rows)."""
     if arg == "default":
-        return [DEFAULT_CONFIG]
+        return ["default"]
     if arg == "sweep":
         return list(CONFIGS)
     names = arg.split(",")
@@ -135,7 +136,7 @@ def sampling_table(configs: list[str], g: torch.Generator) -> list[dict]:
                 torch_us = graphed_us(lambda step=step: step(verify_sampling))
                 fused_us = graphed_us(lambda step=step: step(verify_sampling_fused))
                 cuts = "temperature" if k == 0 else f"top-k {k} top-p {p}"
-                for name in configs:
+                for name in (default_config(bs * n) if c == "default" else c for c in configs):
                     got = verify_sampling_chunked(tree, logits, temps, k, p, coins, name)
                     same = all(torch.equal(getattr(got, f), getattr(want, f))
                                for f in ("status", "accept_path", "bonus", "target_argmax"))

@@ -339,11 +339,11 @@ def verify_sampling_chunked(
     ``TRITON_INTERPRET=1``). The same decision for the same coins, ties at the top-k and top-p cuts
     included (up to float32 rounding of the probabilities); ``target_probs`` is None and
     ``target_rows`` holds each node's distribution instead (:func:`target_probs_at`).
-    ``config``: the launch shape, one of ``CONFIGS`` there by name or a ``LaunchConfig`` (None:
-    ``DEFAULT_CONFIG``)."""
+    ``config``: the launch shape, one of ``CONFIGS`` there by name or a ``LaunchConfig`` (None: the
+    one ``default_config`` picks for the batch's rows)."""
     from spectool.kernels.verify_sampling_chunked import (
         CONFIGS,
-        DEFAULT_CONFIG,
+        default_config,
         sampling_decide_chunked,
         sampling_rows_chunked,
     )
@@ -351,11 +351,12 @@ def verify_sampling_chunked(
     temperature = _kernel_sampling_inputs(tree, logits, temperature, top_k, top_p, coins)
     if isinstance(config, str) and config not in CONFIGS:
         raise ValueError(f"unknown launch config {config!r}; one of {sorted(CONFIGS)}")
-    launch = config if isinstance(config, LaunchConfig) else CONFIGS[config or DEFAULT_CONFIG]
-    rows = sampling_rows_chunked(logits, temperature, top_k, top_p, launch)
+    if not isinstance(config, LaunchConfig):
+        config = CONFIGS[config or default_config(logits.shape[0] * logits.shape[1])]
+    rows = sampling_rows_chunked(logits, temperature, top_k, top_p, config)
     status, path, length, bonus, bonus_cdf, child_probs, coins_out = sampling_decide_chunked(
         logits, temperature, rows, tree.tokens, tree.parents, tree.depth, tree.valid, tree.mask, coins,
-        tree.max_depth + 1, launch)
+        tree.max_depth + 1, config)
     return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus, coins=coins_out,
                         target_argmax=rows[4], child_probs=child_probs, bonus_cdf=bonus_cdf, target_rows=rows)
 

@@ -2,7 +2,7 @@
 
 The interpreter tests run the kernels' Python bodies, which accept code the Triton compiler
 refuses; a kernel that only the interpreter has run fails at its first launch on the GPU. Here
-every launch of the chunked sampling verify in the engine's launch shape (float32 and bf16 logits)
+every launch of the chunked sampling verify in the engine's two launch shapes (float32 and bf16 logits)
 and of the fused one, for each combination of temperature, top-k and top-p, is compiled by Triton
 for CUDA (tests/cuda_compile.py) from the same wrapper calls the engine makes. The other launch
 shapes are compiled on the GPU by `benchmarks/tree_kernels.py --sampling-configs sweep`.
@@ -22,7 +22,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 from cuda_compile import compiling_for_cuda  # noqa: E402
 from test_verify import random_batch  # noqa: E402
 
-from spectool.kernels.verify_sampling_chunked import DEFAULT_CONFIG  # noqa: E402
+from spectool.kernels.verify_sampling_chunked import DEFAULT_CONFIG, FEW_ROWS_CONFIG  # noqa: E402
 from spectool.verify import verify_sampling_chunked, verify_sampling_fused  # noqa: E402
 
 CUTS = [(0, 1.0), (50, 1.0), (0, 0.9), (50, 0.9)]  # (top_k, top_p): none, top-k, top-p, both
@@ -38,8 +38,8 @@ def sampling_inputs(dtype: torch.dtype, batch: int = 2, nodes: int = 8, vocab: i
 def test_chunked_sampling_verify_compiles_for_cuda(dtype):
     tree, logits, temps, coins = sampling_inputs(dtype)
     with compiling_for_cuda() as compiled:
-        for top_k, top_p in CUTS:
-            verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, DEFAULT_CONFIG)
+        for (top_k, top_p), config in ((cut, c) for cut in CUTS for c in (FEW_ROWS_CONFIG, DEFAULT_CONFIG)):
+            verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
     assert compiled, "no kernel was launched"
 
 

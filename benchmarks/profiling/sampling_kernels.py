@@ -23,7 +23,7 @@ import torch
 from profiling.kernel_table import graph_kernels, print_rows
 from spectool.draft.tree import DraftTree
 from spectool.kernels.sampling import sampling_coins
-from spectool.kernels.verify_sampling_chunked import CONFIGS, DEFAULT_CONFIG
+from spectool.kernels.verify_sampling_chunked import CONFIGS, DEFAULT_CONFIG, FEW_ROWS_CONFIG
 from spectool.verify import verify_sampling_chunked
 
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,64", help="batch sizes, comma-separated")
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=128256)
-    parser.add_argument("--configs", default=DEFAULT_CONFIG,
+    parser.add_argument("--configs", default=f"{FEW_ROWS_CONFIG},{DEFAULT_CONFIG}",
                         help=f"launch shapes, comma-separated, of {', '.join(sorted(CONFIGS))}")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--steps", type=int, default=20)

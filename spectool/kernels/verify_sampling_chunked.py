@@ -24,10 +24,11 @@ normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_
    stably, so equal values keep token-id order and only the first of a tie whose mass before them
    is below ``top_p`` are kept: the cut id is the last of those, found by the per-chunk tie counts
    and a scan of one chunk.
-4. ``_residual_kernel``, per (request, chunk): the tree decision (``_tree_decision``, the same as the
-   one-program-per-request verify's) and the mass of the last accepted node's residual (its
-   children's tokens zeroed) in each group of ``G`` tokens, float64; a chunk that holds none of the
-   children's tokens skips the test for them.
+4. ``_decide_kernel``, one program per request: the tree decision (``_tree_decision``, the same as
+   the one-program-per-request verify's), the last accepted node and the coin left for its residual.
+   ``_residual_kernel``, per (request, chunk): the mass of that node's residual (its children's
+   tokens zeroed) in each group of ``G`` tokens, float64; a chunk that holds none of the children's
+   tokens skips the test for them.
 5. ``_bonus_kernel``, one program per request: the group that holds the coin, then the residual's
    inverse CDF within that one group, in vocabulary order (float64, as the reference's cumsum).
 
@@ -66,9 +67,17 @@ CONFIGS = {
     "c8192-p64-w8": LaunchConfig(8192, 128, 64, 8),
     "c16384-p16-w16": LaunchConfig(16384, 512, 16, 16),
 }
-# Chosen before any GPU timing: 63 chunks of a 128k row, enough for top-k 50's search to start at
-# the 50th chunk maximum; ``--sampling-configs sweep`` is how to replace it.
+# The launch shape for many rows, and for few: on the H200 (V 128256, N 16, temperature) 1,024-entry
+# chunks take 20 µs per graphed call at bs 1 against 24 with 2,048, and 253 µs against 208 at bs 64
+# (``benchmarks/tree_kernels.py --profile sampling``): a few rows need more, shorter programs.
 DEFAULT_CONFIG = "c2048-p16-w4"
+FEW_ROWS_CONFIG = "c1024-p16-w4"
+FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
+
+
+def default_config(rows: int) -> str:
+    """The launch shape the engine takes for ``rows`` node rows (requests x nodes)."""
+    return FEW_ROWS_CONFIG if rows <= FEW_ROWS else DEFAULT_CONFIG
 
 
 def cut_rounds(probes: int) -> int:
@@ -334,22 +343,39 @@ def _residual_tile(Logits, row, offs, m, z, cut, cut_id, children, t, V, HAS_CHI
 
 
 @triton.jit
-def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins,
-                     Status, Path, AcceptLength, ChildProbs, CoinsOut, Last, U, ResGroups, N, V, W, NG,
+def _decide_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins,
+                   Status, Path, AcceptLength, ChildProbs, CoinsOut, Last, U, N, V, W, BLOCK: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    _, status, path, length, coins_out, child_probs, last, u, _ = _decision(
+        Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins, b, N, V, W, BLOCK)
+    nodes = tl.arange(0, BLOCK)
+    tl.store(AcceptLength + b, length)
+    tl.store(Path + b * W + nodes, path.to(tl.int64), mask=nodes < W)
+    tl.store(Status + b * N + nodes, status, mask=nodes < N)
+    tl.store(CoinsOut + b * N + nodes, coins_out, mask=nodes < N)
+    tl.store(ChildProbs + b * N + nodes, child_probs, mask=nodes < N)
+    tl.store(Last + b, last.to(tl.int64))
+    tl.store(U + b, u)
+
+
+@triton.jit
+def _children_of(Tokens, Parents, Valid, b, N, last, BLOCK: tl.constexpr):
+    """The tokens of node ``last``'s valid children (-1 elsewhere), as ``_tree_decision`` finds them."""
+    nodes = tl.arange(0, BLOCK)
+    in_n = nodes < N
+    live = (tl.load(Valid + b * N + nodes, mask=in_n, other=0) != 0) & (nodes > 0)
+    par = tl.load(Parents + b * N + nodes, mask=in_n, other=-1)
+    return tl.where(live & (par == last), tl.load(Tokens + b * N + nodes, mask=in_n, other=0), -1)
+
+
+@triton.jit
+def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, ResGroups, N, V, NG,
                      CHUNK: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    t, status, path, length, coins_out, child_probs, last, u, children = _decision(
-        Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins, b, N, V, W, BLOCK)
-    if c == 0:
-        nodes = tl.arange(0, BLOCK)
-        tl.store(AcceptLength + b, length)
-        tl.store(Path + b * W + nodes, path.to(tl.int64), mask=nodes < W)
-        tl.store(Status + b * N + nodes, status, mask=nodes < N)
-        tl.store(CoinsOut + b * N + nodes, coins_out, mask=nodes < N)
-        tl.store(ChildProbs + b * N + nodes, child_probs, mask=nodes < N)
-        tl.store(Last + b, last.to(tl.int64))
-        tl.store(U + b, u)
+    t = tl.load(Temp + b)
+    last = tl.load(Last + b)
+    children = _children_of(Tokens, Parents, Valid, b, N, last, BLOCK)
     row = b * N + last
     m, z, cut, cut_id = tl.load(M + row), tl.load(Z + row), tl.load(Cut + row), tl.load(CutId + row)
     lo = c * CHUNK
@@ -367,11 +393,7 @@ def _bonus_kernel(Logits, Temp, M, Z, Cut, CutId, Argmax, Tokens, Parents, Valid
     t = tl.load(Temp + b)
     last = tl.load(Last + b)
     u = tl.load(U + b)
-    nodes = tl.arange(0, BLOCK)
-    in_n = nodes < N
-    live = (tl.load(Valid + b * N + nodes, mask=in_n, other=0) != 0) & (nodes > 0)
-    par = tl.load(Parents + b * N + nodes, mask=in_n, other=-1)
-    children = tl.where(live & (par == last), tl.load(Tokens + b * N + nodes, mask=in_n, other=0), -1)
+    children = _children_of(Tokens, Parents, Valid, b, N, last, BLOCK)
     row = b * N + last
     m, z, cut, cut_id = tl.load(M + row), tl.load(Z + row), tl.load(Cut + row), tl.load(CutId + row)
     j = tl.arange(0, BLOCK_G)
@@ -469,9 +491,10 @@ def sampling_decide_chunked(logits: torch.Tensor, temperature: torch.Tensor, row
                 mask.contiguous().view(torch.uint8), coins.float().contiguous())
         logits, temperature = logits.contiguous(), temperature.float().contiguous()
         warps = max(config.warps, 4 if block <= 64 else 8)
-        _residual_kernel[(bs, nc)](logits, temperature, m, z, cut, cut_id, *tree, status, path, length, child_probs,
-                                   coins_out, last, u, res_groups, n, vocab, width, ng, CHUNK=chunk, G=group,
-                                   BLOCK=block, num_warps=warps)
+        _decide_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, *tree, status, path, length, child_probs,
+                              coins_out, last, u, n, vocab, width, BLOCK=block, num_warps=warps)
+        _residual_kernel[(bs, nc)](logits, temperature, m, z, cut, cut_id, tree[0], tree[1], tree[3], last, res_groups,
+                                   n, vocab, ng, CHUNK=chunk, G=group, BLOCK=block, num_warps=warps)
         _bonus_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, argmax, tree[0], tree[1], tree[3], last, u,
                              res_groups, bonus, bonus_cdf, n, vocab, ng, G=group, BLOCK=block,
                              BLOCK_G=max(2, triton.next_power_of_2(ng)), num_warps=warps)
