@@ -145,6 +145,7 @@ class Engine:
         # One spare slot past the last request slot: padded graph rows write there.
         self.num_slots = max_batch_size + 1
         self.cache_len = max_seq_len + self.num_draft_tokens
+        self._prefill_lengths = self._padded_lengths()
         from spectool.model.kv_cache import KVCache
 
         # Under tensor parallelism the cache holds this rank's KV heads (local_config).
@@ -325,7 +326,7 @@ class Engine:
         comes up, each capture costing tens to hundreds of ms inside that call: as requests
         finish at different iterations a batch falls into smaller buckets, so a user's calls
         would pay it again and again. ``warmup`` first prefills dummy prompts of every padded
-        prompt length (``PREFILL_LENGTHS``) at every batch bucket, which captures the prefill
+        prompt length (``PREFILL_LENGTHS`` as far as the cache holds) at every batch bucket, which captures the prefill
         graphs of the target and the drafter, then runs one prefill and one iteration of dummy
         requests per batch bucket (largest first) for greedy decoding and, with ``sampling``,
         for temperature > 0, each with recording off and, with ``record``, on; that takes every
@@ -364,12 +365,8 @@ class Engine:
             return
         sampling = dict(temperature=0.0, top_k=0, top_p=1.0)
         generator = torch.Generator(device=self.device).manual_seed(0)
-        longest, shorter = self.max_seq_len - 1, 0
-        for t in PREFILL_LENGTHS:
-            length = min(t, longest)  # the longest prompt this padded length serves
-            if length <= shorter:
-                break
-            shorter = t
+        for t in self._prefill_lengths:
+            length = min(t, self.max_seq_len - 1)  # the longest prompt this padded length serves
             for bucket in self.graph_buckets:
                 rows = min(bucket, self.max_batch_size)
                 if self.prefill_length(rows, length) != (t, True):
@@ -509,9 +506,10 @@ class Engine:
 
     def prefill_length(self, rows: int, longest: int) -> tuple[int, bool]:
         """(padded length, whether a graph runs it) of a prefill forward of ``rows`` prompts, the longest
-        ``longest`` tokens (the drafters pad their own prefills the same way): on CUDA the shortest of
-        PREFILL_LENGTHS that holds it, when the group fits a prefill graph (eager CUDA pads the same
-        way, so eager and graphed runs compute the same shapes); else ``longest``, eagerly."""
+        ``longest`` tokens (the drafters pad their own prefills the same way): on CUDA the shortest of the
+        engine's padded lengths (``PREFILL_LENGTHS`` up to what its cache holds, then that limit) that
+        holds it, when the group fits a prefill graph (eager CUDA pads the same way, so eager and
+        graphed runs compute the same shapes); else ``longest``, eagerly."""
         t = self._padded_length(longest)
         if t is None or self._prefill_runner.bucket_for(rows) * t > PREFILL_GRAPH_TOKENS:
             return longest, False
@@ -519,11 +517,21 @@ class Engine:
 
     def _padded_length(self, longest: int) -> int | None:
         """The padded length a prompt of ``longest`` tokens takes on CUDA, None where none does (the CPU,
-        a split target, a prompt past PREFILL_LENGTHS, the cache or the model's positions)."""
-        t = next((n for n in PREFILL_LENGTHS if n >= longest), None) if self._pads_prefill else None
-        if t is None or t > self.max_seq_len or t + self.num_draft_tokens + 2 > self.model.rope.max_position:
+        a split target, a prompt past every padded length)."""
+        if not self._pads_prefill:
             return None
-        return t
+        return next((n for n in self._prefill_lengths if n >= longest), None)
+
+    def _padded_lengths(self) -> tuple[int, ...]:
+        """The lengths this engine pads a prefill to: PREFILL_LENGTHS up to what the cache holds and the
+        model's positions take with a tree after the prompt, then that limit itself when it is below the
+        longest of them (a cache of 700 tokens pads a 600-token prompt to 700, not 768 it has no room
+        for)."""
+        limit = min(self.max_seq_len, self.model.rope.max_position - self.num_draft_tokens - 2)
+        lengths = [t for t in PREFILL_LENGTHS if t <= limit]
+        if (lengths[-1] if lengths else 0) < limit < PREFILL_LENGTHS[-1]:
+            lengths.append(limit)
+        return tuple(lengths)
 
     def _prefill_groups(self, reqs: list[_Request]) -> list[list[_Request]]:
         """Requests in prefill groups, each one forward: prompts a padded length serves in groups that fit

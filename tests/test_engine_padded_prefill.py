@@ -13,7 +13,7 @@ import pytest
 from test_engine_support import cut_prompts, demo_token_streams
 
 import spectool as st
-from spectool.engine import PREFILL_LENGTHS
+from spectool.engine import PREFILL_GRAPH_TOKENS, PREFILL_LENGTHS
 
 MAX_NEW = 16
 
@@ -64,9 +64,31 @@ def test_prompts_are_grouped_by_their_padded_size(target):
     assert engine.prefill_length(1, 600) == (768, True) and engine.prefill_length(8, 600) == (600, False)
     groups = engine._prefill_groups([engine._make_request(i, [1] * 600, 8) for i in range(16)])
     assert [len(g) for g in groups] == [4, 4, 4, 4]
-    # 1,600 tokens would pad to 2,048, past the demo target's 2,048 positions with a tree after them.
-    assert target.config.max_position_embeddings == 2048
-    assert engine.prefill_length(1, 1600) == (1600, False)
-    # Prompts no padded length serves are grouped by the eager budget, unpadded: 5 of 1,600 tokens.
-    groups = engine._prefill_groups([engine._make_request(i, [1] * 1600, 8) for i in range(7)])
-    assert [len(g) for g in groups] == [5, 2] and engine.prefill_budget // 1600 == 5
+    # The demo target's 2,048 positions, less a tree after the prompt, end the lengths at 2,045.
+    assert target.config.max_position_embeddings == 2048 and engine._prefill_lengths[-1] == 2045
+    assert engine.prefill_length(2, 1600) == (2045, True) and engine.prefill_length(4, 1600) == (1600, False)
+    # Prompts no padded length serves are grouped by the eager budget, unpadded: 13 of 600 tokens
+    # when the lengths stop at 512.
+    engine._prefill_lengths = tuple(t for t in PREFILL_LENGTHS if t <= 512)
+    groups = engine._prefill_groups([engine._make_request(i, [1] * 600, 8) for i in range(16)])
+    assert [len(g) for g in groups] == [13, 3] and engine.prefill_budget // 600 == 13
+
+
+def test_a_cache_shorter_than_a_padded_length_pads_to_its_own_length(target):
+    # A 700-token cache has no room for 768 padded tokens: a 600-token prompt pads to 700 instead
+    # of prefilling eagerly, and a 400-token one still to 512.
+    engine = st.Engine(target, max_batch_size=4, max_seq_len=700)
+    engine._pads_prefill = True
+    assert engine._prefill_lengths == (*[t for t in PREFILL_LENGTHS if t <= 512], 700)
+    assert engine.prefill_length(1, 600) == (700, True) and engine.prefill_length(4, 400) == (512, True)
+
+
+def test_warmup_prefills_every_padded_length_at_every_bucket_a_graph_takes(target, monkeypatch):
+    engine = st.Engine(target, max_batch_size=8, max_seq_len=700)
+    engine._pads_prefill = engine.cuda_graphs = True  # as on CUDA
+    seen = []
+    monkeypatch.setattr(engine, "_prefill", lambda reqs, *args: seen.append((len(reqs), len(reqs[0].prompt))))
+    engine._warm_prefills()
+    want = [(b, min(t, 699)) for t in engine._prefill_lengths for b in engine.graph_buckets
+            if b * t <= PREFILL_GRAPH_TOKENS]
+    assert sorted(seen) == sorted(want) and (4, 699) in seen and (8, 512) in seen
