@@ -68,8 +68,8 @@ CONFIGS = {
     "c16384-p16-w16": LaunchConfig(16384, 512, 16, 16),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, temperature) 1,024-entry
-# chunks take 20 µs per graphed call at bs 1 against 24 with 2,048, and 253 µs against 208 at bs 64
-# (``benchmarks/tree_kernels.py --profile sampling``): a few rows need more, shorter programs.
+# chunks span 25.6 µs per graphed call at bs 1 against 33.4 with 2,048, and 222 µs against 198 at
+# bs 64 (``benchmarks/tree_kernels.py --profile sampling``): a few rows need more, shorter programs.
 DEFAULT_CONFIG = "c2048-p16-w4"
 FEW_ROWS_CONFIG = "c1024-p16-w4"
 FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
