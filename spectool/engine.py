@@ -326,10 +326,10 @@ class Engine:
         comes up, each capture costing tens to hundreds of ms inside that call: as requests
         finish at different iterations a batch falls into smaller buckets, so a user's calls
         would pay it again and again. ``warmup`` first prefills dummy prompts of every padded
-        prompt length (``PREFILL_LENGTHS`` as far as the cache holds) at every batch bucket, which captures the prefill
-        graphs of the target and the drafter, then runs one prefill and one iteration of dummy
-        requests per batch bucket (largest first) for greedy decoding and, with ``sampling``,
-        for temperature > 0, each with recording off and, with ``record``, on; that takes every
+        prompt length (``PREFILL_LENGTHS`` as far as the cache holds) at every batch bucket, which
+        captures the prefill graphs of the target and the drafter, then runs one prefill and one
+        iteration of dummy requests per batch bucket (largest first) for greedy decoding and, with
+        ``sampling``, for temperature > 0, each with recording off and, with ``record``, on; that takes every
         path of the iteration (N-gram's whole tree and roots alone, both EAGLEs' draft and
         extend graphs). It is harmless: the dummy requests use free cache slots (whatever they
         write there is overwritten before a later request reads it), and a drafter that learns
