@@ -100,7 +100,7 @@ def section_exists(path: str, section: str) -> bool:
 
 
 @pytest.mark.parametrize("module", sorted(p.stem for p in (BENCHMARKS / "profiling").glob("*.py")
-                                          if p.stem != "__init__"))
+                                          if not p.stem.startswith("_")))  # _name: the profiles' helpers
 def test_every_profile_runs_through_a_benchmark_and_names_the_figure_it_explains(module):
     from importlib.util import module_from_spec, spec_from_file_location
 

@@ -23,7 +23,7 @@ import os
 import torch
 from decode import model_config
 
-from profiling.kernel_table import graph_kernels, print_rows
+from profiling._kernel_table import graph_kernels, print_rows
 from spectool.graphs import GraphRunner
 from spectool.kernels import ops
 from spectool.kernels.fused import argmax_triton

@@ -8,7 +8,7 @@ Explains: docs/BENCHMARKS.md "Kernels" (the chunked sampling verify's µs). Time
 The engine's sampling verify (its coins kernel, then ``verify_sampling_chunked``) on random
 logits and trees, captured in a CUDA graph and replayed under the profiler, at temperature 0.8
 alone and with top-k 50: per kernel its launches and µs per replay, and the replay's span, kernel
-time and idle time between kernels (benchmarks/profiling/kernel_table.py). Writes
+time and idle time between kernels (benchmarks/profiling/_kernel_table.py). Writes
 profile_sampling.json to $OUT when it is set.
 """
 
@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from profiling.kernel_table import graph_kernels, print_rows
+from profiling._kernel_table import graph_kernels, print_rows
 from spectool.draft.tree import DraftTree
 from spectool.kernels.sampling import sampling_coins
 from spectool.kernels.verify_sampling_chunked import CONFIGS, DEFAULT_CONFIG, FEW_ROWS_CONFIG
