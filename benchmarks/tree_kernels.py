@@ -57,9 +57,9 @@ def bench_us(fn, device: torch.device) -> float:
     return statistics.median(times) * 1e6
 
 
-def graphed_us(fn) -> float:
-    """Median µs per replay of ``fn`` captured in a CUDA graph (as the engine runs it); NaN with
-    the reason printed if capture fails."""
+def capture(fn) -> torch.cuda.CUDAGraph:
+    """``fn`` captured in a CUDA graph after three warm-up runs on a side stream (RuntimeError when
+    it cannot be captured)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -67,9 +67,16 @@ def graphed_us(fn) -> float:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def graphed_us(fn) -> float:
+    """Median µs per replay of ``fn`` captured in a CUDA graph (as the engine runs it); NaN with
+    the reason printed if capture fails."""
     try:
-        with torch.cuda.graph(graph):
-            fn()
+        graph = capture(fn)
     except RuntimeError as err:
         print(f"  (CUDA graph capture failed: {err})")
         return float("nan")
@@ -107,9 +114,22 @@ def sampling_configs(arg: str) -> list[str]:
     return names
 
 
+def sampling_case(bs: int, n: int, vocab: int, dtype: torch.dtype, g: torch.Generator):
+    """A sampling verify's inputs on the GPU as the benchmarks time it: random trees and logits
+    (``dtype``), the coins' seed and nonces, temperature 0.8. Returns (tree, logits, seed, nonces,
+    temperatures)."""
+    device = torch.device("cuda")
+    parents = random_parents(bs, n, g).to(device)
+    tokens = torch.randint(0, vocab, (bs, n), generator=g).to(device)
+    tree = DraftTree.from_parents(tokens, parents, torch.zeros(bs, n, device=device),
+                                  torch.randint(0, 4096, (bs,), generator=g).to(device))
+    logits = (torch.randn(bs, n, vocab, generator=g) * 2).to(device, dtype)
+    return (tree, logits, torch.zeros(1, dtype=torch.long, device=device), torch.arange(bs, device=device),
+            torch.full((bs,), 0.8, device=device))
+
+
 def sampling_table(configs: list[str], g: torch.Generator) -> list[dict]:
     """Graphed µs per sampling verify (coins kernel included) of the torch, fused and chunked verifies."""
-    device = torch.device("cuda")
     vocab, n = 128256, 16
     rows = []
     print(f"\nsampling verify in a CUDA graph (µs per iteration, N {n}, V {vocab}, coins included; "
@@ -118,14 +138,7 @@ def sampling_table(configs: list[str], g: torch.Generator) -> list[dict]:
           f"{'vs torch':>9} {'same':>5}")
     for dtype in (torch.float32, torch.bfloat16):
         for bs in (1, 64):
-            parents = random_parents(bs, n, g).to(device)
-            tokens = torch.randint(0, vocab, (bs, n), generator=g).to(device)
-            tree = DraftTree.from_parents(tokens, parents, torch.zeros(bs, n, device=device),
-                                          torch.randint(0, 4096, (bs,), generator=g).to(device))
-            logits = (torch.randn(bs, n, vocab, generator=g) * 2).to(device, dtype)
-            seed = torch.zeros(1, dtype=torch.long, device=device)
-            nonces = torch.arange(bs, device=device)
-            temps = torch.full((bs,), 0.8, device=device)
+            tree, logits, seed, nonces, temps = sampling_case(bs, n, vocab, dtype, g)
             coins = sampling_coins(seed, nonces, tree.seq_lens, n)
             for k, p in ((0, 1.0), (50, 0.9)):
                 def step(verify, k=k, p=p, tree=tree, logits=logits, seed=seed, nonces=nonces, temps=temps, **kw):

@@ -21,7 +21,6 @@ import os
 import torch
 
 from profiling._kernel_table import graph_kernels, print_rows
-from spectool.draft.tree import DraftTree
 from spectool.kernels.sampling import sampling_coins
 from spectool.kernels.verify_sampling_chunked import CONFIGS, DEFAULT_CONFIG, FEW_ROWS_CONFIG
 from spectool.verify import verify_sampling_chunked
@@ -43,36 +42,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown launch shape {unknown[0]!r}; one of {', '.join(sorted(CONFIGS))}")
     if not torch.cuda.is_available():
         raise SystemExit("tree_kernels.py --profile sampling profiles CUDA kernels: it needs a GPU")
-    from tree_kernels import random_parents, warm_up_gpu
+    from tree_kernels import capture, sampling_case, warm_up_gpu
 
-    device = torch.device("cuda")
     g = torch.Generator().manual_seed(0)
     n, vocab = args.nodes, args.vocab
     warm_up_gpu()
     results = []
     for bs in (int(b) for b in args.batches.split(",")):
-        parents = random_parents(bs, n, g).to(device)
-        tokens = torch.randint(0, vocab, (bs, n), generator=g).to(device)
-        tree = DraftTree.from_parents(tokens, parents, torch.zeros(bs, n, device=device),
-                                      torch.randint(0, 4096, (bs,), generator=g).to(device))
-        logits = (torch.randn(bs, n, vocab, generator=g) * 2).to(device, getattr(torch, args.dtype))
-        seed = torch.zeros(1, dtype=torch.long, device=device)
-        nonces = torch.arange(bs, device=device)
-        temps = torch.full((bs,), 0.8, device=device)
+        tree, logits, seed, nonces, temps = sampling_case(bs, n, vocab, getattr(torch, args.dtype), g)
         for top_k, config in ((k, c) for k in (0, 50) for c in configs):
             def step(top_k=top_k, config=config, tree=tree, logits=logits, seed=seed, nonces=nonces, temps=temps):
                 coins = sampling_coins(seed, nonces, tree.seq_lens, n)
                 return verify_sampling_chunked(tree, logits, temps, top_k, 1.0, coins, config)
 
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(3):
-                    step()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                step()
+            graph = capture(step)
             for _ in range(3):
                 graph.replay()
             summary, rows = graph_kernels(graph.replay, args.steps)
