@@ -329,16 +329,18 @@ def _decision(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mas
 
 
 @triton.jit
-def _residual_tile(Logits, row, offs, m, z, cut, cut_id, children, t, V, HAS_CHILD):
+def _residual_tile(Logits, row, offs, m, z, cut, cut_id, children, t, V, HAS_CHILD, BLOCK: tl.constexpr):
     """The residual at ``offs`` of ``row`` (its kept probabilities given the row's five numbers, the
-    tokens of ``children`` zeroed when ``HAS_CHILD``), float64."""
+    tokens of ``children`` [BLOCK] zeroed when ``HAS_CHILD``), float64."""
     inb = offs < V
     x = tl.load(Logits + row * V + offs, mask=inb, other=-float("inf")).to(tl.float32) / t
     kept = inb & ((x > cut) | ((x == cut) & (offs <= cut_id)))
     p = tl.where(kept, tl.exp(x - m) / z, 0.0)
     if HAS_CHILD:
-        is_child = tl.sum((offs[:, None] == children[None, :]).to(tl.int32), axis=1) > 0
-        p = tl.where(is_child, 0.0, p)
+        # One child at a time: a [tile, BLOCK] comparison would not fit a long tile's registers.
+        for j in tl.static_range(BLOCK):
+            child = tl.sum(tl.where(tl.arange(0, BLOCK) == j, children, 0), axis=0)
+            p = tl.where(offs == child, 0.0, p)
     return p.to(tl.float64)
 
 
@@ -379,11 +381,10 @@ def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Las
     row = b * N + last
     m, z, cut, cut_id = tl.load(M + row), tl.load(Z + row), tl.load(Cut + row), tl.load(CutId + row)
     lo = c * CHUNK
-    # Most chunks hold none of the children's tokens and skip the [G, BLOCK] test.
+    # Most chunks hold none of the children's tokens and skip the test for them.
     has_child = tl.sum(((children >= lo) & (children < lo + CHUNK)).to(tl.int32), axis=0) > 0
-    for start in range(0, CHUNK, G):
-        r = _residual_tile(Logits, row, lo + start + tl.arange(0, G), m, z, cut, cut_id, children, t, V, has_child)
-        tl.store(ResGroups + b * NG + (lo + start) // G, tl.sum(r, axis=0))
+    r = _residual_tile(Logits, row, lo + tl.arange(0, CHUNK), m, z, cut, cut_id, children, t, V, has_child, BLOCK)
+    tl.store(ResGroups + b * NG + lo // G + tl.arange(0, CHUNK // G), tl.sum(tl.reshape(r, (CHUNK // G, G)), axis=1))
 
 
 @triton.jit
@@ -404,7 +405,7 @@ def _bonus_kernel(Logits, Temp, M, Z, Cut, CutId, Argmax, Tokens, Parents, Valid
     # Rounding can put u past the residual's total: its last token with mass, in the last group with mass.
     at = tl.where(g < NG, g, tl.max(tl.where((sums > 0) & (j < NG), j, 0), axis=0))
     offs = at * G + tl.arange(0, G)
-    r = _residual_tile(Logits, row, offs, m, z, cut, cut_id, children, t, V, True)
+    r = _residual_tile(Logits, row, offs, m, z, cut, cut_id, children, t, V, True, BLOCK)
     cdf = tl.sum(tl.where(j == at - 1, ends, 0.0), axis=0) + tl.cumsum(r, axis=0)
     last_with_mass = tl.max(tl.where(r > 0, offs, -1), axis=0)
     found = tl.min(tl.where((cdf > u) & (r > 0), offs, V), axis=0)
@@ -481,7 +482,8 @@ def sampling_decide_chunked(logits: torch.Tensor, temperature: torch.Tensor, row
         chunk = min(config.chunk, triton.next_power_of_2(vocab))
         nc = triton.cdiv(vocab, chunk)
         block = max(16, triton.next_power_of_2(max(n, width)))
-        # The [G, N] child-token tiles of the residual stay at the cut rounds' tile size.
+        # The bonus kernel's inverse CDF reads one group of G tokens: the cut rounds' tile size, less
+        # for wide trees.
         group = min(chunk, max(16, config.sub * 16 // block))
         ng = nc * (chunk // group)
         res_groups = torch.empty(bs, ng, dtype=torch.float64, device=dev)
