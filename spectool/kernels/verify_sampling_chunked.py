@@ -68,7 +68,7 @@ CONFIGS = {
     "c16384-p16-w16": LaunchConfig(16384, 512, 16, 16),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, temperature) 1,024-entry
-# chunks span 25.6 µs per graphed call at bs 1 against 33.4 with 2,048, and 222 µs against 198 at
+# chunks span 18.8 µs per graphed call at bs 1 against 20.4 with 2,048, and 200 µs against 175 at
 # bs 64 (``benchmarks/tree_kernels.py --profile sampling``): a few rows need more, shorter programs.
 DEFAULT_CONFIG = "c2048-p16-w4"
 FEW_ROWS_CONFIG = "c1024-p16-w4"
