@@ -55,18 +55,17 @@ def test_a_padded_prefill_changes_no_token_and_no_accept_length(target, demo_mod
 def test_prompts_are_grouped_by_their_padded_size(target):
     engine = st.Engine(target, max_batch_size=16, max_seq_len=4096)
     engine._pads_prefill = True
-    # 16 prompts of 300 tokens pad to 512: 8 per graph (8 x 512 = PREFILL_GRAPH_TOKENS), not 13 unpadded.
+    # 16 prompts of 300 tokens pad to 512: all 16 in one graph (16 x 512 = PREFILL_GRAPH_TOKENS).
     groups = engine._prefill_groups([engine._make_request(i, [1] * 300, 8) for i in range(16)])
-    assert [len(g) for g in groups] == [8, 8]
-    assert engine.prefill_length(8, 300) == (512, True)
-    assert engine.prefill_length(16, 300) == (300, False)  # past a graph's tokens: eager, unpadded
-    # 600 tokens pad to 768: four per graph.
-    assert engine.prefill_length(1, 600) == (768, True) and engine.prefill_length(8, 600) == (600, False)
+    assert [len(g) for g in groups] == [16]
+    assert engine.prefill_length(16, 300) == (512, True)
+    # 600 tokens pad to 768: eight per graph, sixteen past a graph's tokens (eager, unpadded).
+    assert engine.prefill_length(8, 600) == (768, True) and engine.prefill_length(16, 600) == (600, False)
     groups = engine._prefill_groups([engine._make_request(i, [1] * 600, 8) for i in range(16)])
-    assert [len(g) for g in groups] == [4, 4, 4, 4]
+    assert [len(g) for g in groups] == [8, 8]
     # The demo target's 2,048 positions, less a tree after the prompt, end the lengths at 2,045.
     assert target.config.max_position_embeddings == 2048 and engine._prefill_lengths[-1] == 2045
-    assert engine.prefill_length(2, 1600) == (2045, True) and engine.prefill_length(4, 1600) == (1600, False)
+    assert engine.prefill_length(4, 1600) == (2045, True) and engine.prefill_length(8, 1600) == (1600, False)
     # Prompts no padded length serves are grouped by the eager budget, unpadded: 13 of 600 tokens
     # when the lengths stop at 512.
     engine._prefill_lengths = tuple(t for t in PREFILL_LENGTHS if t <= 512)

@@ -1,14 +1,15 @@
 """What a prefill costs: its wall time with and without CUDA graphs, and its GPU kernels' time.
 
     python3 benchmarks/speculative.py --profile prefill                 # on a GPU
+    python3 benchmarks/speculative.py --profile prefill --batch 16 --length 530   # sixteen long prompts
     python3 benchmarks/speculative.py --profile prefill --device cpu --length 40   # smoke test
 
 Explains: docs/BENCHMARKS.md "Speculative decoding" (the end-to-end figures: time to first token).
 Time: under a minute on an H200.
 
 For the bundled demo target and a random-weight target of the trained 113M shape (decode.py's
-"113M"), plain decoding, one prompt of ``--length`` random tokens: the median of ``--repeats``
-one-token ``generate`` calls (the prefill and its first token) with CUDA graphs and without,
+"113M"), plain decoding, ``--batch`` prompts (one by default) of ``--length`` random tokens: the
+median of ``--repeats`` one-token ``generate`` calls (the prefill and its first token) with CUDA graphs and without,
 each after warm-up calls on the same length; and the summed self time of the CUDA kernels of one
 graphed and one eager call (torch.profiler), what the GPU itself works. Prints a table; writes
 prefill.json to $OUT when it is set.
@@ -31,27 +32,27 @@ import spectool as st
 from spectool.demo import demo_model
 
 
-def call_ms(engine, prompt: list[int], repeats: int, sync) -> float:
+def call_ms(engine, prompts: list[list[int]], repeats: int, sync) -> float:
     for _ in range(3):  # the padded length's graph is captured here, not in the timed calls
-        engine.generate([prompt], max_new_tokens=1, record=False, ignore_eos=True)
+        engine.generate(prompts, max_new_tokens=1, record=False, ignore_eos=True)
     times = []
     for _ in range(repeats):
         sync()
         t0 = time.perf_counter()
-        engine.generate([prompt], max_new_tokens=1, record=False, ignore_eos=True)
+        engine.generate(prompts, max_new_tokens=1, record=False, ignore_eos=True)
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
-def kernel_ms(engine, prompt: list[int]) -> float | None:
+def kernel_ms(engine, prompts: list[list[int]]) -> float | None:
     """Summed self CUDA time of the kernels of one call (None on the CPU)."""
     if engine.device.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        engine.generate([prompt], max_new_tokens=1, record=False, ignore_eos=True)
+        engine.generate(prompts, max_new_tokens=1, record=False, ignore_eos=True)
         torch.cuda.synchronize()
     return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
 
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default=default_device())
     p.add_argument("--length", type=int, default=200, help="prompt tokens")
+    p.add_argument("--batch", type=int, default=1, help="prompts per call")
     p.add_argument("--repeats", type=int, default=10)
     args = p.parse_args(argv)
     dev = torch.device(args.device)
@@ -69,17 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("demo", "113M"):
         target = (st.load(demo_model() / "target", device=str(dev), dtype=dtype) if name == "demo"
                   else random_target("113M", str(dev), 2048))
-        prompt = torch.randint(1, target.config.vocab_size, (args.length,),
-                               generator=torch.Generator().manual_seed(0)).tolist()
+        prompts = torch.randint(1, target.config.vocab_size, (args.batch, args.length),
+                                generator=torch.Generator().manual_seed(0)).tolist()
         for graphs in (True, False):
             # Room for a padded prefill: a cache shorter than the padded length prefills eagerly.
-            engine = st.Engine(target, max_batch_size=1, max_seq_len=2 * args.length + 8, cuda_graphs=graphs)
+            engine = st.Engine(target, max_batch_size=args.batch, max_seq_len=2 * args.length + 8,
+                               cuda_graphs=graphs)
             rows.append({"target": name, "layers": target.config.num_layers, "cuda_graphs": graphs,
-                         "prompt_tokens": args.length, "call_ms": call_ms(engine, prompt, args.repeats, sync),
-                         "kernel_ms": kernel_ms(engine, prompt)})
+                         "prompts": args.batch, "prompt_tokens": args.length,
+                         "call_ms": call_ms(engine, prompts, args.repeats, sync),
+                         "kernel_ms": kernel_ms(engine, prompts)})
             r = rows[-1]
             kernels = "n/a" if r["kernel_ms"] is None else f"{r['kernel_ms']:.2f}"
-            print(f"{name:<5} {r['layers']:>3} layers  graphs {str(graphs):<5}  one-token call {r['call_ms']:7.2f} ms"
+            print(f"{name:<5} {r['layers']:>3} layers  {args.batch} x {args.length} tokens  graphs {str(graphs):<5}"
+                  f"  one-token call {r['call_ms']:7.2f} ms"
                   f"  GPU kernels {kernels} ms", flush=True)
             del engine
         del target
