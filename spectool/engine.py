@@ -50,9 +50,9 @@ from spectool.verify import (
 # prefill launches some thirty kernels per layer, and on a slow host those launches take most of
 # its time (a 32-layer target of the 113M shape: 29 ms eager, 3.7 ms graphed, 2.3 ms of kernels).
 PREFILL_LENGTHS = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048)
-# Most padded tokens (batch bucket x length) a prefill graph takes: as many as an eager forward
-# (prefill_budget), so that groups of long prompts (sixteen of ~530 tokens on a 32-layer target: 29 ms
-# eagerly) are graphed too.
+# Most padded tokens (batch bucket x length) a prefill graph takes: as many as an eager forward takes
+# (prefill_budget), so long prompts are prefilled in as few forwards graphed as eagerly (sixteen of 600
+# tokens in two graphs of eight).
 PREFILL_GRAPH_TOKENS = 8192
 
 
