@@ -302,6 +302,13 @@ def _finish_kernel(Logits, Temp, Max, Arg, Sum, GMax, KCut, KParts, PCut, PParts
 
 
 @triton.jit
+def _kept(x, ids, m, z, cut, cut_id):
+    """p = exp(x - m) / z of tokens ``ids`` (their ``x``) where the row's cut keeps them, else 0."""
+    kept = (x > cut) | ((x == cut) & (ids <= cut_id))
+    return tl.where(kept, tl.exp(x - m) / z, 0.0)
+
+
+@triton.jit
 def _kept_probs(Logits, M, Z, Cut, CutId, row, ids, mask, t, V):
     """p(ids | row) of the kept distribution (0 where not ``mask``)."""
     row = row + ids * 0  # a row per id (a scalar row is broadcast)
@@ -310,8 +317,7 @@ def _kept_probs(Logits, M, Z, Cut, CutId, row, ids, mask, t, V):
     z = tl.load(Z + row, mask=mask, other=1.0)
     cut = tl.load(Cut + row, mask=mask, other=0.0)
     cut_id = tl.load(CutId + row, mask=mask, other=0)
-    kept = (x > cut) | ((x == cut) & (ids <= cut_id))
-    return tl.where(kept & mask, tl.exp(x - m) / z, 0.0)
+    return tl.where(mask, _kept(x, ids, m, z, cut, cut_id), 0.0)
 
 
 @triton.jit
@@ -334,8 +340,7 @@ def _residual_tile(Logits, row, offs, m, z, cut, cut_id, children, t, V, HAS_CHI
     tokens of ``children`` [BLOCK] zeroed when ``HAS_CHILD``), float64."""
     inb = offs < V
     x = tl.load(Logits + row * V + offs, mask=inb, other=-float("inf")).to(tl.float32) / t
-    kept = inb & ((x > cut) | ((x == cut) & (offs <= cut_id)))
-    p = tl.where(kept, tl.exp(x - m) / z, 0.0)
+    p = tl.where(inb, _kept(x, offs, m, z, cut, cut_id), 0.0)
     if HAS_CHILD:
         # One child at a time: a [tile, BLOCK] comparison would not fit a long tile's registers.
         for j in tl.static_range(BLOCK):
@@ -371,15 +376,23 @@ def _children_of(Tokens, Parents, Valid, b, N, last, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b, N, BLOCK: tl.constexpr):
+    """What request ``b``'s residual is made from (``_decide_kernel``'s last accepted node): its
+    temperature, that node's row, its children's tokens and the row's m, z, cut and cut id."""
+    last = tl.load(Last + b)
+    row = b * N + last
+    children = _children_of(Tokens, Parents, Valid, b, N, last, BLOCK)
+    return (tl.load(Temp + b), row, children, tl.load(M + row), tl.load(Z + row), tl.load(Cut + row),
+            tl.load(CutId + row))
+
+
+@triton.jit
 def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, ResGroups, N, V, NG,
                      CHUNK: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    t = tl.load(Temp + b)
-    last = tl.load(Last + b)
-    children = _children_of(Tokens, Parents, Valid, b, N, last, BLOCK)
-    row = b * N + last
-    m, z, cut, cut_id = tl.load(M + row), tl.load(Z + row), tl.load(Cut + row), tl.load(CutId + row)
+    t, row, children, m, z, cut, cut_id = _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b,
+                                                         N, BLOCK)
     lo = c * CHUNK
     # Most chunks hold none of the children's tokens and skip the test for them.
     has_child = tl.sum(((children >= lo) & (children < lo + CHUNK)).to(tl.int32), axis=0) > 0
@@ -391,12 +404,9 @@ def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Las
 def _bonus_kernel(Logits, Temp, M, Z, Cut, CutId, Argmax, Tokens, Parents, Valid, Last, U, ResGroups, Bonus,
                   BonusCdf, N, V, NG, G: tl.constexpr, BLOCK: tl.constexpr, BLOCK_G: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
-    t = tl.load(Temp + b)
-    last = tl.load(Last + b)
+    t, row, children, m, z, cut, cut_id = _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b,
+                                                         N, BLOCK)
     u = tl.load(U + b)
-    children = _children_of(Tokens, Parents, Valid, b, N, last, BLOCK)
-    row = b * N + last
-    m, z, cut, cut_id = tl.load(M + row), tl.load(Z + row), tl.load(Cut + row), tl.load(CutId + row)
     j = tl.arange(0, BLOCK_G)
     sums = tl.load(ResGroups + b * NG + j, mask=j < NG, other=0.0)
     total = tl.sum(sums, axis=0)
