@@ -103,8 +103,8 @@ for part in $PARTS; do
             fi
             mkdir -p "$OUT/large"; rm -f "$OUT/large/large-h200.json"  # calibrated again in this run, for this target
             run tune_large 330 tune_accuracy --model out/large/target --draft-dir out/large \
-                --prompts out/large/prompts.jsonl --batch-sizes 1,4 --max-configs 8 --num-prompts 4 --new-tokens 64 \
-                --repeats 3 --recheck --profile "$OUT/large/large-h200.json" --out "$OUT/large" ;;
+                --prompts out/large/prompts.jsonl --batch-sizes 1,4 --max-configs 8 --num-prompts 8 --new-tokens 128 \
+                --repeats 3 --calibration-repeats 20 --profile "$OUT/large/large-h200.json" --out "$OUT/large" ;;
         draft_model) run draft_model 270 draft_model --device cuda ;;
         large)
             stdlib="${STDLIB:-.corpus/stdlib-3.11.tar.xz}"

@@ -10,16 +10,17 @@ Figure: docs/BENCHMARKS.md "What-if tuner". Time: 3 to 5 minutes on an H200.
     OMP_NUM_THREADS=1 python benchmarks/tune_accuracy.py --device cpu --process-clock --batch-sizes 1,2 \
         --num-prompts 2 --new-tokens 32 --repeats 2 --calibration-repeats 6        # CPU shared with other work
 
-Per draft method: one greedy trace is recorded with the method's default settings (batch
-the largest of ``--batch-sizes``, ``--new-tokens`` tokens per prompt, ignore_eos),
-``spectool.tune`` predicts up to ``--max-configs`` other configurations from it at every
-batch size of ``--batch-sizes`` (a point = configuration x batch size: multi-layer EAGLE has
-only its num_steps to vary), then each point is decoded for real (a warm-up run, then the best
-of ``--repeats``) and the relative errors are reported: of the mean accept length (exact in
+Per draft method and batch size of ``--batch-sizes``: one greedy trace is recorded at that
+batch size with the method's middle configuration (``--new-tokens`` tokens per prompt,
+ignore_eos), as a user records the workload they tune; ``spectool.tune`` predicts up to
+``--max-configs`` configurations from it (a point = configuration x batch size: multi-layer
+EAGLE has only its num_steps to vary), then each point is decoded for real (an untimed run of the
+workload, then the median of ``--repeats`` by tokens/s, the repeats in passes over the points:
+``measure``) and the relative errors are reported: of the mean accept length (exact in
 float32 on the CPU; in bf16 the teacher-forced and incremental forwards round differently,
 spectool/tune/eagle_whatif.py) and of tokens/s (the profile's model of an iteration against
 the engine's measured iterations; the JSON splits both into the iterations that verified a
-drafted tree and those that verified the roots alone, medians and counts; ``--recheck`` adds
+drafted tree and those that verified the roots alone, medians, means and counts; ``--recheck`` adds
 the point's configuration timed again as the calibration times a grid point, right after its
 runs). Tokens/s come from ``--profile``; when that is not a file it is measured first, in the
 same run, by ``spectool.tune.calibrate`` on exactly the batch sizes, tree sizes, top-k and
@@ -100,10 +101,32 @@ def iteration_split(stats, pred, profile: CostProfile) -> dict:
         out = {}
         for kind, flag in (("drafted", True), ("roots", False)):
             us = [u for d, u in pairs if d == flag]
-            out[kind] = {"iterations": len(us), "median_us": statistics.median(us) if us else None}
+            out[kind] = {"iterations": len(us), "median_us": statistics.median(us) if us else None,
+                         "mean_us": statistics.fmean(us) if us else None}
         return out
 
     return {"measured": split(measured.values()), "predicted": split(predicted)}
+
+
+def measure(target, cfgs: list, batch_size: int, prompts: list, new_tokens: int, repeats: int) -> list[list]:
+    """Each configuration's ``repeats`` timed runs (RunStats) of the whole workload. One engine per
+    configuration, warmed by an untimed run of the workload (every graph bucket it meets is captured
+    there); then ``repeats`` passes, each running every configuration once: the device's speed moves
+    from one stretch of seconds to the next, and a point's runs taken back to back would all land in
+    one stretch. A timed run that captured a graph is refused (SystemExit)."""
+    engines = [st.Engine(target, draft=cfg, max_batch_size=batch_size, max_seq_len=2048) for cfg in cfgs]
+    runs: list[list] = [[] for _ in cfgs]
+    for k in range(repeats + 1):
+        for engine, cfg, out in zip(engines, cfgs, runs):
+            if engine.method == "ngram":  # the trie outlives a generate call: each run starts from an empty one
+                engine.drafter.corpus.reset()
+            stats = engine.generate(prompts, max_new_tokens=new_tokens, record=False, ignore_eos=True).stats
+            if k == 0:
+                continue
+            if stats.graphs.get("captures"):
+                raise SystemExit(f"{cfg}: {stats.graphs['captures']} graph capture(s) inside a timed run")
+            out.append(stats)
+    return runs
 
 
 def context_of(prompts: dict[str, list[list[int]]], new_tokens: int) -> int:
@@ -184,31 +207,25 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     for method in methods:
         cfgs = points[method]
         base = cfgs[len(cfgs) // 2]
-        recorded = st.Engine(target, draft=base, max_batch_size=batch_sizes[-1], max_seq_len=2048).generate(
-            prompts[method], max_new_tokens=new_tokens, ignore_eos=True).trace
         for bs in batch_sizes:
+            recorded = st.Engine(target, draft=base, max_batch_size=bs, max_seq_len=2048).generate(
+                prompts[method], max_new_tokens=new_tokens, ignore_eos=True).trace
             result = tune(recorded, grid=cfgs, profile=profile, batch_size=bs, target=target,
                           allow_other_model=True, progress=False)
-            for cfg, pred in zip(cfgs, result.predictions):
-                engine = st.Engine(target, draft=cfg, max_batch_size=bs, max_seq_len=2048)
-                engine.generate(prompts[method][:1], max_new_tokens=8, record=False, ignore_eos=True)  # warm-up
-                runs = []
-                for _ in range(max(1, args.repeats)):
-                    if method == "ngram":  # the trie outlives a generate call: each run starts from an empty one
-                        engine.drafter.corpus.reset()
-                    runs.append(engine.generate(prompts[method], max_new_tokens=new_tokens, record=False,
-                                                ignore_eos=True).stats)
-                best = max(runs, key=lambda s: s.tokens_per_s)
+            runs = measure(target, cfgs, bs, prompts[method], new_tokens, max(1, args.repeats))
+            for cfg, pred, point_runs in zip(cfgs, result.predictions, runs):
+                measured = sorted(point_runs, key=lambda s: s.tokens_per_s)[len(point_runs) // 2]  # the median run
                 pt = result.tokens_per_s(pred)
                 rows.append({"method": method, "config": cfg.to_dict(), "batch_size": bs,
                              "workload": WORKLOAD[method],
                              "predicted_accept_length": pred.mean_accept_length,
-                             "measured_accept_length": best.mean_accept_length,
-                             "accept_error": pred.mean_accept_length / best.mean_accept_length - 1
-                             if best.mean_accept_length else None,
-                             "predicted_tokens_per_s": pt, "measured_tokens_per_s": best.tokens_per_s,
-                             "tokens_per_s_error": pt / best.tokens_per_s - 1,
-                             "iteration_us": iteration_split(best, pred, profile)})
+                             "measured_accept_length": measured.mean_accept_length,
+                             "accept_error": pred.mean_accept_length / measured.mean_accept_length - 1
+                             if measured.mean_accept_length else None,
+                             "predicted_tokens_per_s": pt, "measured_tokens_per_s": measured.tokens_per_s,
+                             "tokens_per_s_error": pt / measured.tokens_per_s - 1,
+                             "runs_tokens_per_s": [r.tokens_per_s for r in point_runs],
+                             "iteration_us": iteration_split(measured, pred, profile)})
                 if args.recheck:
                     rows[-1]["iteration_us"]["recheck_us"] = time_iterations(
                         target, cfg, bs, context=context, iterations=2 if args.quick else args.calibration_repeats)

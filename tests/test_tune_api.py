@@ -9,6 +9,7 @@ engine's measured iteration).
 from __future__ import annotations
 
 import json
+import types
 
 import pyarrow as pa
 import pytest
@@ -115,22 +116,32 @@ def test_one_configuration_timed_again_the_calibrations_way(target, demo_model_d
         time_iterations(target, None, 0, context=32)
 
 
-def test_an_ngram_grid_point_keeps_its_fastest_run(target, monkeypatch):
-    # The host's speed moves between runs, and an N-gram iteration waits for the host: each N-gram
-    # grid point is the fastest of NGRAM_RUNS runs' medians; the other points are timed in one run.
-    medians = iter([700.0, 500.0, 600.0, 900.0, 800.0])
+def test_every_engine_point_is_the_median_of_interleaved_passes(target, demo_model_dir, monkeypatch):
+    # The host's speed moves over a calibration's minutes: each engine point is timed once per pass over
+    # the whole grid (not its passes back to back) and keeps the median of its passes.
     calls = []
+    fake = {}  # (config, batch) -> this point's run medians, in order
 
     def one_run(self, engine, new_tokens, batch_size, full_trees):
-        calls.append(full_trees)
-        return next(medians)
+        key = (repr(engine.draft_config), batch_size)
+        calls.append((key, full_trees))
+        return fake[key].pop(0)
 
-    monkeypatch.setattr(calibration._Runs, "_run_median_us", one_run)
-    runs = calibration._Runs(target, 32, 2, 1)
-    assert calibration.NGRAM_RUNS == 3
-    assert runs.median_us(None, 8, 1, full_trees=True) == 500.0
-    assert runs.median_us(None, 8, 1) == 900.0
-    assert calls == [True, True, True, False]
+    configs = [None, st.NgramConfig(num_draft_tokens=4),
+               st.MultiLayerEagleConfig(demo_model_dir / "multi_layer_eagle", num_steps=1)]
+    runs = calibration._Runs(target, 32, 2, 2)
+    for i, c in enumerate(configs):
+        for b in (1, 2):
+            fake[(repr(c), b)] = [100.0 * i + 10 * b + d for d in (3, 1, 2)]  # median: the pass with + 2
+    expected = [[100.0 * i + 10 * b + 2 for b in (1, 2)] for i in range(len(configs))]
+    monkeypatch.setattr(calibration._Runs, "run_median_us", one_run)
+    assert calibration.PASSES == 3
+    assert calibration._interleaved(runs, configs, [1, 2], progress=False) == expected
+    points = [(repr(c), b) for c in configs for b in (1, 2)]
+    assert [k for k, _ in calls] == points * calibration.PASSES  # pass after pass over the whole grid
+    assert [f for _, f in calls] == [isinstance(c, st.NgramConfig) for c in configs for b in (1, 2)] * 3
+    fake[(repr(None), 1)] = [900.0, 300.0, 500.0]
+    assert runs.median_us(types.SimpleNamespace(draft_config=None), 8, 1) == 500.0
 
 
 def test_profile_of_another_version_is_refused_naming_both(profile, tmp_path):

@@ -14,7 +14,12 @@ The prompts repeat a random chunk of tokens, and the N-gram corpus is given ever
 the vocabulary once, so its trees are full whatever the target outputs (N-gram iterations
 whose tree was the roots alone are left out of its timings). The
 first iterations of every run (graph captures, a first draft made inside its iteration)
-are left out. See ``spectool.tune.cost_profile`` for the JSON it produces.
+are left out. The host's speed moves over the minutes a calibration takes (an iteration
+waits for the host's sync, trie and launches), so every engine point is timed in PASSES
+passes over the whole grid, one run per point and pass, and keeps the median of its
+passes: a slow or fast minute then moves one of a point's samples, not the point, and
+neighbouring points are not measured minutes apart in different host states. See
+``spectool.tune.cost_profile`` for the JSON it produces.
 """
 
 from __future__ import annotations
@@ -33,11 +38,7 @@ from spectool.tune.cost_profile import FORMAT, VERSION, CostProfile
 
 WARM_ITERATIONS = 3  # left out of each run's timings
 SEARCH = 4  # N-gram: full-tree iterations are looked for over this many times the iterations timed
-# N-gram: runs per grid point, the fastest kept. Its iterations wait for the host (the trie's get and
-# put, the tree's copy), whose speed moves from one run of an engine to the next (on the H200 machine
-# every host phase alike, docs/BENCHMARKS.md "What-if tuner"); a benchmark reports the best of its
-# repeats, and so does this.
-NGRAM_RUNS = 3
+PASSES = 3  # runs per engine grid point, each in its own pass over the grid; the median is kept
 CHUNK = 64  # most tokens of the random chunk the synthetic prompts repeat (at least 4 times)
 
 
@@ -114,14 +115,15 @@ class _Runs:
         return engine, new_tokens
 
     def median_us(self, engine, new_tokens: int, batch_size: int, full_trees: bool = False) -> float:
-        """Median ``iteration_us`` of ``iterations`` of the engine's iterations at this batch size, after
-        the warm ones; ``full_trees`` (N-gram): only iterations that verified a drafted tree (not the
-        roots alone), looked for over at most SEARCH times as many, and the fastest of NGRAM_RUNS runs."""
-        if full_trees:
-            return min(self._run_median_us(engine, new_tokens, batch_size, True) for _ in range(NGRAM_RUNS))
-        return self._run_median_us(engine, new_tokens, batch_size, False)
+        """Median over PASSES runs of the engine's median ``iteration_us`` at this batch size (see
+        ``run_median_us``), the runs one after another: one point timed as calibrate times each."""
+        return float(statistics.median(self.run_median_us(engine, new_tokens, batch_size, full_trees)
+                                       for _ in range(PASSES)))
 
-    def _run_median_us(self, engine, new_tokens: int, batch_size: int, full_trees: bool) -> float:
+    def run_median_us(self, engine, new_tokens: int, batch_size: int, full_trees: bool) -> float:
+        """One run: the median ``iteration_us`` of ``iterations`` of the engine's iterations at this batch
+        size, after the warm ones; ``full_trees`` (N-gram): only iterations that verified a drafted tree
+        (not the roots alone), looked for over at most SEARCH times as many."""
         state: dict = {}
         times: list[float] = []
         stream = engine.stream(self.prompts[:batch_size], max_new_tokens=new_tokens, record=False,
@@ -146,7 +148,7 @@ class _Runs:
 def time_iterations(target, draft, batch_size: int, context: int = 256, iterations: int = 20) -> float:
     """Median µs of an iteration of ``draft`` (None: plain decoding) at ``batch_size``, timed as
     ``calibrate`` times a grid point (a fresh engine over the synthetic prompts, ``iterations``
-    after the warm ones; N-gram: those that verified a drafted tree, the fastest of NGRAM_RUNS runs)."""
+    after the warm ones, N-gram's those that verified a drafted tree; the median of PASSES runs)."""
     runs = _Runs(target, context, iterations, batch_size)
     engine, new_tokens = runs.engine(draft)
     try:
@@ -172,6 +174,7 @@ def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Seque
     """
     from spectool.draft.tree import chain_tree
     from spectool.engine import Engine
+    from spectool.model.draft_layer import load_draft
 
     dev = torch.device(target.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -204,20 +207,32 @@ def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Seque
     bar.close()
     del plain, step
     _free(dev)
-    # --- plain decoding's iteration per B, as the engine runs it
-    engine, new_tokens = runs.engine(None)
-    plain_us = [runs.median_us(engine, new_tokens, b) for b in bss]
-    del engine
-    _free(dev)
-
+    # --- every engine point (plain decoding, then each draft configuration) in interleaved passes
+    ngram_sizes = sorted({n for n in (ngram_num_nodes or ns) if n >= 2}) if ngram else []
+    eagle_grid = []
+    if eagle_path is not None:
+        topks, eagle_steps = sorted(set(topks)), sorted(set(eagle_steps))
+        eagle_grid = [(k, S, (eagle_num_nodes or {}).get((k, S), min(16, 1 + k + (S - 1) * k * k)))
+                      for k in topks for S in eagle_steps]
+    layers = list(range(1, load_draft(multi_layer_path, target).num_layers + 1)) if multi_layer_path else []
+    configs = ([None] + [NgramConfig(num_draft_tokens=n) for n in ngram_sizes]
+               + [EagleConfig(eagle_path, num_steps=S, topk=k, num_draft_tokens=n) for k, S, n in eagle_grid]
+               + [MultiLayerEagleConfig(multi_layer_path, num_steps=S) for S in layers])
+    us = iter(_interleaved(runs, configs, bss, progress))
+    plain_us = next(us)
     draft: dict = {}
     if ngram:
-        sizes = sorted({n for n in (ngram_num_nodes or ns) if n >= 2})
-        draft["ngram"] = _ngram_costs(runs, bss, sizes, progress)
+        draft["ngram"] = {"batch_sizes": bss, "num_nodes": ngram_sizes,
+                          "iteration_us": _by_batch([next(us) for _ in ngram_sizes], len(bss))}
     if eagle_path is not None:
-        draft["eagle"] = _eagle_costs(runs, eagle_path, bss, topks, eagle_steps, eagle_num_nodes or {}, progress)
+        per_point = [next(us) for _ in eagle_grid]
+        draft["eagle"] = {"path": str(eagle_path), "batch_sizes": bss, "topk": topks, "num_steps": eagle_steps,
+                          "num_nodes": [[n for k2, _, n in eagle_grid if k2 == k] for k in topks],
+                          "iteration_us": [[[t[i] for (k2, _, _), t in zip(eagle_grid, per_point) if k2 == k]
+                                            for k in topks] for i in range(len(bss))]}
     if multi_layer_path is not None:
-        draft["multi_layer_eagle"] = _multi_layer_costs(runs, multi_layer_path, bss, progress)
+        draft["multi_layer_eagle"] = {"path": str(multi_layer_path), "batch_sizes": bss, "num_steps": layers,
+                                      "iteration_us": _by_batch([next(us) for _ in layers], len(bss))}
     cfg = target.config
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     data = {
@@ -234,62 +249,27 @@ def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Seque
     return CostProfile(data, "calibration")
 
 
-def _ngram_costs(runs: _Runs, bss, ns, progress) -> dict:
-    """The N-gram engine's iteration per (B, N), over iterations that verified a full tree."""
-    dev = torch.device(runs.target.device)
-    us = [[0.0] * len(ns) for _ in bss]
-    bar = _bar(len(bss) * len(ns), progress, "ngram")
-    for j, n in enumerate(ns):
-        engine, new_tokens = runs.engine(NgramConfig(num_draft_tokens=n))
-        for i, b in enumerate(bss):
-            us[i][j] = runs.median_us(engine, new_tokens, b, full_trees=True)
-            bar.update(1)
-        del engine
-        _free(dev)
-    bar.close()
-    return {"batch_sizes": bss, "num_nodes": ns, "iteration_us": us}
-
-
-def _eagle_costs(runs: _Runs, path, bss, topks, steps, num_nodes: Mapping[tuple[int, int], int], progress) -> dict:
-    """The EAGLE engine's iteration per (B, top-k, steps), each (top-k, steps) at one tree size."""
-    dev = torch.device(runs.target.device)
-    topks, steps = sorted(set(topks)), sorted(set(steps))
-    us = [[[0.0] * len(steps) for _ in topks] for _ in bss]
-    sizes = [[0] * len(steps) for _ in topks]
-    bar = _bar(len(bss) * len(topks) * len(steps), progress, "eagle")
-    for t, k in enumerate(topks):
-        for s, S in enumerate(steps):
-            n = sizes[t][s] = num_nodes.get((k, S), min(16, 1 + k + (S - 1) * k * k))
-            config = EagleConfig(path, num_steps=S, topk=k, num_draft_tokens=n)
-            engine, new_tokens = runs.engine(config)
-            for i, b in enumerate(bss):
-                us[i][t][s] = runs.median_us(engine, new_tokens, b)
+def _interleaved(runs: _Runs, configs: list, bss: Sequence[int], progress: bool) -> list[list[float]]:
+    """Per configuration (None: plain decoding), per batch size: the median over PASSES passes of one
+    run's median iteration. Each pass times every (configuration, batch size) once, in order; the
+    engines are made once and kept through the passes (their graphs captured in the first)."""
+    engines = [runs.engine(c) for c in configs]
+    samples = [[[] for _ in bss] for _ in configs]
+    bar = _bar(PASSES * len(configs) * len(bss), progress, "engine points")
+    for _ in range(PASSES):
+        for (engine, new_tokens), config, per_b in zip(engines, configs, samples):
+            for b, out in zip(bss, per_b):
+                out.append(runs.run_median_us(engine, new_tokens, b, full_trees=isinstance(config, NgramConfig)))
                 bar.update(1)
-            del engine
-            _free(dev)
     bar.close()
-    return {"path": str(path), "batch_sizes": bss, "topk": topks, "num_steps": steps, "num_nodes": sizes,
-            "iteration_us": us}
+    del engines
+    _free(torch.device(runs.target.device))
+    return [[float(statistics.median(x)) for x in per_b] for per_b in samples]
 
 
-def _multi_layer_costs(runs: _Runs, path, bss, progress) -> dict:
-    """The multi-layer EAGLE engine's iteration per (B, steps), every steps its layers allow."""
-    from spectool.model.draft_layer import load_draft
-
-    dev = torch.device(runs.target.device)
-    steps = list(range(1, load_draft(path, runs.target).num_layers + 1))
-    us = [[0.0] * len(steps) for _ in bss]
-    bar = _bar(len(bss) * len(steps), progress, "multi_layer_eagle")
-    for s, S in enumerate(steps):
-        config = MultiLayerEagleConfig(path, num_steps=S)
-        engine, new_tokens = runs.engine(config)
-        for i, b in enumerate(bss):
-            us[i][s] = runs.median_us(engine, new_tokens, b)
-            bar.update(1)
-        del engine
-        _free(dev)
-    bar.close()
-    return {"path": str(path), "batch_sizes": bss, "num_steps": steps, "iteration_us": us}
+def _by_batch(per_config: list[list[float]], num_batches: int) -> list[list[float]]:
+    """[config][batch] -> [batch][config], the profile's layout."""
+    return [[c[i] for c in per_config] for i in range(num_batches)]
 
 
 def _int_list(text: str) -> list[int]:
