@@ -14,11 +14,11 @@ The prompts repeat a random chunk of tokens, and the N-gram corpus is given ever
 the vocabulary once, so its trees are full whatever the target outputs (N-gram iterations
 whose tree was the roots alone are left out of its timings). The
 first iterations of every run (graph captures, a first draft made inside its iteration)
-are left out. The host's speed moves over the minutes a calibration takes (an iteration
-waits for the host's sync, trie and launches), so every engine point is timed in PASSES
-passes over the whole grid, one run per point and pass, and keeps the median of its
-passes: a slow or fast minute then moves one of a point's samples, not the point, and
-neighbouring points are not measured minutes apart in different host states. See
+are left out. What one iteration costs moves over the minutes a calibration takes (the
+same verify graph's GPU time between runs, the host's sync, trie and launches), so every
+engine point is timed in PASSES passes over the whole grid, one run per point and pass,
+and keeps the median of its passes: a slow or fast stretch then moves one of a point's
+samples, not the point, and neighbouring points are not each left in one stretch. See
 ``spectool.tune.cost_profile`` for the JSON it produces.
 """
 
