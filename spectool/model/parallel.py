@@ -23,6 +23,7 @@ counter-based (keyed by the seed and the request), not drawn from a per-process 
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -190,8 +191,19 @@ def init(tp_size: int, device: str | torch.device) -> TensorParallel:
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+        # A group left to the interpreter's exit tears its threads down in no set order: a gloo rank
+        # then dies now and then in std::terminate ("terminate called without an active exception").
+        atexit.register(_leave_process_group)
     host_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
     return TensorParallel(rank=dist.get_rank(), size=dist.get_world_size(), host_group=host_group)
+
+
+def _leave_process_group() -> None:
+    """Destroy the process group ``init`` started, before the interpreter's own teardown."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def local_device(device: str | torch.device, tp: TensorParallel | None) -> torch.device:
