@@ -209,14 +209,14 @@ def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Seque
     _free(dev)
     # --- every engine point (plain decoding, then each draft configuration) in interleaved passes
     ngram_sizes = sorted({n for n in (ngram_num_nodes or ns) if n >= 2}) if ngram else []
-    eagle_grid = []
-    if eagle_path is not None:
-        topks, eagle_steps = sorted(set(topks)), sorted(set(eagle_steps))
-        eagle_grid = [(k, S, (eagle_num_nodes or {}).get((k, S), min(16, 1 + k + (S - 1) * k * k)))
-                      for k in topks for S in eagle_steps]
+    topks, eagle_steps = sorted(set(topks)), sorted(set(eagle_steps))
+    # EAGLE's tree size per [top-k][steps]: the full tree, at most 16 nodes, unless given.
+    eagle_nodes = ([[(eagle_num_nodes or {}).get((k, S), min(16, 1 + k + (S - 1) * k * k)) for S in eagle_steps]
+                    for k in topks] if eagle_path is not None else [])
     layers = list(range(1, load_draft(multi_layer_path, target).num_layers + 1)) if multi_layer_path else []
     configs = ([None] + [NgramConfig(num_draft_tokens=n) for n in ngram_sizes]
-               + [EagleConfig(eagle_path, num_steps=S, topk=k, num_draft_tokens=n) for k, S, n in eagle_grid]
+               + [EagleConfig(eagle_path, num_steps=S, topk=k, num_draft_tokens=n)
+                  for k, sizes in zip(topks, eagle_nodes) for S, n in zip(eagle_steps, sizes)]
                + [MultiLayerEagleConfig(multi_layer_path, num_steps=S) for S in layers])
     us = iter(_interleaved(runs, configs, bss, progress))
     plain_us = next(us)
@@ -225,11 +225,10 @@ def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Seque
         draft["ngram"] = {"batch_sizes": bss, "num_nodes": ngram_sizes,
                           "iteration_us": _by_batch([next(us) for _ in ngram_sizes], len(bss))}
     if eagle_path is not None:
-        per_point = [next(us) for _ in eagle_grid]
+        per_k = [[next(us) for _ in eagle_steps] for _ in topks]  # [top-k][steps][batch]
         draft["eagle"] = {"path": str(eagle_path), "batch_sizes": bss, "topk": topks, "num_steps": eagle_steps,
-                          "num_nodes": [[n for k2, _, n in eagle_grid if k2 == k] for k in topks],
-                          "iteration_us": [[[t[i] for (k2, _, _), t in zip(eagle_grid, per_point) if k2 == k]
-                                            for k in topks] for i in range(len(bss))]}
+                          "num_nodes": eagle_nodes,
+                          "iteration_us": [[[per_b[i] for per_b in per_s] for per_s in per_k] for i in range(len(bss))]}
     if multi_layer_path is not None:
         draft["multi_layer_eagle"] = {"path": str(multi_layer_path), "batch_sizes": bss, "num_steps": layers,
                                       "iteration_us": _by_batch([next(us) for _ in layers], len(bss))}
