@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -199,10 +200,13 @@ def init(tp_size: int, device: str | torch.device) -> TensorParallel:
 
 
 def _leave_process_group() -> None:
-    """Destroy the process group ``init`` started, before the interpreter's own teardown."""
+    """Destroy the process group ``init`` started, before the interpreter's own teardown; not when
+    this rank is ending on an uncaught exception: destroying the group would end the other ranks'
+    collectives with "connection closed" while this rank is still exiting, and the launcher would
+    name one of them, not this rank, as the one that failed."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
+    if getattr(sys, "last_value", None) is None and dist.is_initialized():
         dist.destroy_process_group()
 
 
