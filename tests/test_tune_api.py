@@ -90,13 +90,13 @@ def test_profile_prediction_is_the_sum_of_its_measured_parts(ngram_trace, profil
     assert result.tokens_per_s(pred) == pytest.approx(gained / total * 1e6)
     assert set(pred.num_nodes.tolist()) <= {1, 4} and pred.batch_size.max() <= 2
     v = profile.data["verify_us"]
-    assert profile.verify_us(1, 4) == pytest.approx(v["us"][0][1])  # a grid point is the measurement itself
+    assert profile.verify_us(1, 4) == pytest.approx(v["us"][0][v["num_nodes"].index(4)])  # a grid point's own
     # ... and at a draft grid point the predicted iteration is the engine's measured one, whatever the verify
     # step timed alone says: N-gram by (B, N), EAGLE by (B, top-k, steps) at the tree size it ran with.
     ngram = profile.data["draft_us"]["ngram"]
-    assert ngram["num_nodes"] == [4, 12]
+    assert ngram["num_nodes"] == [2, 4, 12]  # N 2 unasked: the roots-alone iterations' draft share
     assert profile.iteration_us(st.NgramConfig(num_draft_tokens=12), 2, 12) == pytest.approx(
-        ngram["iteration_us"][1][1])
+        ngram["iteration_us"][1][2])
     eagle = profile.data["draft_us"]["eagle"]
     k, s, n = eagle["topk"][1], eagle["num_steps"][1], eagle["num_nodes"][1][1]
     eagle_config = st.EagleConfig(demo_model_dir / "eagle", num_steps=s, topk=k, num_draft_tokens=n)
@@ -142,6 +142,28 @@ def test_every_engine_point_is_the_median_of_interleaved_passes(target, demo_mod
     assert [f for _, f in calls] == [isinstance(c, st.NgramConfig) for c in configs for b in (1, 2)] * 3
     fake[(repr(None), 1)] = [900.0, 300.0, 500.0]
     assert runs.median_us(types.SimpleNamespace(draft_config=None), 8, 1) == 500.0
+
+
+def test_every_ngram_calibration_run_drafts_from_the_same_corpus(target, monkeypatch):
+    # The trie outlives a run: a pass after the first must not draft from what earlier runs put.
+    from spectool.draft.ngram import NgramDrafter
+
+    trees: list[list] = []
+    draft = NgramDrafter.draft
+
+    def spy(self, batch, timer):
+        tree, extra = draft(self, batch, timer)
+        trees[-1].append((tree.tokens.tolist(), tree.valid.tolist()))
+        return tree, extra
+
+    monkeypatch.setattr(NgramDrafter, "draft", spy)
+    runs = calibration._Runs(target, 48, 6, 2)
+    engine, new_tokens = runs.engine(st.NgramConfig(num_draft_tokens=4))
+    for _ in range(3):
+        trees.append([])
+        runs.run_median_us(engine, new_tokens, 2, full_trees=True)
+    assert trees[0] and any(any(v[1:]) for _, valid in trees[0] for v in valid)  # trees were drafted
+    assert trees[1] == trees[0] and trees[2] == trees[0]
 
 
 def test_profile_of_another_version_is_refused_naming_both(profile, tmp_path):

@@ -10,16 +10,16 @@ for multi-layer EAGLE. The verify step is also timed alone per (batch size, N), 
 the engine's graphed step with a host sync after each call: only its growth with N is
 used, to carry an iteration measured at one tree size to another.
 
-The prompts repeat a random chunk of tokens, and the N-gram corpus is given every token of
-the vocabulary once, so its trees are full whatever the target outputs (N-gram iterations
-whose tree was the roots alone are left out of its timings). The
-first iterations of every run (graph captures, a first draft made inside its iteration)
-are left out. What one iteration costs moves over the minutes a calibration takes (the
-same verify graph's GPU time between runs, the host's sync, trie and launches), so every
-engine point is timed in PASSES passes over the whole grid, one run per point and pass,
-and keeps the median of its passes: a slow or fast stretch then moves one of a point's
-samples, not the point, and neighbouring points are not each left in one stretch. See
-``spectool.tune.cost_profile`` for the JSON it produces.
+The prompts repeat a random chunk of tokens, and every N-gram run starts from a corpus that
+holds every token of the vocabulary once and nothing an earlier run left, so its trees are full
+whatever the target outputs and every pass times the same work (N-gram iterations whose tree
+was the roots alone are left out of its timings). The first iterations of every run (graph
+captures, a first draft made inside its iteration) are left out. What one iteration costs
+moves over the minutes a calibration takes (the same verify graph's GPU time between runs,
+the host's sync, trie and launches), so every engine point is timed in PASSES passes over
+the whole grid, one run per point and pass, and keeps the median of its passes: a slow or
+fast stretch then moves one of a point's samples, not the point, and neighbouring points
+are not each left in one stretch. See ``spectool.tune.cost_profile`` for the JSON it produces.
 """
 
 from __future__ import annotations
@@ -93,10 +93,7 @@ class _Runs:
         return draft.num_steps + 1, draft.num_draft_tokens
 
     def engine(self, draft):
-        """An engine for ``draft`` and an output length that no request reaches before its runs end.
-        An N-gram engine's corpus holds every token of the vocabulary once, in a random order: each
-        token then has a continuation, so a tree is drafted whatever the target outputs (a
-        random-weight target's outputs take long to repeat)."""
+        """An engine for ``draft`` and an output length that no request reaches before its runs end."""
         from spectool.engine import Engine
 
         most_tokens_per_iteration, num_nodes = self.room_for(draft)
@@ -109,10 +106,17 @@ class _Runs:
         new_tokens = min(room, (runs + 2) * most_tokens_per_iteration + 1)
         engine = Engine(self.target, draft=draft, max_batch_size=self.max_batch_size,
                         max_seq_len=self.context + new_tokens + num_nodes + 8)
-        if isinstance(draft, NgramConfig):
-            every_token = np.random.default_rng(1).permutation(self.target.config.vocab_size).tolist()
-            engine.drafter.corpus.batch_put([every_token], req_ids=None, total_lens=None)
         return engine, new_tokens
+
+    def start_corpus(self, engine) -> None:
+        """An N-gram engine's corpus as every run starts from it: every token of the vocabulary once.
+        The trie outlives a run and learns its prompts and outputs; a later run would then draft
+        from what the earlier ones left (on a target that continues the repeated prompts, whole
+        trees accepted where the first run accepted nothing) and its passes would time other work."""
+        corpus = engine.drafter.corpus
+        corpus.reset()
+        every_token = np.random.default_rng(1).permutation(self.target.config.vocab_size).tolist()
+        corpus.batch_put([every_token], req_ids=None, total_lens=None)
 
     def median_us(self, engine, new_tokens: int, batch_size: int, full_trees: bool = False) -> float:
         """Median over PASSES runs of the engine's median ``iteration_us`` at this batch size (see
@@ -123,7 +127,12 @@ class _Runs:
     def run_median_us(self, engine, new_tokens: int, batch_size: int, full_trees: bool) -> float:
         """One run: the median ``iteration_us`` of ``iterations`` of the engine's iterations at this batch
         size, after the warm ones; ``full_trees`` (N-gram): only iterations that verified a drafted tree
-        (not the roots alone), looked for over at most SEARCH times as many."""
+        (not the roots alone), looked for over at most SEARCH times as many. An N-gram run starts from
+        a corpus that holds every token of the vocabulary once, in a random order (``start_corpus``):
+        each token then has a continuation, so a tree is drafted whatever the target outputs (a
+        random-weight target's outputs take long to repeat)."""
+        if engine.method == "ngram":
+            self.start_corpus(engine)
         state: dict = {}
         times: list[float] = []
         stream = engine.stream(self.prompts[:batch_size], max_new_tokens=new_tokens, record=False,
@@ -170,7 +179,10 @@ def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Seque
     ``repeats`` is the number of timed calls per verify point and of timed engine iterations per
     draft point. ``eagle_num_nodes`` maps (top-k, steps) to the tree size EAGLE is run with there
     (default: the full tree, at most 16 nodes); ``ngram_num_nodes``: the N-gram tree sizes to run
-    (default: those of ``num_nodes`` from 2).
+    (default: those of ``num_nodes`` from 2). N-gram is always run at N 2 as well: an N-gram
+    iteration in which no request matched verifies the roots alone and is predicted from the
+    smallest tree's draft share, which holds the same host work (a trie get and put per request,
+    the trees' copy) with the least of it spent on the tree.
     """
     from spectool.draft.tree import chain_tree
     from spectool.engine import Engine
@@ -178,7 +190,7 @@ def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Seque
 
     dev = torch.device(target.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    bss, ns = sorted(set(batch_sizes)), sorted(set(num_nodes) | {1})
+    bss, ns = sorted(set(batch_sizes)), sorted(set(num_nodes) | {1} | ({2} if ngram else set()))
     top_b = max(bss)
     gen = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
@@ -208,7 +220,7 @@ def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Seque
     del plain, step
     _free(dev)
     # --- every engine point (plain decoding, then each draft configuration) in interleaved passes
-    ngram_sizes = sorted({n for n in (ngram_num_nodes or ns) if n >= 2}) if ngram else []
+    ngram_sizes = sorted({2} | {n for n in (ngram_num_nodes or ns) if n >= 2}) if ngram else []
     topks, eagle_steps = sorted(set(topks)), sorted(set(eagle_steps))
     # EAGLE's tree size per [top-k][steps]: the full tree, at most 16 nodes, unless given.
     eagle_nodes = ([[(eagle_num_nodes or {}).get((k, S), min(16, 1 + k + (S - 1) * k * k)) for S in eagle_steps]

@@ -13,7 +13,9 @@ alone); ``draft_us``: the rest of a draft method's measured iteration, i.e. the 
 iteration at the grid point less plain_us and tree_us at the tree size it ran with (N-gram:
 by N; EAGLE: by top-k and steps; multi-layer EAGLE: by steps). An EAGLE configuration of
 another tree size than its grid point's is carried there by tree_us. Between grid points
-values are interpolated linearly (and held at the ends).
+values are interpolated linearly (and held at the ends): an N-gram iteration in which no
+request matched verifies the roots alone (N 1) and takes the draft share of the smallest N
+measured (calibrate always measures N 2).
 
 JSON layout (``format`` = "spectool-cost-profile", ``version`` = 2)::
 
