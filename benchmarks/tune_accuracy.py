@@ -20,7 +20,8 @@ workload, then the median of ``--repeats`` by tokens/s, the repeats in passes ov
 float32 on the CPU; in bf16 the teacher-forced and incremental forwards round differently,
 spectool/tune/eagle_whatif.py) and of tokens/s (the profile's model of an iteration against
 the engine's measured iterations; the JSON splits both into the iterations that verified a
-drafted tree and those that verified the roots alone, medians, means and counts; ``--recheck`` adds
+drafted tree and those that verified the roots alone, medians, means and counts, and the profile
+checked against the recorded trace's own iterations (``spectool.tune.profile_check``); ``--recheck`` adds
 the point's configuration timed again as the calibration times a grid point, right after its
 runs). Tokens/s come from ``--profile``; when that is not a file it is measured first, in the
 same run, by ``spectool.tune.calibrate`` on exactly the batch sizes, tree sizes, top-k and
@@ -212,6 +213,8 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 prompts[method], max_new_tokens=new_tokens, ignore_eos=True).trace
             result = tune(recorded, grid=cfgs, profile=profile, batch_size=bs, target=target,
                           allow_other_model=True, progress=False)
+            check = result.profile_check
+            print(f"{method} bs {bs}: {check.describe()}", flush=True)
             runs = measure(target, cfgs, bs, prompts[method], new_tokens, max(1, args.repeats))
             for cfg, pred, point_runs in zip(cfgs, result.predictions, runs):
                 measured = sorted(point_runs, key=lambda s: s.tokens_per_s)[len(point_runs) // 2]  # the median run
@@ -225,7 +228,10 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                              "predicted_tokens_per_s": pt, "measured_tokens_per_s": measured.tokens_per_s,
                              "tokens_per_s_error": pt / measured.tokens_per_s - 1,
                              "runs_tokens_per_s": [r.tokens_per_s for r in point_runs],
-                             "iteration_us": iteration_split(measured, pred, profile)})
+                             "iteration_us": iteration_split(measured, pred, profile),
+                             "profile_check": {"iterations": check.iterations, "predicted_us": check.predicted_us,
+                                               "measured_us": check.measured_us, "ratio": check.ratio,
+                                               "skipped": check.skipped}})
                 if args.recheck:
                     rows[-1]["iteration_us"]["recheck_us"] = time_iterations(
                         target, cfg, bs, context=context, iterations=2 if args.quick else args.calibration_repeats)

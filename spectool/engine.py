@@ -455,6 +455,7 @@ class Engine:
                       "dtype": str(self.target.dtype).replace("torch.", ""),
                       "tp_size": 1 if self.tp is None else self.tp.size},
             "device": str(self.device),
+            "device_name": torch.cuda.get_device_name(self.device) if self.on_cuda else self.device.type,
             "versions": {"spectool": _version(), "torch": torch.__version__},
             "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **(self.drafter.trace_info() if hasattr(self.drafter, "trace_info") else {}),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import types
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -21,6 +22,7 @@ from spectool.tune import CostProfile, TuneError
 from spectool.tune import calibrate as calibration
 from spectool.tune.calibrate import calibrate, time_iterations
 from spectool.tune.cost_profile import shipped_profiles
+from spectool.tune.profile_check import check_profile
 from spectool.tune.recommend import tune
 
 MAX_NEW = 12
@@ -164,6 +166,55 @@ def test_every_ngram_calibration_run_drafts_from_the_same_corpus(target, monkeyp
         runs.run_median_us(engine, new_tokens, 2, full_trees=True)
     assert trees[0] and any(any(v[1:]) for _, valid in trees[0] for v in valid)  # trees were drafted
     assert trees[1] == trees[0] and trees[2] == trees[0]
+
+
+def _retimed(trace: Trace, us_of) -> Trace:
+    """``trace`` with every iteration's iteration_us set to us_of(batch size, tree size) of that iteration."""
+    frame = trace.steps.select(["iteration", "num_nodes"]).to_pandas()
+    batch = frame.groupby("iteration")["iteration"].transform("size")
+    us = [us_of(int(b), int(n)) for b, n in zip(batch, frame["num_nodes"])]
+    steps = trace.steps.set_column(trace.steps.schema.get_field_index("iteration_us"), "iteration_us",
+                                   pa.array(us, pa.float32()))
+    return Trace(steps, trace.requests, trace.run_info, trace.tokenizer_json)
+
+
+def test_the_profile_is_checked_against_the_recorded_runs_own_iterations(ngram_trace, profile, tmp_path, target):
+    # A trace whose every iteration took 1.25 times what the profile predicts for the recorded configuration
+    # (N-gram, N 12, batch 1 and 2, drafted and roots-alone iterations): the profile's iterations read 20 % fast.
+    recorded = st.NgramConfig(**{k: v for k, v in ngram_trace.run_info["draft"].items() if k != "method"})
+    assert ngram_trace.run_info["device_name"] == "cpu" and profile.device == "cpu"
+    slow = _retimed(ngram_trace, lambda b, n: 1.25 * profile.iteration_us(recorded, b, n))
+    assert set(slow.steps["num_nodes"].to_pylist()) == {1, 12} and slow.steps.num_rows > len(set(
+        slow.steps["iteration"].to_pylist()))  # both kinds of iteration, and iterations of two rows
+    result = tune(slow, grid=[st.NgramConfig(num_draft_tokens=4)], profile=profile, progress=False)
+    check = result.profile_check
+    assert check.iterations == len(set(slow.steps["iteration"].to_pylist())) and check.method == "ngram"
+    assert check.ratio == pytest.approx(0.8, rel=1e-6) and check.error == pytest.approx(-0.2, rel=1e-5)
+    assert "-20.0%" in check.describe() and "+25%" in check.describe() and check.describe() in result.report()
+    # Graph captures in a run's first iterations do not move it: the figure is a median over iterations.
+    first = int(slow.steps["iteration"][0].as_py())
+    outlier = _retimed(slow, lambda b, n: 1.25 * profile.iteration_us(recorded, b, n))
+    us = outlier.steps["iteration_us"].to_numpy().copy()
+    us[np.asarray(outlier.steps["iteration"].to_numpy()) == first] = 1e9
+    outlier = Trace(outlier.steps.set_column(outlier.steps.schema.get_field_index("iteration_us"), "iteration_us",
+                                             pa.array(us, pa.float32())), outlier.requests, outlier.run_info,
+                    outlier.tokenizer_json)
+    assert tune(outlier, grid=[st.NgramConfig(num_draft_tokens=4)], profile=profile,
+                progress=False).profile_check.ratio == pytest.approx(0.8, rel=1e-6)
+    # A plain-decoding trace is checked against plain decoding's iterations.
+    plain = st.Engine(target, draft=None, max_batch_size=2, max_seq_len=128).generate(
+        ngram_trace.requests["prompt_tokens"].to_pylist(), max_new_tokens=MAX_NEW).trace
+    check = check_profile(_retimed(plain, lambda b, n: 0.5 * profile.plain_us(b)), profile)
+    assert check.method == "none" and check.ratio == pytest.approx(2.0, rel=1e-6)
+    # Another device, or a method the profile has no timings for: no figure, and the reason in one line.
+    gpu = Trace(slow.steps, slow.requests, {**slow.run_info, "device": "cuda:0", "device_name": "NVIDIA H200"},
+                slow.tokenizer_json)
+    check = tune(gpu, grid=[st.NgramConfig(num_draft_tokens=4)], profile=profile, progress=False).profile_check
+    assert check.skipped == "the trace was recorded on NVIDIA H200, the profile measured on cpu"
+    assert check.describe() == f"profile check: not made ({check.skipped})"
+    mle = Trace(slow.steps, slow.requests, {**slow.run_info, "draft": {"method": "multi_layer_eagle", "num_steps": 2}},
+                slow.tokenizer_json)
+    assert check_profile(mle, profile).skipped == "the profile has no multi_layer_eagle timings"
 
 
 def test_profile_of_another_version_is_refused_naming_both(profile, tmp_path):

@@ -9,10 +9,11 @@ import types
 
 from spectool.tune.cost_profile import CostProfile
 from spectool.tune.prediction import Prediction
+from spectool.tune.profile_check import ProfileCheck, check_profile
 from spectool.tune.recommend import TuneResult, tune
 from spectool.tune.workload import TuneError
 
-__all__ = ["CostProfile", "Prediction", "TuneError", "TuneResult", "tune"]
+__all__ = ["CostProfile", "Prediction", "ProfileCheck", "TuneError", "TuneResult", "check_profile", "tune"]
 
 
 class _CallableModule(types.ModuleType):

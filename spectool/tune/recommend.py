@@ -23,6 +23,7 @@ from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
 from spectool.tune.cost_profile import CostProfile
 from spectool.tune.deploy_flags import sglang_flags, vllm_speculative_config
 from spectool.tune.prediction import Prediction, RowLog
+from spectool.tune.profile_check import ProfileCheck, check_profile
 from spectool.tune.schedule import Running, replay
 from spectool.tune.workload import TuneError, Workload, workload_from_trace
 
@@ -45,6 +46,7 @@ class TuneResult:
     profile: CostProfile | None
     batch_size: int
     skipped: list[str] = field(default_factory=list)
+    profile_check: ProfileCheck | None = None  # the profile against the recorded run's own iterations
 
     @property
     def frame(self):
@@ -112,6 +114,8 @@ class TuneResult:
         if self.profile is not None:
             lines.append(f"plain decoding: {self.tokens_per_s(self.plain):.1f} tokens/s predicted at batch "
                          f"{self.batch_size} on {self.profile.device}")
+        if self.profile_check is not None:
+            lines.append(self.profile_check.describe())
         best = self.best
         lines += ["", f"recommended: {_describe(best)}", f"SGLang: {format_flags(self.sglang_flags())}",
                   f"vLLM speculative_config: {format_vllm(best)}"]
@@ -293,6 +297,10 @@ def tune(trace, grid: dict | list | None = None, profile: str | Path | CostProfi
     """
     from tqdm.auto import tqdm
 
+    if not hasattr(trace, "steps"):
+        from spectool.trace.reader import Trace
+
+        trace = Trace.load(trace)
     workload = workload_from_trace(trace, max_new_tokens=max_new_tokens, max_batch_size=batch_size)
     draft_info = dict(workload.run_info.get("draft") or {})
     if isinstance(grid, (list, tuple)) and grid:
@@ -332,7 +340,8 @@ def tune(trace, grid: dict | list | None = None, profile: str | Path | CostProfi
         bar.close()
     for p in preds:
         p.extra["workload"] = workload  # what to_trace and compare read: the known tokens, outputs
-    return TuneResult(preds, plain_prediction(workload), profile, workload.max_batch_size, skipped)
+    check = check_profile(trace, profile) if profile is not None else None
+    return TuneResult(preds, plain_prediction(workload), profile, workload.max_batch_size, skipped, check)
 
 
 def _encoder(trace):
