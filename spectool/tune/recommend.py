@@ -46,7 +46,16 @@ class TuneResult:
     profile: CostProfile | None
     batch_size: int
     skipped: list[str] = field(default_factory=list)
-    profile_check: ProfileCheck | None = None  # the profile against the recorded run's own iterations
+    trace: object = field(default=None, repr=False)  # the recorded trace (for profile_check)
+    _check: ProfileCheck | None = field(default=None, init=False, repr=False)
+
+    @property
+    def profile_check(self) -> ProfileCheck | None:
+        """The profile against the recorded run's own iterations (``spectool.tune.profile_check``); None
+        without a profile. Made at its first use: a slider's many one-configuration sweeps never read it."""
+        if self._check is None and self.profile is not None and self.trace is not None:
+            self._check = check_profile(self.trace, self.profile)
+        return self._check
 
     @property
     def frame(self):
@@ -340,8 +349,7 @@ def tune(trace, grid: dict | list | None = None, profile: str | Path | CostProfi
         bar.close()
     for p in preds:
         p.extra["workload"] = workload  # what to_trace and compare read: the known tokens, outputs
-    check = check_profile(trace, profile) if profile is not None else None
-    return TuneResult(preds, plain_prediction(workload), profile, workload.max_batch_size, skipped, check)
+    return TuneResult(preds, plain_prediction(workload), profile, workload.max_batch_size, skipped, trace)
 
 
 def _encoder(trace):
