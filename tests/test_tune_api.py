@@ -215,6 +215,12 @@ def test_the_profile_is_checked_against_the_recorded_runs_own_iterations(ngram_t
     mle = Trace(slow.steps, slow.requests, {**slow.run_info, "draft": {"method": "multi_layer_eagle", "num_steps": 2}},
                 slow.tokenizer_json)
     assert check_profile(mle, profile).skipped == "the profile has no multi_layer_eagle timings"
+    some = Trace(slow.steps, slow.requests, {**slow.run_info, "record": {"requests": [0], "every": 1}},
+                 slow.tokenizer_json)
+    assert "selection" in check_profile(some, profile).skipped
+    every = Trace(slow.steps, slow.requests, {**slow.run_info, "record": {"every": 2, "requests": None}},
+                  slow.tokenizer_json)
+    assert check_profile(every, profile).ratio == pytest.approx(0.8, rel=1e-6)  # whole iterations, a sample
 
 
 def test_profile_of_another_version_is_refused_naming_both(profile, tmp_path):

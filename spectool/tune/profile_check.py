@@ -79,9 +79,13 @@ def check_profile(trace, profile) -> ProfileCheck:
     info = trace.run_info or {}
     draft = dict(info.get("draft") or {"method": "none"})
     method = str(draft.get("method", "none"))
+    record = info.get("record") or {}
     why = _same_device(info, profile.device)
     if not why and not profile.has_method(method):
         why = f"the profile has no {method} timings"
+    if not why and (record.get("requests") is not None or record.get("where") or record.get("slowest")):
+        # Kept rows of some requests only miscount an iteration's batch; the slowest iterations are not a sample.
+        why = "the trace keeps a selection of the run's records, not every request of the iterations it holds"
     if why:
         return ProfileCheck(method, skipped=why)
     try:
