@@ -163,8 +163,19 @@ def open_notebook(page, lab: Lab, name: str, run: bool = True) -> None:
     # Run All before the kernel is up is dropped, and the page shows 'idle' before it connects.
     lab.wait_idle()
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=30_000)
-    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-    page.locator(".lm-Menu-item:visible", has_text="Run All Cells").first.click()
+    started = ("() => [...document.querySelectorAll('.jp-Notebook .jp-InputArea-prompt')]"
+               ".some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))")
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(3):  # now and then Run All is dropped with the kernel idle: no cell starts
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.locator(".lm-Menu-item:visible", has_text="Run All Cells").first.click()
+        try:
+            page.wait_for_function(started, timeout=20_000)
+            return
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
 
 
 # One step: input event -> two animation frames (the next paint after the render), timed in the page.

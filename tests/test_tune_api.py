@@ -8,6 +8,7 @@ engine's measured iteration).
 
 from __future__ import annotations
 
+import html
 import json
 import types
 
@@ -263,6 +264,7 @@ def test_panel_predicts_what_tune_predicts_and_runs_beside_it(target, ngram_trac
     expected = tune(ngram_trace, grid=[panel.config()], profile=profile, progress=False)
     pred = expected.predictions[0]
     assert f"{pred.mean_accept_length:.2f}" in panel.prediction.value
+    assert html.escape(expected.profile_check.describe()) in panel.prediction.value  # how far to trust tokens/s
     assert list(panel.scatter.data[2].y) == [pytest.approx(pred.mean_accept_length)]
     assert f"tokens/s {expected.tokens_per_s(pred):.1f}" in panel.scatter.data[2].hovertext[0]
 

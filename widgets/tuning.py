@@ -100,6 +100,7 @@ class TuningPanel(StaticOutput, widgets.VBox):
         self.profile, self.batch_size = profile, batch_size
         self.results: list[dict] = []  # one row per run (measured)
         self.predicted: dict[tuple, dict] = {}  # config key -> predicted row
+        self.profile_check = None  # the profile against the trace's own iterations (spectool.tune.profile_check)
         self.heatmap: dict | None = None  # x, y, values, metric, source of the last sweep
         self.busy = False
 
@@ -415,6 +416,8 @@ class TuningPanel(StaticOutput, widgets.VBox):
         if todo:
             result = tune(self.trace, grid=todo, profile=self.profile, batch_size=self.batch_size,
                           target=self.target, progress=len(todo) > 8)
+            if self.profile_check is None and result.profile is not None:
+                self.profile_check = result.profile_check  # the same for every configuration: made once
             for c, p in zip(todo, result.predictions):
                 row = result.row(p)
                 row["tokens_per_s"] = row.pop("predicted_tokens_per_s", float("nan"))
@@ -425,9 +428,12 @@ class TuningPanel(StaticOutput, widgets.VBox):
         tps = row.get("tokens_per_s", float("nan"))
         speed = "" if _nan(tps) else f", <b>{tps:.1f}</b> tokens/s ({row.get('speedup', float('nan')):.2f}× plain)"
         exact = "exact" if row.get("exact") else "last iterations are lower bounds"
+        check = "" if self.profile_check is None else (
+            f"<br><span class='spectool-tuning-profile-check' style='color:#777'>"
+            f"{html.escape(self.profile_check.describe())}</span>")
         self.prediction.value = (f"predicted from the trace: accept length <b>{row['mean_accept_length']:.2f}</b>, "
                                  f"{row['tokens_per_iteration']:.2f} tokens/iteration, {row['iterations']} "
-                                 f"iterations{speed} <span style='color:#777'>({exact})</span>")
+                                 f"iterations{speed} <span style='color:#777'>({exact})</span>{check}")
 
     def _measure(self, config) -> dict:
         """Decode the chosen prompts with ``config``; one results row (settings + figures)."""
