@@ -95,8 +95,8 @@ def iteration_split(stats, pred, profile: CostProfile) -> dict:
         drafted, _ = measured.get(it, (False, us))
         measured[it] = (drafted or depth[0] > 0, us)
     cfg = None if pred.method == "none" else pred.config
-    predicted = [(int(n) > 1, profile.iteration_us(cfg, int(b), int(n)))
-                 for b, n in zip(pred.batch_size, pred.num_nodes)]
+    predicted = list(zip((pred.num_nodes > 1).tolist(),
+                         profile.iteration_costs(cfg, pred.batch_size, pred.num_nodes).tolist()))
 
     def split(pairs) -> dict:
         out = {}

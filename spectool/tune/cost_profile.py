@@ -163,6 +163,14 @@ class CostProfile:
         return (self.plain_us(batch_size) + self.tree_us(batch_size, num_nodes)
                 + self.draft_us(config, batch_size, num_nodes))
 
+    def iteration_costs(self, config, batch_sizes, num_nodes) -> np.ndarray:
+        """``iteration_us`` of many iterations (arrays of their batch and tree sizes), one look-up per
+        distinct (batch, tree) pair: a run repeats few of them over many iterations."""
+        pairs, inverse = np.unique(np.stack([np.asarray(batch_sizes, np.int64), np.asarray(num_nodes, np.int64)],
+                                            axis=1), axis=0, return_inverse=True)
+        cost = np.asarray([self.iteration_us(config, int(b), int(n)) for b, n in pairs], np.float64)
+        return cost[inverse.reshape(-1)]
+
 
 def shipped_profiles() -> list[str]:
     """Names of the profiles that ship with spectool (``CostProfile.load(name)``)."""

@@ -46,21 +46,21 @@ class ProfileCheck:
                 f"{1 / self.ratio - 1:+.0%}")
 
 
+CONFIGS = {"ngram": NgramConfig, "eagle": EagleConfig, "multi_layer_eagle": MultiLayerEagleConfig}
+
+
 def recorded_config(draft: dict):
     """The draft configuration a trace's ``run_info["draft"]`` describes, as far as a cost profile reads
-    it (None: plain decoding); a method the profile cannot time raises KeyError."""
+    it (None: plain decoding; a setting it lacks takes its default); a method the profile cannot time
+    raises KeyError. The external corpus is left out: it adds no cost the profile times, and its file
+    may be gone (the tuner adds it back where it replays one)."""
     method = draft.get("method", "none")
     if method == "none":
         return None
-    if method == "ngram":  # the external corpus adds no cost the profile times, and its file may be gone
-        names = [f.name for f in fields(NgramConfig) if not f.name.startswith("external_corpus")]
-        return NgramConfig(**{k: draft[k] for k in names if k in draft})
-    if method == "eagle":
-        return EagleConfig(draft.get("path", ""), num_steps=draft["num_steps"], topk=draft["topk"],
-                           num_draft_tokens=draft["num_draft_tokens"])
-    if method == "multi_layer_eagle":
-        return MultiLayerEagleConfig(draft.get("path", ""), num_steps=draft["num_steps"])
-    raise KeyError(method)
+    cls = CONFIGS[method]
+    keys = {f.name: draft[f.name] for f in fields(cls)
+            if f.name in draft and f.name != "path" and not f.name.startswith("external_corpus")}
+    return cls(**keys) if cls is NgramConfig else cls(draft.get("path", ""), **keys)
 
 
 def _same_device(run_info: dict, profile_device: str) -> str:
@@ -96,13 +96,11 @@ def check_profile(trace, profile) -> ProfileCheck:
     its = np.asarray(table["iteration"].to_numpy(), np.int64)
     nodes = np.asarray(table["num_nodes"].fill_null(1).to_numpy(), np.int64)
     us = np.asarray(table["iteration_us"].to_numpy(zero_copy_only=False), np.float64)
-    uniq, first, batch = np.unique(its, return_index=True, return_counts=True)
+    _, first, batch = np.unique(its, return_index=True, return_counts=True)
     measured = us[first]
     keep = np.isfinite(measured) & (measured > 0)
     if not keep.any():
         return ProfileCheck(method, skipped="the trace has no iteration timings")
-    pairs, inverse = np.unique(np.stack([batch[keep], nodes[first][keep]], axis=1), axis=0, return_inverse=True)
-    cost = np.asarray([profile.iteration_us(config, int(b), int(n)) for b, n in pairs])  # one look-up per pair
-    predicted = cost[inverse.reshape(-1)]
+    predicted = profile.iteration_costs(config, batch[keep], nodes[first][keep])
     return ProfileCheck(method, int(keep.sum()), float(np.median(predicted)), float(np.median(measured[keep])),
                         float(np.median(predicted / measured[keep])))

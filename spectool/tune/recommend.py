@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from spectool.config import EagleConfig, MultiLayerEagleConfig, NgramConfig
+from spectool.config import NgramConfig
 from spectool.tune.cost_profile import CostProfile
 from spectool.tune.deploy_flags import sglang_flags, vllm_speculative_config
 from spectool.tune.prediction import Prediction, RowLog
-from spectool.tune.profile_check import ProfileCheck, check_profile
+from spectool.tune.profile_check import ProfileCheck, check_profile, recorded_config
 from spectool.tune.schedule import Running, replay
 from spectool.tune.workload import TuneError, Workload, workload_from_trace
 
@@ -96,9 +96,7 @@ class TuneResult:
         if self.profile is None:
             return float("nan")
         cfg = None if pred.method == "none" else pred.config
-        # An iteration's cost depends on its batch and tree size alone: one profile look-up per pair.
-        pairs, counts = np.unique(np.stack([pred.batch_size, pred.num_nodes], axis=1), axis=0, return_counts=True)
-        total = sum(int(c) * self.profile.iteration_us(cfg, int(b), int(n)) for (b, n), c in zip(pairs, counts))
+        total = float(self.profile.iteration_costs(cfg, pred.batch_size, pred.num_nodes).sum())
         gained = int(pred.accept_length.sum()) + pred.accept_length.size
         return gained / total * 1e6 if total > 0 else float("nan")
 
@@ -168,19 +166,13 @@ def expand_grid(method: str, grid: dict | None, base) -> tuple[list, list[str]]:
 
 
 def _base_config(method: str, draft_info: dict, path):
+    config = recorded_config({**draft_info, "method": method})
     if method == "ngram":
-        keys = {k: draft_info[k] for k in PARAMS["ngram"] if k in draft_info}
-        if draft_info.get("external_corpus"):
-            keys["external_corpus"] = draft_info["external_corpus"]
-        return NgramConfig(**keys)
-    path = path or draft_info.get("path")
+        corpus = draft_info.get("external_corpus")
+        return replace(config, external_corpus=corpus) if corpus else config
     from spectool.tune.eagle_whatif import check_checkpoint
 
-    path = check_checkpoint(path, method)
-    if method == "eagle":
-        keys = {k: draft_info[k] for k in PARAMS["eagle"] if k in draft_info}
-        return EagleConfig(path, **keys)
-    return MultiLayerEagleConfig(path, **{k: draft_info[k] for k in PARAMS["multi_layer_eagle"] if k in draft_info})
+    return replace(config, path=check_checkpoint(path or draft_info.get("path"), method))
 
 
 class _Precomputed:
