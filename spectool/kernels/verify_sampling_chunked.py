@@ -14,8 +14,8 @@ normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_
    top-k search, and its rounds read only the k groups (and ties) that can hold the cut.
 2. ``_cut_round_kernel`` (top-k, then top-p): a search over the floats' ordered integer keys with
    ``probes`` thresholds per round, so a fixed number of rounds (8 for 16 probes) covers the 2**32
-   keys and the step stays graph-capturable; each round's programs first combine the previous
-   round's per-chunk counts (top-k) or masses (top-p) into the row's new interval. Top-k: the largest
+   keys and the step stays graph-capturable; the last of a row's programs to finish a round combines
+   their per-chunk counts (top-k) or masses (top-p) into the row's next interval. Top-k: the largest
    key with at least k values at or above it (all of a tie at the k-th value is kept, as the
    reference's ``x < kth`` mask). Top-p: the smallest key whose mass strictly above it is below
    ``top_p`` of the top-k mass. A last round measures the kept mass and the count of values equal to
@@ -163,10 +163,10 @@ def _probes(lo, hi, S: tl.constexpr):
 
 
 @triton.jit
-def _cut_state(KStart, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top_p,
-               TOP_P: tl.constexpr, HAS_K: tl.constexpr, S: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The row's search interval [lo, hi] after round r - 1 (its start when r == 0) and, for top-p,
-    the mass it is a fraction of (the top-k mass, else the whole row's)."""
+def _cut_state(KStart, Bounds, KCut, KParts, row, m, z, r, R, NC, TOP_P: tl.constexpr, HAS_K: tl.constexpr,
+               BLOCK_C: tl.constexpr):
+    """The row's search interval [lo, hi] for round r (round 0 starts it, a later round reads what the
+    round before left) and, for top-p, the mass it is a fraction of (the top-k mass, else the whole row's)."""
     lo = tl.full((), -2139095041, tl.int64)  # the key of -inf (a jitted function reads no plain global)
     zk = z
     if TOP_P:
@@ -177,43 +177,43 @@ def _cut_state(KStart, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, 
         lo = tl.load(KStart + row)
     hi = _key(m)
     if r > 0:
-        base = Bounds + ((r - 1) * R + row) * 2
+        base = Bounds + (r * R + row) * 2
         lo = tl.load(base)
         hi = tl.load(base + 1)
-        if lo < hi:
-            thr = _probes(lo, hi, S)
-            probe = tl.arange(0, S)
-            cc = tl.arange(0, BLOCK_C)
-            tile = Parts + ((((r - 1) % 2) * R + row) * NC + cc[:, None]) * S + probe[None, :]
-            tot = tl.sum(tl.load(tile, mask=(cc < NC)[:, None], other=0.0), axis=0)
-            if TOP_P:
-                below = tot < top_p * zk  # mass strictly above the threshold
-                new_lo = tl.max(tl.where(below, lo, thr + 1), axis=0)
-                new_hi = tl.min(tl.where(below, thr, hi), axis=0)
-            else:
-                enough = tot >= top_k  # values at or above the threshold
-                new_lo = tl.max(tl.where(enough, thr, lo), axis=0)
-                new_hi = tl.min(tl.where(enough, hi, thr - 1), axis=0)
-            lo = new_lo
-            hi = new_hi
     return lo, hi, zk
 
 
 @triton.jit
-def _cut_round_kernel(Logits, Temp, Max, Arg, Sum, GMax, KStart, KCut, KParts, Bounds, Parts, CutOut, MeasureOut,
-                      N, V, NC, NG, R, r, ROUNDS, top_k, top_p, TOP_P: tl.constexpr, HAS_K: tl.constexpr,
-                      CHUNK: tl.constexpr, SUB: tl.constexpr, S: tl.constexpr, BLOCK_C: tl.constexpr):
+def _narrow(Parts, row, lo, hi, zk, NC, top_k, top_p, TOP_P: tl.constexpr, S: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The interval left of [lo, hi] by the row's per-chunk counts (top-k) or masses (top-p) at its probes."""
+    thr = _probes(lo, hi, S)
+    cc = tl.arange(0, BLOCK_C)
+    tile = Parts + (row * NC + cc[:, None]) * S + tl.arange(0, S)[None, :]
+    tot = tl.sum(tl.load(tile, mask=(cc < NC)[:, None], other=0.0), axis=0)
+    if TOP_P:
+        below = tot < top_p * zk  # mass strictly above the threshold
+        new_lo = tl.max(tl.where(below, lo, thr + 1), axis=0)
+        new_hi = tl.min(tl.where(below, thr, hi), axis=0)
+    else:
+        enough = tot >= top_k  # values at or above the threshold
+        new_lo = tl.max(tl.where(enough, thr, lo), axis=0)
+        new_hi = tl.min(tl.where(enough, hi, thr - 1), axis=0)
+    return new_lo, new_hi
+
+
+@triton.jit
+def _cut_round_kernel(Logits, Temp, Max, Arg, Sum, GMax, KStart, KCut, KParts, Bounds, Parts, Done, CutOut,
+                      MeasureOut, N, V, NC, NG, R, r, ROUNDS, top_k, top_p, TOP_P: tl.constexpr,
+                      HAS_K: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, S: tl.constexpr,
+                      BLOCK_C: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     t = tl.load(Temp + row // N)
     m, _, z = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
-    lo, hi, zk = _cut_state(KStart, Bounds, Parts, KCut, KParts, row, m, z, r, R, NC, top_k, top_p, TOP_P, HAS_K,
-                            S, BLOCK_C)
+    lo, hi, zk = _cut_state(KStart, Bounds, KCut, KParts, row, m, z, r, R, NC, TOP_P, HAS_K, BLOCK_C)
     base = Logits + row * V
     if r < ROUNDS:
-        if c == 0:
-            tl.store(Bounds + (r * R + row) * 2, lo)
-            tl.store(Bounds + (r * R + row) * 2 + 1, hi)
+        nxt = Bounds + ((r + 1) * R + row) * 2
         if lo < hi:
             thr = _probes(lo, hi, S)
             acc = tl.zeros([S], tl.float32)
@@ -229,7 +229,19 @@ def _cut_round_kernel(Logits, Temp, Max, Arg, Sum, GMax, KStart, KCut, KParts, B
                         acc += tl.sum(tl.where(k[:, None] > thr[None, :], e[:, None], 0.0), axis=0)
                     else:
                         acc += tl.sum(((k[:, None] >= thr[None, :]) & inb[:, None]).to(tl.float32), axis=0)
-            tl.store(Parts + (((r % 2) * R + row) * NC + c) * S + tl.arange(0, S), acc)
+            tl.store(Parts + (row * NC + c) * S + tl.arange(0, S), acc)
+            # The row's last program to finish combines every chunk's part into the next round's
+            # interval, once: when each program of the next round combined them itself, re-reading
+            # the [chunks, probes] table per program was most of a round's time at many rows.
+            tl.debug_barrier()  # the whole program's part is stored before it counts itself done
+            if tl.atomic_add(Done + row, 1, sem="acq_rel") == NC - 1:
+                new_lo, new_hi = _narrow(Parts, row, lo, hi, zk, NC, top_k, top_p, TOP_P, S, BLOCK_C)
+                tl.store(nxt, new_lo)
+                tl.store(nxt + 1, new_hi)
+                tl.store(Done + row, 0)  # ready for the next round
+        elif c == 0:
+            tl.store(nxt, lo)
+            tl.store(nxt + 1, hi)
     else:
         # The interval is one key: the cut. Measure the kept mass (top-k: at or above it; top-p:
         # strictly above it) and the values equal to it.
@@ -456,8 +468,9 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     if has_k or has_p:
         s = config.probes
         rounds = cut_rounds(s)
-        bounds = torch.empty(rounds, rows, 2, dtype=torch.int64, device=dev)
-        parts = torch.empty(2, rows, nc, s, **f32)
+        bounds = torch.empty(rounds + 1, rows, 2, dtype=torch.int64, device=dev)
+        parts = torch.empty(rows, nc, s, **f32)
+        done = torch.zeros(rows, dtype=torch.int32, device=dev)  # each round's last program sets it back to 0
         phases = ([(False, k_cut, k_parts)] if has_k else []) + ([(True, p_cut, p_parts)] if has_p else [])
         k_start = torch.empty(rows if has_k else 1, dtype=torch.int64, device=dev)
         if has_k:
@@ -466,7 +479,7 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
         for is_p, cut_out, measure in phases:
             for r in range(rounds + 1):
                 _cut_round_kernel[(rows, nc)](
-                    logits, temperature, vals, idx, sums, gmax, k_start, k_cut, k_parts, bounds, parts, cut_out,
+                    logits, temperature, vals, idx, sums, gmax, k_start, k_cut, k_parts, bounds, parts, done, cut_out,
                     measure, n, vocab, nc, ng, rows, r, rounds, top_k, float(top_p), TOP_P=is_p, HAS_K=has_k,
                     CHUNK=chunk, SUB=sub, S=s, BLOCK_C=block_c, num_warps=warps)
     m, z, cut = (torch.empty(rows, **f32) for _ in range(3))
