@@ -468,6 +468,7 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     if has_k or has_p:
         s = config.probes
         rounds = cut_rounds(s)
+        # bounds[r]: round r's interval, written by round r - 1 (round 0 starts its own).
         bounds = torch.empty(rounds + 1, rows, 2, dtype=torch.int64, device=dev)
         parts = torch.empty(rows, nc, s, **f32)
         done = torch.zeros(rows, dtype=torch.int32, device=dev)  # each round's last program sets it back to 0
