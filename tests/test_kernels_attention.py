@@ -159,10 +159,17 @@ def test_bad_shapes_raise_value_error(change):
         attn.cached_attention_triton(q, kc, vc, slots, starts, mask)
 
 
+def _matmul_rounds_rows_alike(rows: int, k: int, gen: torch.Generator) -> bool:
+    """Whether this CPU's BLAS rounds the last k rows of a rows-row product as a k-row one (not so
+    with MKL on an AVX-512 EPYC: the kernel it picks depends on the row count)."""
+    a, b = torch.randn(rows, 32, generator=gen), torch.randn(32, 60, generator=gen)
+    return torch.equal((a @ b)[-k:], a[-k:] @ b)
+
+
 def test_wide_tree_mask_sees_the_tree_nodes_already_in_the_cache():
     # A tree fed a few nodes at a time (the EAGLE what-if's steps): the newest k queries, with a
     # mask over all n nodes whose first n - k are already in the cache, attend as the last k of one
-    # forward over all n; on the CPU to the bit, which the what-if's exactness rests on.
+    # forward over all n; to the bit where the CPU's BLAS rounds a row alike whatever the row count.
     from spectool.kernels import ops
 
     gen = torch.Generator().manual_seed(3)
@@ -172,6 +179,10 @@ def test_wide_tree_mask_sees_the_tree_nodes_already_in_the_cache():
     newest = ops.cached_attention(q[:, -k:], kc, vc, slots, starts + n - k, mask[:, -k:], max_seq)
     whole = attn.cached_attention_reference(q, kc, vc, slots, starts, mask)[:, -k:]
     torch.testing.assert_close(newest, whole, atol=1e-5, rtol=1e-5)
-    assert torch.equal(newest, ops.cached_attention(q, kc, vc, slots, starts, mask, max_seq)[:, -k:])
+    forward = ops.cached_attention(q, kc, vc, slots, starts, mask, max_seq)[:, -k:]
+    if _matmul_rounds_rows_alike(n, k, gen):
+        assert torch.equal(newest, forward)
+    else:  # the products' last-bit rounding, nothing more
+        torch.testing.assert_close(newest, forward, atol=2e-6, rtol=1e-6)
     with pytest.raises(ValueError, match="tree_mask"):
         ops.cached_attention(q, kc, vc, slots, starts, mask[:, :, :k], max_seq)
