@@ -12,7 +12,8 @@ outside the forward (greedy and sampling, V = 128256 logits per node; on CUDA al
 from a CUDA graph, as the engine runs it: sampling with its coins kernel and a temperature input,
 also with top-k 50 and top-p 0.9, with the torch verify and with the fused one (one program per node for
 its cuts); bf16 logits as the model writes them); sampling verify, CUDA only: graphed per iteration at bs 1 and 64, N
-16, V 128256, float32 logits (the engine's) and bf16, temperature 0.8 alone and with top-k 50 + top-p 0.9: the torch
+16, V 128256, float32 logits (the engine's) and bf16, temperature 0.8 alone, with top-k 50 + top-p 0.9 and with
+top-p 0.9 alone: the torch
 verify, the fused one and the chunked one the engine runs (with ``--sampling-configs``: ``default``, ``sweep`` = every
 launch shape of spectool/kernels/verify_sampling_chunked.py's CONFIGS, or names joined by commas), each chunked
 cell also checked for the torch verify's decision on the same coins; draft top-k: ``row_topk`` against softmax +
@@ -140,7 +141,7 @@ def sampling_table(configs: list[str], g: torch.Generator) -> list[dict]:
         for bs in (1, 64):
             tree, logits, seed, nonces, temps = sampling_case(bs, n, vocab, dtype, g)
             coins = sampling_coins(seed, nonces, tree.seq_lens, n)
-            for k, p in ((0, 1.0), (50, 0.9)):
+            for k, p in ((0, 1.0), (50, 0.9), (0, 0.9)):
                 def step(verify, k=k, p=p, tree=tree, logits=logits, seed=seed, nonces=nonces, temps=temps, **kw):
                     c = sampling_coins(seed, nonces, tree.seq_lens, n)
                     return verify(tree, logits, temps, k, p, coins=c, **kw)
@@ -148,7 +149,7 @@ def sampling_table(configs: list[str], g: torch.Generator) -> list[dict]:
                 want = verify_sampling(tree, logits, temps, k, p, coins=coins)
                 torch_us = graphed_us(lambda step=step: step(verify_sampling))
                 fused_us = graphed_us(lambda step=step: step(verify_sampling_fused))
-                cuts = "temperature" if k == 0 else f"top-k {k} top-p {p}"
+                cuts = " ".join([f"top-k {k}"] * (k > 0) + [f"top-p {p}"] * (p < 1)) or "temperature"
                 for name in (default_config(bs * n) if c == "default" else c for c in configs):
                     got = verify_sampling_chunked(tree, logits, temps, k, p, coins, name)
                     same = all(torch.equal(getattr(got, f), getattr(want, f))

@@ -14,6 +14,7 @@ lossless test with the kernel runs on the GPU (tests/gpu/test_verify_sampling_gp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import types
 
@@ -32,8 +33,12 @@ from spectool.verify import target_probs_at, verify_sampling, verify_sampling_ch
 VOCAB = 1200
 SMALL = LaunchConfig(chunk=512, sub=256, probes=16, warps=4)
 WIDE = LaunchConfig(chunk=2048, sub=2048, probes=64, warps=4)
-# 10 groups: at least k of them, so the k-th largest group maximum starts the top-k search.
+# 10 groups: at least k of them, so the k-th largest group maximum bounds the top-k cut.
 TINY = LaunchConfig(chunk=128, sub=128, probes=16, warps=4)
+# Groups of 16 (75 in a row), so the bound from the group maxima leaves a few candidates; with a
+# buffer of 8 they do not fit and every cut is searched over the whole row.
+FINE = LaunchConfig(chunk=512, sub=16, probes=16, warps=4, candidates=128)
+FEW = dataclasses.replace(FINE, candidates=8)
 
 
 def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
@@ -88,8 +93,38 @@ def test_chunked_equals_reference_with_top_k_and_top_p(bs, n, top_k, top_p, conf
     assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
 
 
+def candidates_over_the_bound(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                              sub: int) -> int:
+    """The most values at or above a row's bound from its group maxima (the kernel's candidates)."""
+    x = logits.float().flatten(0, 1) / temperature
+    groups = torch.nn.functional.pad(x, (0, -x.shape[1] % sub), value=-math.inf).view(x.shape[0], -1, sub)
+    gmax = groups.max(-1).values.sort(-1, descending=True).values
+    if top_k:
+        bound = gmax[:, top_k - 1]
+    else:
+        mass = torch.exp(gmax - x.max(-1, keepdim=True).values).cumsum(-1)
+        total = torch.exp(x - x.max(-1, keepdim=True).values).sum(-1, keepdim=True)
+        bound = gmax.gather(1, (mass < top_p * total * 1.001).sum(-1, keepdim=True))[:, 0]
+    return int((x >= bound[:, None]).sum(-1).max())
+
+
 @pytest.mark.triton_interpreter
-def test_chunked_ties_at_both_cuts():
+@pytest.mark.parametrize("config", [FINE, FEW], ids=["candidates", "whole-row"])
+@pytest.mark.parametrize("top_k, top_p", [(50, 1.0), (0, 0.9), (20, 0.8), (12, 0.5)])
+def test_chunked_cuts_from_the_candidates_and_from_the_whole_row(config, top_k, top_p):
+    bs, n = 3, 6
+    tree, g = random_batch(bs, n, 40, top_k)
+    logits = lifted(tree, torch.randn(bs, n, VOCAB, generator=g) * 4, g)
+    # The case takes the path it names: every row's candidates fit FINE's buffer, none fit FEW's.
+    most = candidates_over_the_bound(logits, 0.8, top_k, top_p, config.sub)
+    assert 8 < most <= FINE.candidates < VOCAB
+    assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
+
+
+@pytest.mark.triton_interpreter
+@pytest.mark.parametrize("candidates", [2048, 8], ids=["candidates", "whole-row"])
+def test_chunked_ties_at_both_cuts(candidates):
+    small_config, wide = (dataclasses.replace(c, candidates=candidates) for c in (SMALL, WIDE))
     bs, n, vocab = 2, 4, VOCAB
     tree, g = random_batch(bs, n, vocab, 5)
     # Ten tokens share the top value, spread over the three chunks, and the drafted ones are among
@@ -100,14 +135,15 @@ def test_chunked_ties_at_both_cuts():
     tie[:, :, :n] = tree.tokens[:, None, :]
     logits.scatter_(2, tie, 3.0)
     coins = torch.rand(bs, n, generator=g)
-    assert_same_decision(tree, logits, 1.0, 4, 1.0, coins, WIDE)
-    assert_same_decision(tree, logits, 1.0, 0, 0.35, coins)
-    assert_same_decision(tree, logits, 1.0, 4, 0.35, coins, WIDE)
+    assert_same_decision(tree, logits, 1.0, 4, 1.0, coins, wide)
+    assert_same_decision(tree, logits, 1.0, 0, 0.35, coins, small_config)
+    assert_same_decision(tree, logits, 1.0, 4, 0.35, coins, wide)
     # Integer logits: ties everywhere, at the k-th value included.
     coarse = torch.randint(0, 6, (bs, n, vocab), generator=g).float()
-    assert_same_decision(tree, coarse, 1.0, 30, 1.0, coins, WIDE)
+    assert_same_decision(tree, coarse, 1.0, 30, 1.0, coins, wide)
     small, g = random_batch(1, 2, vocab, 6)
-    assert_same_decision(small, coarse[:1, :2], 1.0, 6, 1.0, coins[:1, :2], TINY)
+    tiny = dataclasses.replace(TINY, candidates=candidates)
+    assert_same_decision(small, coarse[:1, :2], 1.0, 6, 1.0, coins[:1, :2], tiny)
 
 
 @pytest.mark.triton_interpreter

@@ -7,8 +7,8 @@ Explains: docs/BENCHMARKS.md "Kernels" (the chunked sampling verify's µs). Time
 
 The engine's sampling verify (its coins kernel, then ``verify_sampling_chunked``) on random
 logits and trees, captured in a CUDA graph and replayed under the profiler, at temperature 0.8
-alone and with top-k 50: per kernel its launches and µs per replay, and the replay's span, kernel
-time and idle time between kernels (benchmarks/profiling/_kernel_table.py). Writes
+alone, with top-k 50 and with top-k 50 and top-p 0.9: per kernel its launches and µs per replay,
+and the replay's span, kernel time and idle time between kernels (benchmarks/profiling/_kernel_table.py). Writes
 profile_sampling.json to $OUT when it is set.
 """
 
@@ -24,6 +24,8 @@ from profiling._kernel_table import graph_kernels, print_rows
 from spectool.kernels.sampling import sampling_coins
 from spectool.kernels.verify_sampling_chunked import CONFIGS, DEFAULT_CONFIG, FEW_ROWS_CONFIG
 from spectool.verify import verify_sampling_chunked
+
+CUTS = ((0, 1.0), (50, 1.0), (50, 0.9))  # (top_k, top_p): temperature alone, top-k, top-k and top-p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,17 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for bs in (int(b) for b in args.batches.split(",")):
         tree, logits, seed, nonces, temps = sampling_case(bs, n, vocab, getattr(torch, args.dtype), g)
-        for top_k, config in ((k, c) for k in (0, 50) for c in configs):
-            def step(top_k=top_k, config=config, tree=tree, logits=logits, seed=seed, nonces=nonces, temps=temps):
+        for (top_k, top_p), config in ((cut, c) for cut in CUTS for c in configs):
+            def step(top_k=top_k, top_p=top_p, config=config, tree=tree, logits=logits, seed=seed, nonces=nonces,
+                     temps=temps):
                 coins = sampling_coins(seed, nonces, tree.seq_lens, n)
-                return verify_sampling_chunked(tree, logits, temps, top_k, 1.0, coins, config)
+                return verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
 
             graph = capture(step)
             for _ in range(3):
                 graph.replay()
             summary, rows = graph_kernels(graph.replay, args.steps)
-            cuts = "temperature" if top_k == 0 else f"top-k {top_k}"
-            summary.update(bs=bs, N=n, V=vocab, top_k=top_k, config=config, dtype=args.dtype)
+            cuts = ", ".join([f"top-k {top_k}"] * (top_k > 0) + [f"top-p {top_p}"] * (top_p < 1)) or "temperature"
+            summary.update(bs=bs, N=n, V=vocab, top_k=top_k, top_p=top_p, config=config, dtype=args.dtype)
             print(f"\nbs {bs}, N {n}, V {vocab}, {args.dtype}, {cuts}, {config}: "
                   f"{summary['kernels_per_step']:.0f} kernels, span {summary['span_us']:.1f} µs, kernels "
                   f"{summary['kernel_us']:.1f} µs, idle {summary['idle_us']:.1f} µs (medians over "

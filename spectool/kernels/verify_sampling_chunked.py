@@ -55,6 +55,7 @@ class LaunchConfig:
     sub: int
     probes: int
     warps: int
+    candidates: int = 2048
 
 
 CONFIGS = {
@@ -66,11 +67,17 @@ CONFIGS = {
     "c4096-p32-w8": LaunchConfig(4096, 256, 32, 8),
     "c8192-p64-w8": LaunchConfig(8192, 128, 64, 8),
     "c16384-p16-w16": LaunchConfig(16384, 512, 16, 16),
+    "c1024-p16-w4-g64": LaunchConfig(1024, 64, 16, 4),
+    "c2048-p16-w4-g64": LaunchConfig(2048, 64, 16, 4),
+    "c2048-p16-w4-g128": LaunchConfig(2048, 128, 16, 4),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, temperature) 1,024-entry
 # chunks span 18.8 µs per graphed call at bs 1 against 20.4 with 2,048, and 200 µs against 175 at
 # bs 64 (``benchmarks/tree_kernels.py --profile sampling``): a few rows need more, shorter programs.
 DEFAULT_CONFIG = "c2048-p16-w4"
+GATHER = 2048  # candidates' values read at once (GATHER // sub groups)
+SEARCH_TILE = 512  # candidates a cut round reads at once
+ROW_TILE = 2048  # values a cut round reads at once where it searches the whole row
 FEW_ROWS_CONFIG = "c1024-p16-w4"
 FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
 
@@ -125,18 +132,6 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, N, V, NC, NG, CHUNK: tl.con
 
 
 @triton.jit
-def _k_start_kernel(GMax, KStart, NG, top_k, BLOCK_G: tl.constexpr):
-    """The key where the row's top-k search starts: with at least k groups, k of their maxima at or
-    above v are k values at or above v, so the k-th largest group maximum is at or below the cut
-    (fewer groups than k leave -inf)."""
-    row = tl.program_id(0).to(tl.int64)
-    j = tl.arange(0, BLOCK_G)
-    vals = tl.sort(tl.load(GMax + row * NG + j, mask=j < NG, other=-float("inf")), descending=True)
-    kth = tl.sum(tl.where(j == top_k - 1, vals, 0.0), axis=0)
-    tl.store(KStart + row, tl.where(top_k <= NG, _key(kth), _key(tl.full((), -float("inf"), tl.float32))))
-
-
-@triton.jit
 def _row_stats(Max, Arg, Sum, row, NC, BLOCK_C: tl.constexpr):
     """The row's maximum, first argmax and sum of exp(x - maximum) from its chunks'."""
     j = tl.arange(0, BLOCK_C)
@@ -149,10 +144,62 @@ def _row_stats(Max, Arg, Sum, row, NC, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def _chunk_total(Parts, row, NC, col, BLOCK_C: tl.constexpr):
-    """Sum over the row's chunks of column ``col`` of a [R, NC, 2] table."""
-    j = tl.arange(0, BLOCK_C)
-    return tl.sum(tl.load(Parts + (row * NC + j) * 2 + col, mask=j < NC, other=0.0), axis=0)
+def _bound(gm, g, m, z, NG, top_k, top_p, HAS_K: tl.constexpr):
+    """A value at or below the row's cut, from its group maxima ``gm`` (-inf: none found). Top-k: k
+    groups whose maxima are at or above v hold k values at or above v, so the k-th largest group
+    maximum is at or below the k-th largest value. Top-p alone: the j largest values weigh at least
+    as much as the j largest group maxima, so once those reach top_p of the mass, the kept values
+    are among the j largest, all at or above the j-th largest group maximum (reached with a margin
+    over float rounding)."""
+    srt = tl.sort(gm, descending=True)
+    if HAS_K:
+        at = top_k - 1
+    else:
+        e = tl.exp(srt - tl.where(m > -float("inf"), m, 0.0))
+        at = tl.sum(((tl.cumsum(e, axis=0) < top_p * z * 1.001) & (g < NG)).to(tl.int32), axis=0)
+    v = tl.sum(tl.where(g == at, srt, 0.0), axis=0)
+    return tl.where(at < NG, v, -float("inf"))
+
+
+@triton.jit
+def _gather(Logits, Live, CandX, CandId, row, t, gm, g, bound, V, NG, CAP, SUB: tl.constexpr, GB: tl.constexpr):
+    """Copies the row's values at or above ``bound`` (x and token id, ids ascending) from the groups
+    whose maxima reach it into the row's candidate buffer, and returns how many there are (past CAP
+    they did not fit, and the copy stops)."""
+    live = (gm >= bound) & (g < NG)
+    # The live groups' ids, in order, so that GB of them are read at once.
+    tl.store(Live + row * NG + tl.cumsum(live.to(tl.int32), axis=0) - 1, g, mask=live)
+    nlive = tl.sum(live.to(tl.int32), axis=0)
+    tl.debug_barrier()
+    count = 0
+    for j in range(0, nlive, GB):
+        if count <= CAP:
+            gi = j + tl.arange(0, GB)
+            gid = tl.load(Live + row * NG + gi, mask=gi < nlive, other=0)
+            offs = tl.reshape(gid[:, None] * SUB + tl.arange(0, SUB)[None, :], (GB * SUB,))
+            ok = tl.reshape(tl.broadcast_to((gi < nlive)[:, None], (GB, SUB)), (GB * SUB,)) & (offs < V)
+            x = tl.load(Logits + row * V + offs, mask=ok, other=-float("inf")).to(tl.float32) / t
+            keep = ok & (x >= bound)
+            at = count + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+            tl.store(CandX + row * CAP + at, x, mask=keep & (at < CAP))
+            tl.store(CandId + row * CAP + at, offs, mask=keep & (at < CAP))
+            count += tl.sum(keep.to(tl.int32), axis=0)
+    return count
+
+
+@triton.jit
+def _tile(Logits, CandX, CandId, row, t, start, count, fits, V, CAP, T: tl.constexpr):
+    """``T`` entries from ``start`` of what the row's cuts are searched in: its candidates where they fit
+    the buffer, else the whole row; (x, token ids, in range), ids ascending either way."""
+    j = start + tl.arange(0, T)
+    ok = j < count
+    if fits:
+        x = tl.load(CandX + row * CAP + j, mask=ok, other=-float("inf"))
+        ids = tl.load(CandId + row * CAP + j, mask=ok, other=0).to(tl.int64)
+    else:
+        x = tl.load(Logits + row * V + j, mask=ok, other=-float("inf")).to(tl.float32) / t
+        ids = j.to(tl.int64)
+    return x, ids, ok
 
 
 @triton.jit
@@ -163,149 +210,123 @@ def _probes(lo, hi, S: tl.constexpr):
 
 
 @triton.jit
-def _cut_state(KStart, Bounds, KCut, KParts, row, m, z, r, R, NC, TOP_P: tl.constexpr, HAS_K: tl.constexpr,
-               BLOCK_C: tl.constexpr):
-    """The row's search interval [lo, hi] for round r (round 0 starts it, a later round reads what the
-    round before left) and, for top-p, the mass it is a fraction of (the top-k mass, else the whole row's)."""
-    lo = tl.full((), -2139095041, tl.int64)  # the key of -inf (a jitted function reads no plain global)
-    zk = z
-    if TOP_P:
-        if HAS_K:
-            lo = tl.load(KCut + row)
-            zk = _chunk_total(KParts, row, NC, 0, BLOCK_C)
-    else:
-        lo = tl.load(KStart + row)
-    hi = _key(m)
-    if r > 0:
-        base = Bounds + (r * R + row) * 2
-        lo = tl.load(base)
-        hi = tl.load(base + 1)
-    return lo, hi, zk
-
-
-@triton.jit
-def _narrow(Parts, row, lo, hi, zk, NC, top_k, top_p, TOP_P: tl.constexpr, S: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The interval left of [lo, hi] by the row's per-chunk counts (top-k) or masses (top-p) at its probes."""
-    thr = _probes(lo, hi, S)
-    cc = tl.arange(0, BLOCK_C)
-    tile = Parts + (row * NC + cc[:, None]) * S + tl.arange(0, S)[None, :]
-    tot = tl.sum(tl.load(tile, mask=(cc < NC)[:, None], other=0.0), axis=0)
-    if TOP_P:
-        below = tot < top_p * zk  # mass strictly above the threshold
-        new_lo = tl.max(tl.where(below, lo, thr + 1), axis=0)
-        new_hi = tl.min(tl.where(below, thr, hi), axis=0)
-    else:
-        enough = tot >= top_k  # values at or above the threshold
-        new_lo = tl.max(tl.where(enough, thr, lo), axis=0)
-        new_hi = tl.min(tl.where(enough, hi, thr - 1), axis=0)
-    return new_lo, new_hi
-
-
-@triton.jit
-def _cut_round_kernel(Logits, Temp, Max, Arg, Sum, GMax, KStart, KCut, KParts, Bounds, Parts, Done, CutOut,
-                      MeasureOut, N, V, NC, NG, R, r, ROUNDS, top_k, top_p, TOP_P: tl.constexpr,
-                      HAS_K: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr, S: tl.constexpr,
-                      BLOCK_C: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
-    t = tl.load(Temp + row // N)
-    m, _, z = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
-    lo, hi, zk = _cut_state(KStart, Bounds, KCut, KParts, row, m, z, r, R, NC, TOP_P, HAS_K, BLOCK_C)
-    base = Logits + row * V
-    if r < ROUNDS:
-        nxt = Bounds + ((r + 1) * R + row) * 2
+def _search(Logits, CandX, CandId, row, t, count, fits, V, CAP, lo, hi, m, limit, rounds, TOP_P: tl.constexpr,
+            S: tl.constexpr, T: tl.constexpr):
+    """The cut's key in [lo, hi], ``S`` thresholds a round. Top-k (``limit`` k): the largest key with at
+    least k values at or above it (a tie at the k-th value is kept whole, as the reference's
+    ``x < kth`` mask). Top-p (``limit`` top_p x the mass it is a fraction of): the smallest key whose
+    mass strictly above it is below the limit."""
+    for _round in range(rounds):
         if lo < hi:
             thr = _probes(lo, hi, S)
-            acc = tl.zeros([S], tl.float32)
-            for start in range(0, CHUNK, SUB):
-                # Every threshold is at or above lo: a group wholly below it adds nothing.
-                if _key(tl.load(GMax + row * NG + (c * CHUNK + start) // SUB)) >= lo:
-                    offs = c * CHUNK + start + tl.arange(0, SUB)
-                    inb = offs < V
-                    x = tl.load(base + offs, mask=inb, other=-float("inf")).to(tl.float32) / t
-                    k = _key(x)
-                    if TOP_P:
-                        e = tl.where(inb, tl.exp(x - m), 0.0)
-                        acc += tl.sum(tl.where(k[:, None] > thr[None, :], e[:, None], 0.0), axis=0)
-                    else:
-                        acc += tl.sum(((k[:, None] >= thr[None, :]) & inb[:, None]).to(tl.float32), axis=0)
-            tl.store(Parts + (row * NC + c) * S + tl.arange(0, S), acc)
-            # The row's last program to finish combines every chunk's part into the next round's
-            # interval, once: when each program of the next round combined them itself, re-reading
-            # the [chunks, probes] table per program was most of a round's time at many rows.
-            tl.debug_barrier()  # the whole program's part is stored before it counts itself done
-            if tl.atomic_add(Done + row, 1, sem="acq_rel") == NC - 1:
-                new_lo, new_hi = _narrow(Parts, row, lo, hi, zk, NC, top_k, top_p, TOP_P, S, BLOCK_C)
-                tl.store(nxt, new_lo)
-                tl.store(nxt + 1, new_hi)
-                tl.store(Done + row, 0)  # ready for the next round
-        elif c == 0:
-            tl.store(nxt, lo)
-            tl.store(nxt + 1, hi)
-    else:
-        # The interval is one key: the cut. Measure the kept mass (top-k: at or above it; top-p:
-        # strictly above it) and the values equal to it.
-        cut = hi if TOP_P else lo
-        if c == 0:
-            tl.store(CutOut + row, cut)
-        mass = 0.0
-        ties = 0.0
-        for start in range(0, CHUNK, SUB):
-            if _key(tl.load(GMax + row * NG + (c * CHUNK + start) // SUB)) >= cut:
-                offs = c * CHUNK + start + tl.arange(0, SUB)
-                inb = offs < V
-                x = tl.load(base + offs, mask=inb, other=-float("inf")).to(tl.float32) / t
+            tot = tl.zeros([S], tl.float32)
+            for start in range(0, count, T):
+                x, _ids, ok = _tile(Logits, CandX, CandId, row, t, start, count, fits, V, CAP, T)
                 k = _key(x)
-                e = tl.where(inb, tl.exp(x - m), 0.0)
                 if TOP_P:
-                    mass += tl.sum(tl.where(k > cut, e, 0.0), axis=0)
+                    e = tl.where(ok, tl.exp(x - m), 0.0)
+                    tot += tl.sum(tl.where(k[:, None] > thr[None, :], e[:, None], 0.0), axis=0)
                 else:
-                    mass += tl.sum(tl.where(k >= cut, e, 0.0), axis=0)
-                ties += tl.sum(((k == cut) & inb).to(tl.float32), axis=0)
-        tl.store(MeasureOut + (row * NC + c) * 2, mass)
-        tl.store(MeasureOut + (row * NC + c) * 2 + 1, ties)
+                    tot += tl.sum(((k[:, None] >= thr[None, :]) & ok[:, None]).to(tl.float32), axis=0)
+            if TOP_P:
+                below = tot < limit
+                new_lo = tl.max(tl.where(below, lo, thr + 1), axis=0)
+                hi = tl.min(tl.where(below, thr, hi), axis=0)
+            else:
+                enough = tot >= limit
+                new_lo = tl.max(tl.where(enough, thr, lo), axis=0)
+                hi = tl.min(tl.where(enough, hi, thr - 1), axis=0)
+            lo = new_lo
+    cut = lo
+    if TOP_P:
+        cut = hi
+    return cut
 
 
 @triton.jit
-def _finish_kernel(Logits, Temp, Max, Arg, Sum, GMax, KCut, KParts, PCut, PParts, M, Z, Cut, CutId, Argmax,
-                   N, V, NC, NG, top_p, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
-                   CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_C: tl.constexpr):
+def _measure(Logits, CandX, CandId, row, t, count, fits, V, CAP, cut, m, TOP_P: tl.constexpr, T: tl.constexpr):
+    """The mass kept by a cut (top-k: at or above its key; top-p: strictly above it) and how many
+    values equal it."""
+    mass = 0.0
+    ties = 0.0
+    for start in range(0, count, T):
+        x, _ids, ok = _tile(Logits, CandX, CandId, row, t, start, count, fits, V, CAP, T)
+        k = _key(x)
+        e = tl.where(ok, tl.exp(x - m), 0.0)
+        if TOP_P:
+            mass += tl.sum(tl.where(k > cut, e, 0.0), axis=0)
+        else:
+            mass += tl.sum(tl.where(k >= cut, e, 0.0), axis=0)
+        ties += tl.sum(((k == cut) & ok).to(tl.float32), axis=0)
+    return mass, ties
+
+
+@triton.jit
+def _nth_tie(Logits, CandX, CandId, row, t, count, fits, V, CAP, key, nth, T: tl.constexpr):
+    """The token id of the ``nth`` (from 1) value whose key is ``key``, in token-id order."""
+    seen = 0.0
+    found = tl.full((), -1, tl.int64)
+    for start in range(0, count, T):
+        x, ids, ok = _tile(Logits, CandX, CandId, row, t, start, count, fits, V, CAP, T)
+        tie = ((_key(x) == key) & ok).to(tl.float32)
+        upto = seen + tl.cumsum(tie, axis=0)
+        found = tl.maximum(found, tl.max(tl.where((tie > 0) & (upto == nth), ids, -1), axis=0))
+        seen += tl.sum(tie, axis=0)
+    return found
+
+
+@triton.jit
+def _cuts(Logits, CandX, CandId, row, t, count, fits, V, CAP, lo, hi, m, z, rounds, top_k, top_p,
+          HAS_K: tl.constexpr, HAS_P: tl.constexpr, S: tl.constexpr, T: tl.constexpr):
+    """The row's cut value, cut id and kept mass, searched in ``count`` entries (``_tile``) from [lo, hi]."""
+    src = (Logits, CandX, CandId, row, t, count, fits, V, CAP)
+    cut = -float("inf")
+    cut_id = V.to(tl.int64)
+    zk = z
+    if HAS_K:
+        k_key = _search(*src, lo, hi, m, top_k * 1.0, rounds, False, S, T)
+        cut = _value(k_key)
+        zk, _ = _measure(*src, k_key, m, False, T)
+        z = zk
+        lo = k_key
+    if HAS_P:
+        p_key = _search(*src, lo, hi, m, top_p * zk, rounds, True, S, T)
+        cut = _value(p_key)
+        above, ties = _measure(*src, p_key, m, True, T)
+        e = tl.exp(cut - m)
+        # The reference sorts stably, so equal values keep token-id order, and keeps the r-th of the
+        # tie (from 0) while the mass before it, above + r * e, is below top_p of the top-k mass.
+        keep = tl.minimum(tl.maximum(tl.ceil((top_p * zk - above) / e), 1.0), ties)
+        z = above + keep * e
+        if keep < ties:
+            cut_id = _nth_tie(*src, p_key, keep, T)
+    return cut, cut_id, z
+
+
+@triton.jit
+def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cut, CutId, Argmax, N, V, NC, NG,
+                CAP, rounds, top_k, top_p, HAS_K: tl.constexpr, HAS_P: tl.constexpr, SUB: tl.constexpr,
+                GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, T_ROW: tl.constexpr, BLOCK_C: tl.constexpr,
+                BLOCK_G: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     m, arg, z = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
     cut = -float("inf")
     cut_id = V.to(tl.int64)
-    if HAS_K:
-        cut = _value(tl.load(KCut + row))
-        z = _chunk_total(KParts, row, NC, 0, BLOCK_C)
-    if HAS_P:
-        key = tl.load(PCut + row)
-        cut = _value(key)
-        above = _chunk_total(PParts, row, NC, 0, BLOCK_C)
-        ties = _chunk_total(PParts, row, NC, 1, BLOCK_C)
-        e = tl.exp(cut - m)
-        # The reference keeps the r-th of the tie (0-based, token-id order) while the mass before it,
-        # above + r * e, is below top_p of the top-k mass.
-        keep = tl.minimum(tl.maximum(tl.ceil((top_p * z - above) / e), 1.0), ties)
-        z = above + keep * e
-        if keep < ties:
-            # The keep-th tie: its chunk from the per-chunk counts, then its place in that chunk.
-            j = tl.arange(0, BLOCK_C)
-            counts = tl.load(PParts + (row * NC + j) * 2 + 1, mask=j < NC, other=0.0)
-            held = tl.cumsum(counts, axis=0)
-            chunk = tl.sum((held < keep).to(tl.int32), axis=0)
-            need = keep - tl.sum(tl.where(j < chunk, counts, 0.0), axis=0)
-            t = tl.load(Temp + row // N)
-            seen = 0.0
-            found = tl.full((), -1, tl.int64)
-            for start in range(0, CHUNK, SUB):
-                if _key(tl.load(GMax + row * NG + (chunk * CHUNK + start) // SUB)) >= key:
-                    offs = chunk * CHUNK + start + tl.arange(0, SUB)
-                    x = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
-                    tie = ((_key(x) == key) & (offs < V)).to(tl.float32)
-                    upto = seen + tl.cumsum(tie, axis=0)
-                    found = tl.maximum(found, tl.max(tl.where((tie > 0) & (upto == need), offs, -1), axis=0))
-                    seen += tl.sum(tie, axis=0)
-            cut_id = found
+    if HAS_K or HAS_P:
+        t = tl.load(Temp + row // N)
+        g = tl.arange(0, BLOCK_G)
+        gm = tl.load(GMax + row * NG + g, mask=g < NG, other=-float("inf"))
+        bound = _bound(gm, g, m, z, NG, top_k, top_p, HAS_K)
+        count = _gather(Logits, Live, CandX, CandId, row, t, gm, g, bound, V, NG, CAP, SUB, GB)
+        tl.debug_barrier()  # the buffer is whole before it is read
+        lo = _key(bound)
+        hi = _key(m)
+        if count <= CAP:
+            cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, count, True, V, CAP, lo, hi, m, z, rounds, top_k,
+                                   top_p, HAS_K, HAS_P, S, T)
+        else:  # too many candidates (a wide tie, or top-p over a flat row): the whole row, in longer tiles
+            cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, V, False, V, CAP, lo, hi, m, z, rounds, top_k,
+                                   top_p, HAS_K, HAS_P, S, T_ROW)
     tl.store(M + row, m)
     tl.store(Z + row, z)
     tl.store(Cut + row, cut)
@@ -461,33 +482,19 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     ng = nc * (chunk // sub)
     gmax = torch.empty(rows, ng, **f32)
     has_k, has_p = 0 < top_k < vocab, top_p < 1
+    has_cut = has_k or has_p
     _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, n, vocab, nc, ng, CHUNK=chunk, SUB=sub,
-                              GROUPS=has_k or has_p, num_warps=warps)
-    k_cut, p_cut = (torch.empty(rows if has else 1, dtype=torch.int64, device=dev) for has in (has_k, has_p))
-    k_parts, p_parts = (torch.empty(rows if has else 1, nc, 2, **f32) for has in (has_k, has_p))
-    if has_k or has_p:
-        s = config.probes
-        rounds = cut_rounds(s)
-        # bounds[r]: round r's interval, written by round r - 1 (round 0 starts its own).
-        bounds = torch.empty(rounds + 1, rows, 2, dtype=torch.int64, device=dev)
-        parts = torch.empty(rows, nc, s, **f32)
-        done = torch.zeros(rows, dtype=torch.int32, device=dev)  # each round's last program sets it back to 0
-        phases = ([(False, k_cut, k_parts)] if has_k else []) + ([(True, p_cut, p_parts)] if has_p else [])
-        k_start = torch.empty(rows if has_k else 1, dtype=torch.int64, device=dev)
-        if has_k:
-            _k_start_kernel[(rows,)](gmax, k_start, ng, top_k, BLOCK_G=max(2, triton.next_power_of_2(ng)),
-                                     num_warps=warps)
-        for is_p, cut_out, measure in phases:
-            for r in range(rounds + 1):
-                _cut_round_kernel[(rows, nc)](
-                    logits, temperature, vals, idx, sums, gmax, k_start, k_cut, k_parts, bounds, parts, done, cut_out,
-                    measure, n, vocab, nc, ng, rows, r, rounds, top_k, float(top_p), TOP_P=is_p, HAS_K=has_k,
-                    CHUNK=chunk, SUB=sub, S=s, BLOCK_C=block_c, num_warps=warps)
+                              GROUPS=has_cut, num_warps=warps)
+    cap = config.candidates
+    live = torch.empty(rows if has_cut else 1, ng, dtype=torch.int32, device=dev)
+    cand_x = torch.empty(rows if has_cut else 1, cap, **f32)
+    cand_id = torch.empty(rows if has_cut else 1, cap, dtype=torch.int32, device=dev)
     m, z, cut = (torch.empty(rows, **f32) for _ in range(3))
     cut_id, argmax = (torch.empty(rows, dtype=torch.int64, device=dev) for _ in range(2))
-    _finish_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, k_cut, k_parts, p_cut, p_parts, m, z, cut,
-                            cut_id, argmax, n, vocab, nc, ng, float(top_p), HAS_K=has_k, HAS_P=has_p, CHUNK=chunk,
-                            SUB=sub, BLOCK_C=block_c, num_warps=warps)
+    _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, live, cand_x, cand_id, m, z, cut, cut_id, argmax,
+                         n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p), HAS_K=has_k,
+                         HAS_P=has_p, SUB=sub, GB=max(1, GATHER // sub), S=config.probes, T=SEARCH_TILE, T_ROW=ROW_TILE,
+                         BLOCK_C=block_c, BLOCK_G=max(2, triton.next_power_of_2(ng)), num_warps=max(warps, 8))
     return tuple(a.view(bs, n) for a in (m, z, cut, cut_id, argmax))
 
 
