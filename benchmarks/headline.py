@@ -84,6 +84,8 @@ INDEX_CELLS = {(1, 16), (64, 64), (256, 64)}  # (bs, N): the engine's smallest t
 
 
 def tree_kernel_rows(data: dict) -> Rows:
+    from spectool.kernels.verify_sampling_chunked import default_config
+
     for r in data.get("index", []):
         if (r["bs"], r["N"]) in INDEX_CELLS and r["triton_us"] == r["triton_us"]:  # NaN: no Triton here
             yield (f"tree indices from the mask, bs {r['bs']}, N {r['N']}",
@@ -94,8 +96,10 @@ def tree_kernel_rows(data: dict) -> Rows:
             if us == us:
                 yield f"{kind} verify in a CUDA graph, V 128256, bs {r['bs']}, N {r['N']}", f"{us:.1f} µs"
     for r in data.get("sampling", []):  # the engine's chunked sampling verify, float32 logits as it runs them
-        if r["dtype"] == "float32" and r["chunked_graphed_us"] == r["chunked_graphed_us"]:
-            cuts = "temperature" if not r["top_k"] and r["top_p"] >= 1 else f"top-k {r['top_k']}, top-p {r['top_p']:g}"
+        engine_shape = r["config"] in ("default", default_config(r["bs"] * r["N"]))
+        if r["dtype"] == "float32" and engine_shape and r["chunked_graphed_us"] == r["chunked_graphed_us"]:
+            cuts = ", ".join([f"top-k {r['top_k']}"] * (r["top_k"] > 0) + [f"top-p {r['top_p']:g}"] * (r["top_p"] < 1))
+            cuts = cuts or "temperature"
             yield (f"chunked sampling verify in a CUDA graph, {cuts}, V 128256, bs {r['bs']}, N {r['N']}",
                    f"{r['chunked_graphed_us']:.1f} µs, {r['torch_graphed_us'] / r['chunked_graphed_us']:.1f}× "
                    "the torch verify")

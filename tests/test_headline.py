@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from spectool.kernels.verify_sampling_chunked import FEW_ROWS_CONFIG
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "BENCHMARKS.md"
 
@@ -126,9 +128,18 @@ def test_every_source_yields_its_rows(headline, tmp_path):
                                         {"bs": 64, "N": 64, "triton_us": nan, "speedup": nan}],
                               "verify": [{"bs": 1, "N": 16, "greedy_graphed_us": 13.94, "sampling_graphed_us": nan}],
                               "sampling": [{"dtype": "float32", "bs": 1, "N": 16, "top_k": 0, "top_p": 1.0,
-                                            "torch_graphed_us": 338.4, "chunked_graphed_us": 56.4},
+                                            "config": FEW_ROWS_CONFIG, "torch_graphed_us": 338.4,
+                                            "chunked_graphed_us": 56.4},
+                                           {"dtype": "float32", "bs": 1, "N": 16, "top_k": 0, "top_p": 0.9,
+                                            "config": FEW_ROWS_CONFIG, "torch_graphed_us": 330.0,
+                                            "chunked_graphed_us": 1650.0},
+                                           # Another launch shape than the engine's for these rows: not a headline.
+                                           {"dtype": "float32", "bs": 1, "N": 16, "top_k": 0, "top_p": 1.0,
+                                            "config": "c16384-p16-w16", "torch_graphed_us": 338.4,
+                                            "chunked_graphed_us": 99.0},
                                            {"dtype": "bfloat16", "bs": 1, "N": 16, "top_k": 0, "top_p": 1.0,
-                                            "torch_graphed_us": 344.0, "chunked_graphed_us": 58.8}]},
+                                            "config": FEW_ROWS_CONFIG, "torch_graphed_us": 344.0,
+                                            "chunked_graphed_us": 58.8}]},
         "gemv.json": {"rows": [{"shape": "8B", "projection": "o", "N": 4096, "K": 4096, "rows": 1,
                                 "triton_default_us": 10.61, "unfused_us": 13.33},
                                {"shape": "8B", "projection": "o", "N": 4096, "K": 4096, "rows": 4,
@@ -151,6 +162,8 @@ def test_every_source_yields_its_rows(headline, tmp_path):
         ("Kernels", "greedy verify in a CUDA graph, V 128256, bs 1, N 16"): "13.9 µs",
         ("Kernels", "chunked sampling verify in a CUDA graph, temperature, V 128256, bs 1, N 16"):
             "56.4 µs, 6.0× the torch verify",
+        ("Kernels", "chunked sampling verify in a CUDA graph, top-p 0.9, V 128256, bs 1, N 16"):
+            "1650.0 µs, 0.2× the torch verify",
         ("Kernels", "fused one-row GEMV, Llama-3-8B o 4096×4096"): "10.6 µs (cuBLAS and glue 13.3)",
         ("N-gram corpus", "get + put per request, bs 64, 10M-node trie"): "3.9 µs, 52× the Python reference",
         ("N-gram corpus", "get + put per request against SGLang's corpus, BFS, bs 8, 10M-node trie"):

@@ -5,25 +5,24 @@ through ``spectool.verify.target_probs_at``).
 A node's distribution after temperature, top-k and top-p is fixed by five numbers of its row:
 its maximum ``m`` of ``x = logits / temperature``, its argmax, a cut value ``c``, a cut id and the
 normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_t == c`` and
-``t <= cut id``, else 0. They are found without sorting the row, each pass one program per (row, chunk):
+``t <= cut id``, else 0. They are found without sorting the row:
 
-1. ``_stats_kernel``: per chunk the maximum, its first index and the sum of ``exp(x - max)``; and,
-   with a cut, the maximum of every ``sub`` entries, so a later pass skips the groups wholly below
-   what it counts. ``_k_start_kernel`` (top-k), one program per row, sorts those group maxima: k
-   groups whose maxima are at or above v hold k values at or above v, so the k-th largest starts the
-   top-k search, and its rounds read only the k groups (and ties) that can hold the cut.
-2. ``_cut_round_kernel`` (top-k, then top-p): a search over the floats' ordered integer keys with
-   ``probes`` thresholds per round, so a fixed number of rounds (8 for 16 probes) covers the 2**32
-   keys and the step stays graph-capturable; the last of a row's programs to finish a round combines
-   their per-chunk counts (top-k) or masses (top-p) into the row's next interval. Top-k: the largest
-   key with at least k values at or above it (all of a tie at the k-th value is kept, as the
-   reference's ``x < kth`` mask). Top-p: the smallest key whose mass strictly above it is below
-   ``top_p`` of the top-k mass. A last round measures the kept mass and the count of values equal to
-   the cut, and a round whose interval is already one key reads nothing.
-3. ``_finish_kernel``, one program per row: the five numbers. At a top-p cut the reference sorts
-   stably, so equal values keep token-id order and only the first of a tie whose mass before them
-   is below ``top_p`` are kept: the cut id is the last of those, found by the per-chunk tie counts
-   and a scan of one chunk.
+1. ``_stats_kernel``, one program per (row, chunk): per chunk the maximum, its first index and the
+   sum of ``exp(x - max)``; and, with a cut, the maximum of every ``sub`` entries (the group maxima).
+2. ``_cut_kernel``, one program per row: the five numbers. A bound at or below the cut comes from
+   the sorted group maxima (``_bound``): for top-k the k-th largest (k groups whose maxima are at or
+   above v hold k values at or above v); for top-p alone the j-th largest, where the j largest maxima
+   first reach ``top_p`` of the mass (the j largest values weigh at least as much). The values at
+   or above it lie in the groups whose maxima reach it, a few times k groups for top-k: they are
+   copied, with their token ids in order, into a buffer of ``candidates`` entries, and both cuts are
+   searched there (``_gather``). Past the buffer (a wide tie at the cut, or top-p over a flat row)
+   the whole row is searched instead, so any logits get the exact cut. Each search runs over the
+   floats' ordered integer keys with ``probes`` thresholds a round, a fixed number of rounds (8 for
+   16 probes) that covers the 2**32 keys. Top-k: the largest key with at least k values at or above
+   it (all of a tie at the k-th value is kept, as the reference's ``x < kth`` mask). Top-p: the
+   smallest key whose mass strictly above it is below ``top_p`` of the top-k mass; the reference
+   sorts stably, so equal values keep token-id order and only the first of a tie whose mass before
+   them is below ``top_p`` are kept, the last of them the cut id.
 4. ``_decide_kernel``, one program per request: the tree decision (``_tree_decision``, the same as
    the one-program-per-request verify's), the last accepted node and the coin left for its residual.
    ``_residual_kernel``, per (request, chunk): the mass of that node's residual (its children's
@@ -32,8 +31,8 @@ normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_
 5. ``_bonus_kernel``, one program per request: the group that holds the coin, then the residual's
    inverse CDF within that one group, in vocabulary order (float64, as the reference's cumsum).
 
-No host sync, and a fixed launch sequence for given (top_k > 0, top_p < 1). The launch shape is one
-of ``CONFIGS`` (``benchmarks/tree_kernels.py --sampling-configs sweep`` times them all).
+No host sync, and the same launch sequence for every cut. The launch shape is one of ``CONFIGS``
+(``benchmarks/tree_kernels.py --sampling-configs sweep`` times them all).
 """
 
 from __future__ import annotations
@@ -48,8 +47,9 @@ from spectool.kernels.verify_sampling_triton import _tree_decision, decision_out
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """How the vocabulary is split: ``chunk`` entries per program, ``sub`` per step inside it (the
-    [sub, probes] tiles of the cut rounds), ``probes`` thresholds per cut round, ``warps`` per program."""
+    """How the vocabulary is split: ``chunk`` entries per program of the row pass, ``sub`` per group
+    maximum (the candidates are read by whole groups), ``probes`` thresholds per cut search round,
+    ``warps`` per program, ``candidates`` the entries of a row's candidate buffer."""
 
     chunk: int
     sub: int
@@ -69,16 +69,18 @@ CONFIGS = {
     "c16384-p16-w16": LaunchConfig(16384, 512, 16, 16),
     "c1024-p16-w4-g64": LaunchConfig(1024, 64, 16, 4),
     "c2048-p16-w4-g64": LaunchConfig(2048, 64, 16, 4),
+    "c1024-p16-w4-g128": LaunchConfig(1024, 128, 16, 4),
     "c2048-p16-w4-g128": LaunchConfig(2048, 128, 16, 4),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, temperature) 1,024-entry
 # chunks span 18.8 µs per graphed call at bs 1 against 20.4 with 2,048, and 200 µs against 175 at
 # bs 64 (``benchmarks/tree_kernels.py --profile sampling``): a few rows need more, shorter programs.
-DEFAULT_CONFIG = "c2048-p16-w4"
+# Groups of 128 leave fewer candidates than 256: top-k 50 + top-p 0.9 49.0 against 50.8 µs at bs 1
+# and 318.7 against 330.8 at bs 64 (``--sampling-configs``, the four shapes).
+DEFAULT_CONFIG = "c2048-p16-w4-g128"
+FEW_ROWS_CONFIG = "c1024-p16-w4-g128"
 GATHER = 2048  # candidates' values read at once (GATHER // sub groups)
-SEARCH_TILE = 512  # candidates a cut round reads at once
-ROW_TILE = 2048  # values a cut round reads at once where it searches the whole row
-FEW_ROWS_CONFIG = "c1024-p16-w4"
+SEARCH_TILE = 512  # values a cut round reads at once
 FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
 
 
@@ -306,8 +308,7 @@ def _cuts(Logits, CandX, CandId, row, t, count, fits, V, CAP, lo, hi, m, z, roun
 @triton.jit
 def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cut, CutId, Argmax, N, V, NC, NG,
                 CAP, rounds, top_k, top_p, HAS_K: tl.constexpr, HAS_P: tl.constexpr, SUB: tl.constexpr,
-                GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, T_ROW: tl.constexpr, BLOCK_C: tl.constexpr,
-                BLOCK_G: tl.constexpr):
+                GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     m, arg, z = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
     cut = -float("inf")
@@ -319,14 +320,10 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cu
         bound = _bound(gm, g, m, z, NG, top_k, top_p, HAS_K)
         count = _gather(Logits, Live, CandX, CandId, row, t, gm, g, bound, V, NG, CAP, SUB, GB)
         tl.debug_barrier()  # the buffer is whole before it is read
-        lo = _key(bound)
-        hi = _key(m)
-        if count <= CAP:
-            cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, count, True, V, CAP, lo, hi, m, z, rounds, top_k,
-                                   top_p, HAS_K, HAS_P, S, T)
-        else:  # too many candidates (a wide tie, or top-p over a flat row): the whole row, in longer tiles
-            cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, V, False, V, CAP, lo, hi, m, z, rounds, top_k,
-                                   top_p, HAS_K, HAS_P, S, T_ROW)
+        # Too many candidates (a wide tie, or top-p over a flat row): the whole row is searched.
+        fits = count <= CAP
+        cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, tl.where(fits, count, V), fits, V, CAP, _key(bound),
+                               _key(m), m, z, rounds, top_k, top_p, HAS_K, HAS_P, S, T)
     tl.store(M + row, m)
     tl.store(Z + row, z)
     tl.store(Cut + row, cut)
@@ -493,7 +490,7 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     cut_id, argmax = (torch.empty(rows, dtype=torch.int64, device=dev) for _ in range(2))
     _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, live, cand_x, cand_id, m, z, cut, cut_id, argmax,
                          n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p), HAS_K=has_k,
-                         HAS_P=has_p, SUB=sub, GB=max(1, GATHER // sub), S=config.probes, T=SEARCH_TILE, T_ROW=ROW_TILE,
+                         HAS_P=has_p, SUB=sub, GB=max(1, GATHER // sub), S=config.probes, T=SEARCH_TILE,
                          BLOCK_C=block_c, BLOCK_G=max(2, triton.next_power_of_2(ng)), num_warps=max(warps, 8))
     return tuple(a.view(bs, n) for a in (m, z, cut, cut_id, argmax))
 
