@@ -96,11 +96,9 @@ def tree_kernel_rows(data: dict) -> Rows:
             if us == us:
                 yield f"{kind} verify in a CUDA graph, V 128256, bs {r['bs']}, N {r['N']}", f"{us:.1f} µs"
     for r in data.get("sampling", []):  # the engine's chunked sampling verify, float32 logits as it runs them
-        engine_shape = r["config"] in ("default", default_config(r["bs"] * r["N"]))
+        engine_shape = r["config"] == default_config(r["bs"] * r["N"])
         if r["dtype"] == "float32" and engine_shape and r["chunked_graphed_us"] == r["chunked_graphed_us"]:
-            cuts = ", ".join([f"top-k {r['top_k']}"] * (r["top_k"] > 0) + [f"top-p {r['top_p']:g}"] * (r["top_p"] < 1))
-            cuts = cuts or "temperature"
-            yield (f"chunked sampling verify in a CUDA graph, {cuts}, V 128256, bs {r['bs']}, N {r['N']}",
+            yield (f"chunked sampling verify in a CUDA graph, {r['cuts']}, V 128256, bs {r['bs']}, N {r['N']}",
                    f"{r['chunked_graphed_us']:.1f} µs, {r['torch_graphed_us'] / r['chunked_graphed_us']:.1f}× "
                    "the torch verify")
 

@@ -115,6 +115,11 @@ def sampling_configs(arg: str) -> list[str]:
     return names
 
 
+def cuts_label(top_k: int, top_p: float) -> str:
+    """How the tables name a sampling cell's cuts: "temperature", "top-k 50", "top-k 50, top-p 0.9"."""
+    return ", ".join([f"top-k {top_k}"] * (top_k > 0) + [f"top-p {top_p:g}"] * (top_p < 1)) or "temperature"
+
+
 def sampling_case(bs: int, n: int, vocab: int, dtype: torch.dtype, g: torch.Generator):
     """A sampling verify's inputs on the GPU as the benchmarks time it: random trees and logits
     (``dtype``), the coins' seed and nonces, temperature 0.8. Returns (tree, logits, seed, nonces,
@@ -149,15 +154,15 @@ def sampling_table(configs: list[str], g: torch.Generator) -> list[dict]:
                 want = verify_sampling(tree, logits, temps, k, p, coins=coins)
                 torch_us = graphed_us(lambda step=step: step(verify_sampling))
                 fused_us = graphed_us(lambda step=step: step(verify_sampling_fused))
-                cuts = " ".join([f"top-k {k}"] * (k > 0) + [f"top-p {p}"] * (p < 1)) or "temperature"
+                cuts = cuts_label(k, p)
                 for name in (default_config(bs * n) if c == "default" else c for c in configs):
                     got = verify_sampling_chunked(tree, logits, temps, k, p, coins, name)
                     same = all(torch.equal(getattr(got, f), getattr(want, f))
                                for f in ("status", "accept_path", "bonus", "target_argmax"))
                     us = graphed_us(lambda step=step, name=name: step(verify_sampling_chunked, config=name))
                     row = {"dtype": str(dtype).removeprefix("torch."), "bs": bs, "N": n, "V": vocab, "top_k": k,
-                           "top_p": p, "torch_graphed_us": torch_us, "fused_graphed_us": fused_us, "config": name,
-                           "chunked_graphed_us": us, "same_decision": same}
+                           "top_p": p, "cuts": cuts, "torch_graphed_us": torch_us, "fused_graphed_us": fused_us,
+                           "config": name, "chunked_graphed_us": us, "same_decision": same}
                     rows.append(row)
                     print(f"{row['dtype']:>9} {bs:>4} {cuts:>17} {torch_us:>9.1f} {fused_us:>9.1f} {name:>16} "
                           f"{us:>9.1f} {torch_us / us:>8.1f}x {str(same):>5}")

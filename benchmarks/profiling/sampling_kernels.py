@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown launch shape {unknown[0]!r}; one of {', '.join(sorted(CONFIGS))}")
     if not torch.cuda.is_available():
         raise SystemExit("tree_kernels.py --profile sampling profiles CUDA kernels: it needs a GPU")
-    from tree_kernels import capture, sampling_case, warm_up_gpu
+    from tree_kernels import capture, cuts_label, sampling_case, warm_up_gpu
 
     g = torch.Generator().manual_seed(0)
     n, vocab = args.nodes, args.vocab
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(3):
                 graph.replay()
             summary, rows = graph_kernels(graph.replay, args.steps)
-            cuts = ", ".join([f"top-k {top_k}"] * (top_k > 0) + [f"top-p {top_p}"] * (top_p < 1)) or "temperature"
+            cuts = cuts_label(top_k, top_p)
             summary.update(bs=bs, N=n, V=vocab, top_k=top_k, top_p=top_p, config=config, dtype=args.dtype)
             print(f"\nbs {bs}, N {n}, V {vocab}, {args.dtype}, {cuts}, {config}: "
                   f"{summary['kernels_per_step']:.0f} kernels, span {summary['span_us']:.1f} µs, kernels "

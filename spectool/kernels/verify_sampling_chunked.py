@@ -79,9 +79,9 @@ CONFIGS = {
 # and 318.7 against 330.8 at bs 64 (``--sampling-configs``, the four shapes).
 DEFAULT_CONFIG = "c2048-p16-w4-g128"
 FEW_ROWS_CONFIG = "c1024-p16-w4-g128"
+FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
 GATHER = 2048  # candidates' values read at once (GATHER // sub groups)
 SEARCH_TILE = 512  # values a cut round reads at once
-FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
 
 
 def default_config(rows: int) -> str:
