@@ -1,6 +1,7 @@
 """Where a graphed decode step's time goes, kernel by kernel (torch.profiler over CUDA graph replays).
 
     python3 benchmarks/decode.py --profile kernels --shape 8B        # H200, bf16, batch 1, 512-token prefix
+    python3 benchmarks/decode.py --profile kernels --shape 8B --batch 8
     python3 benchmarks/decode.py --profile kernels --shape 8B --unfused
 
 Explains: docs/BENCHMARKS.md "Plain decoding" (its "% of floor" column). Time: under a minute on an H200.
@@ -10,7 +11,7 @@ times it) is captured in a CUDA graph and replayed under the profiler. From the
 kernels' own start/end times it reports per step: each kernel (name shortened) with
 its count and total µs, the sum of kernel time, the step's span from the first
 kernel's start to the last one's end, and the idle time between kernels (span - sum:
-what launches cost inside the graph). Prints a table; writes profile_decode.json to
+what launches cost inside the graph). Prints a table; writes profile_decode_<shape>_b<batch>.json to
 $OUT when it is set.
 """
 
@@ -34,6 +35,7 @@ from spectool.model.llama import Transformer
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="8B")
+    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prefix", type=int, default=512)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--unfused", action="store_true", help="without the fused one-row GEMVs")
@@ -46,31 +48,32 @@ def main(argv: list[str] | None = None) -> int:
     cfg = model_config(args.shape, args.prefix + args.steps + 64)
     with torch.device(device):
         model = Transformer(cfg).to(torch.bfloat16).eval()
-    cache = KVCache.for_model(cfg, 1, args.prefix + args.steps + 64, torch.bfloat16, device)
+    b = args.batch
+    cache = KVCache.for_model(cfg, b, args.prefix + args.steps + 64, torch.bfloat16, device)
 
     def step(tokens, positions, slots, starts):
         hidden = model(tokens, positions, cache=cache, slots=slots, starts=starts)
         return argmax_triton(model.logits(hidden)[:, -1])
 
-    runner = GraphRunner(step, buckets=(1,), enabled=True)
-    slots = torch.zeros(1, dtype=torch.long, device=device)
-    starts = torch.full((1,), args.prefix, dtype=torch.long, device=device)
-    token = torch.zeros(1, 1, dtype=torch.long, device=device)
+    runner = GraphRunner(step, buckets=(b,), enabled=True)
+    slots = torch.arange(b, dtype=torch.long, device=device)
+    starts = torch.full((b,), args.prefix, dtype=torch.long, device=device)
+    token = torch.zeros(b, 1, dtype=torch.long, device=device)
     with torch.inference_mode():
-        runner.capture(1, tokens=token, positions=starts[:, None], slots=slots, starts=starts)
+        runner.capture(b, tokens=token, positions=starts[:, None], slots=slots, starts=starts)
         for _ in range(3):
-            runner(1, tokens=token, positions=starts[:, None], slots=slots, starts=starts)
-        summary, rows = graph_kernels(lambda: runner(1, tokens=token, positions=starts[:, None], slots=slots,
+            runner(b, tokens=token, positions=starts[:, None], slots=slots, starts=starts)
+        summary, rows = graph_kernels(lambda: runner(b, tokens=token, positions=starts[:, None], slots=slots,
                                                       starts=starts), args.steps)
-    summary["shape"] = args.shape
+    summary["shape"], summary["batch"] = args.shape, b
     n = summary["steps"]
     label = args.shape + " (unfused GEMVs)" * args.unfused
-    print(f"{label}, batch 1, prefix {args.prefix}: {summary['kernels_per_step']:.0f} kernels per step, "
+    print(f"{label}, batch {b}, prefix {args.prefix}: {summary['kernels_per_step']:.0f} kernels per step, "
           f"span {summary['span_us']:.0f} µs, kernels {summary['kernel_us']:.0f} µs, "
           f"idle between kernels {summary['idle_us']:.0f} µs (medians over {n} steps)")
     print_rows(rows)
     if os.environ.get("OUT"):
-        name = f"profile_decode_{args.shape}{'_unfused' * args.unfused}.json"
+        name = f"profile_decode_{args.shape}_b{b}{'_unfused' * args.unfused}.json"
         with open(os.path.join(os.environ["OUT"], name), "w") as f:
             json.dump({"summary": summary, "kernels": rows}, f, indent=1)
     return 0

@@ -12,7 +12,7 @@ For the bundled demo target and a random-weight target of the trained 113M shape
 median of ``--repeats`` one-token ``generate`` calls (the prefill and its first token) with CUDA graphs and without,
 each after warm-up calls on the same length; and the summed self time of the CUDA kernels of one
 graphed and one eager call (torch.profiler), what the GPU itself works. Prints a table; writes
-prefill.json to $OUT when it is set.
+prefill.json to $OUT when it is set; the graphed calls also list their costliest kernels.
 """
 
 from __future__ import annotations
@@ -45,16 +45,25 @@ def call_ms(engine, prompts: list[list[int]], repeats: int, sync) -> float:
     return statistics.median(times)
 
 
-def kernel_ms(engine, prompts: list[list[int]]) -> float | None:
-    """Summed self CUDA time of the kernels of one call (None on the CPU)."""
+def kernel_ms(engine, prompts: list[list[int]]) -> tuple[float | None, list[dict]]:
+    """Summed self CUDA time of the kernels of one call (None on the CPU), and the costliest
+    kernels: name (shortened), count and ms."""
     if engine.device.type != "cuda":
-        return None
+        return None, []
     from torch.profiler import ProfilerActivity, profile
+
+    from profiling._kernel_table import short_name
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         engine.generate(prompts, max_new_tokens=1, record=False, ignore_eos=True)
         torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    top = sorted(events, key=lambda e: -e.self_device_time_total)[:TOP_KERNELS]
+    return (sum(e.self_device_time_total for e in events) / 1e3,
+            [{"kernel": short_name(e.key), "count": e.count, "ms": e.self_device_time_total / 1e3} for e in top])
+
+
+TOP_KERNELS = 8  # the costliest kernels listed per graphed call
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,15 +86,19 @@ def main(argv: list[str] | None = None) -> int:
             # Room for a padded prefill: a cache shorter than the padded length prefills eagerly.
             engine = st.Engine(target, max_batch_size=args.batch, max_seq_len=2 * args.length + 8,
                                cuda_graphs=graphs)
+            ms, top = kernel_ms(engine, prompts)
             rows.append({"target": name, "layers": target.config.num_layers, "cuda_graphs": graphs,
                          "prompts": args.batch, "prompt_tokens": args.length,
                          "call_ms": call_ms(engine, prompts, args.repeats, sync),
-                         "kernel_ms": kernel_ms(engine, prompts)})
+                         "kernel_ms": ms, "kernels": top})
             r = rows[-1]
             kernels = "n/a" if r["kernel_ms"] is None else f"{r['kernel_ms']:.2f}"
             print(f"{name:<5} {r['layers']:>3} layers  {args.batch} x {args.length} tokens  graphs {str(graphs):<5}"
                   f"  one-token call {r['call_ms']:7.2f} ms"
                   f"  GPU kernels {kernels} ms", flush=True)
+            if graphs:
+                for k in top:
+                    print(f"    {k['kernel']:<60} {k['count']:>5} x  {k['ms']:7.2f} ms")
             del engine
         del target
     out = os.environ.get("OUT")

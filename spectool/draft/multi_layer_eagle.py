@@ -161,7 +161,10 @@ class MultiLayerEagleDrafter:
         self.hidden[slots, :t] = hidden
         zero = torch.zeros_like(lens)
         for k in range(self.steps):
-            draft, p = self._layer_step(k, slots, zero, lens - 1, lens + k + 1, window=t, kv_len=t + k + 1)
+            # Every start is 0, so no query sees past t: on CUDA reading just t keys makes the attention
+            # plainly causal (ops.cached_attention's flash path); the CPU keeps the width it always read.
+            kv_len = t if self.engine.on_cuda else t + k + 1
+            draft, p = self._layer_step(k, slots, zero, lens - 1, lens + k + 1, window=t, kv_len=kv_len)
             self.chain[slots, k], self.chain_p[slots, k + 1] = draft, p
         return self.chain[slots]
 

@@ -265,6 +265,12 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     L = k_cache.shape[2] if kv_len is None else kv_len
     k = k_cache[:, :, :L].index_select(0, slots)  # [B, Hkv, L, D]; faster on CPU than k_cache[slots, :, :L]
     v = v_cache[:, :, :L].index_select(0, slots)
+    if q.is_cuda and tree_mask is None and L == T:
+        # A prefill from cache index 0 (kv_len == T leaves every start at 0): plainly causal, so flash
+        # attention takes it; with an explicit mask SDPA falls back to the memory-efficient kernel,
+        # which on the H200 made attention most of a long prefill. (The CPU keeps the masked path:
+        # its teacher-forced forwards must round as the engine's masked ones do.)
+        return sdpa(q.transpose(1, 2), k, v, is_causal=True).transpose(1, 2)
     rel = torch.arange(L, device=q.device) - starts[:, None]  # [B, L]: key index relative to the new tokens
     t = torch.arange(T, device=q.device)[:, None]  # [T, 1]
     if tree_mask is None:

@@ -91,3 +91,21 @@ def test_fused_ops_bf16_match_references():
     torch.testing.assert_close(got.float(), ref.float(), atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(kc.float(), kr.float(), atol=1e-2, rtol=1e-2)
     assert torch.equal(vc, vr)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2e-2), (torch.float32, 1e-4)])
+def test_prefill_attention_from_index_0_matches_reference(dtype, tol):
+    """A prefill's attention (starts 0, kv_len = T, no tree mask) takes SDPA's causal path on CUDA;
+    it must attend as the masked reference does, padded rows and GQA included."""
+    from spectool.kernels import ops
+
+    gen = torch.Generator().manual_seed(3)
+    B, T, Hq, Hkv, D = 3, 200, 8, 2, 64
+    kc = torch.randn(4, Hkv, 512, D, generator=gen).to(dtype).cuda()
+    vc = torch.randn(4, Hkv, 512, D, generator=gen).to(dtype).cuda()
+    q = torch.randn(B, T, Hq, D, generator=gen).to(dtype).cuda()
+    slots = torch.tensor([2, 0, 3], device="cuda")
+    starts = torch.zeros(B, dtype=torch.long, device="cuda")
+    ref = attn.cached_attention_reference(q, kc, vc, slots, starts)
+    out = ops.cached_attention(q, kc, vc, slots, starts, None, T)
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
