@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import threading
 import time
 from collections import deque
@@ -260,6 +261,11 @@ class Engine:
         prefilled: dict[int, int] = {}  # first tokens not yet reported in an event
         batch = lens_roots = None  # the running batch, rebuilt only when requests join or leave
         self._next_draft = None
+        # Whatever exists before the call (the model, the caller's notebook) is set aside from the
+        # cycle collector while it runs, so a full collection scans only what the call makes: with
+        # transformers imported a full scan took 130 ms on the CPU, a pause inside some iteration
+        # that both the decode and end-to-end figures of a 150 ms call feel.
+        gc.freeze()
         try:
             while waiting or running:
                 if self._stop.is_set():
@@ -305,6 +311,7 @@ class Engine:
                 iteration += 1
                 yield event
         finally:
+            gc.unfreeze()
             bar.close()
             for req in requests:
                 if req.finish_reason is None:

@@ -148,3 +148,23 @@ def test_request_stop_from_another_thread_ends_cleanly(target, demo_model_dir, p
     out = engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False)
     assert out.token_ids == plain
     assert set(out.finish_reasons) == {"length"}
+
+
+def test_a_call_sets_the_heap_before_it_aside_from_the_cycle_collector(target, demo_model_dir, prompts):
+    """While a stream runs, what existed before it is frozen (a full collection inside an iteration
+    scans only what the call made); the heap is thawed when the stream ends or is closed early."""
+    import gc
+
+    engine = make_engine(target, demo_model_dir, "eagle")
+    assert gc.get_freeze_count() == 0
+    before = [[] for _ in range(100)]  # tracked objects that exist before the call
+    stream = engine.stream(prompts[:2], max_new_tokens=MAX_NEW, ignore_eos=True, record=False)
+    next(stream)
+    assert gc.get_freeze_count() >= len(before)
+    for _ in stream:
+        pass
+    assert gc.get_freeze_count() == 0
+    stream = engine.stream(prompts[:2], max_new_tokens=MAX_NEW, ignore_eos=True, record=False)
+    next(stream)
+    stream.close()
+    assert gc.get_freeze_count() == 0
