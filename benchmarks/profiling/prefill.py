@@ -50,6 +50,7 @@ def kernel_ms(engine, prompts: list[list[int]]) -> tuple[float | None, list[dict
     kernels: name (shortened), count and ms."""
     if engine.device.type != "cuda":
         return None, []
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from profiling._kernel_table import short_name
@@ -57,7 +58,10 @@ def kernel_ms(engine, prompts: list[list[int]]) -> tuple[float | None, list[dict
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         engine.generate(prompts, max_new_tokens=1, record=False, ignore_eos=True)
         torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    # The kernels' own rows: an aten op's row also carries the device time of the kernels it
+    # launched, so summing every row counts those kernels twice.
+    events = [e for e in prof.key_averages()
+              if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
     top = sorted(events, key=lambda e: -e.self_device_time_total)[:TOP_KERNELS]
     return (sum(e.self_device_time_total for e in events) / 1e3,
             [{"kernel": short_name(e.key), "count": e.count, "ms": e.self_device_time_total / 1e3} for e in top])
