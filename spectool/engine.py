@@ -233,7 +233,9 @@ class Engine:
             progress: show a progress bar of generated tokens.
 
         With ``record=True`` each event's ``records`` holds that iteration's rows as
-        ``IterationView`` objects.
+        ``IterationView`` objects. While the stream runs (suspended between events included), the
+        objects that existed before it are left out of Python's cycle collection (``gc.freeze``),
+        so no full collection pauses an iteration; they are collected again once it ends or is closed.
         """
         self._validate_sampling(max_new_tokens, temperature, top_k, top_p)
         requests = [self._make_request(i, p, max_new_tokens) for i, p in enumerate(prompts)]
