@@ -31,6 +31,8 @@ from speculative import default_device
 import spectool as st
 from spectool.demo import demo_model
 
+TOP_KERNELS = 8  # the costliest kernels listed per graphed call
+
 
 def call_ms(engine, prompts: list[list[int]], repeats: int, sync) -> float:
     for _ in range(3):  # the padded length's graph is captured here, not in the timed calls
@@ -65,9 +67,6 @@ def kernel_ms(engine, prompts: list[list[int]]) -> tuple[float | None, list[dict
     top = sorted(events, key=lambda e: -e.self_device_time_total)[:TOP_KERNELS]
     return (sum(e.self_device_time_total for e in events) / 1e3,
             [{"kernel": short_name(e.key), "count": e.count, "ms": e.self_device_time_total / 1e3} for e in top])
-
-
-TOP_KERNELS = 8  # the costliest kernels listed per graphed call
 
 
 def main(argv: list[str] | None = None) -> int:
