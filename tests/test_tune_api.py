@@ -123,7 +123,7 @@ def test_every_engine_point_is_the_median_of_interleaved_passes(target, demo_mod
     # The host's speed moves over a calibration's minutes: each engine point is timed once per pass over
     # the whole grid (not its passes back to back) and keeps the median of its passes.
     calls = []
-    fake = {}  # (config, batch) -> this point's run medians, in order
+    fake = {}  # (config, batch) -> this point's run means, in order
 
     def one_run(self, engine, new_tokens, batch_size, full_trees):
         key = (repr(engine.draft_config), batch_size)
@@ -137,14 +137,34 @@ def test_every_engine_point_is_the_median_of_interleaved_passes(target, demo_mod
         for b in (1, 2):
             fake[(repr(c), b)] = [100.0 * i + 10 * b + d for d in (3, 1, 2)]  # median: the pass with + 2
     expected = [[100.0 * i + 10 * b + 2 for b in (1, 2)] for i in range(len(configs))]
-    monkeypatch.setattr(calibration._Runs, "run_median_us", one_run)
+    monkeypatch.setattr(calibration._Runs, "run_mean_us", one_run)
     assert calibration.PASSES == 3
     assert calibration._interleaved(runs, configs, [1, 2], progress=False) == expected
     points = [(repr(c), b) for c in configs for b in (1, 2)]
     assert [k for k, _ in calls] == points * calibration.PASSES  # pass after pass over the whole grid
     assert [f for _, f in calls] == [isinstance(c, st.NgramConfig) for c in configs for b in (1, 2)] * 3
     fake[(repr(None), 1)] = [900.0, 300.0, 500.0]
-    assert runs.median_us(types.SimpleNamespace(draft_config=None), 8, 1) == 500.0
+    assert runs.point_us(types.SimpleNamespace(draft_config=None), 8, 1) == 500.0
+
+
+def test_a_calibration_run_keeps_the_mean_of_its_timed_iterations(target, monkeypatch):
+    # A workload's tokens/s is its tokens over the sum of its iterations: what a run keeps is the mean
+    # of the iterations it times (after the warm ones), which a few slow iterations move and a median
+    # would not.
+    from spectool.stats import RunStats
+
+    add = RunStats.add_iteration
+
+    def timed(self, iteration, request_ids, accept_lengths, tree_depths, phase_us):
+        add(self, iteration, request_ids, accept_lengths, tree_depths,
+            {**phase_us, "iteration_us": 1000.0 if iteration % 4 == 0 else 100.0})
+
+    monkeypatch.setattr(RunStats, "add_iteration", timed)
+    runs = calibration._Runs(target, 32, 8, 1)
+    engine, new_tokens = runs.engine(None)
+    first = calibration.WARM_ITERATIONS  # the engine counts iterations from 0
+    times = [1000.0 if k % 4 == 0 else 100.0 for k in range(first, first + 8)]
+    assert runs.run_mean_us(engine, new_tokens, 1, full_trees=False) == pytest.approx(sum(times) / len(times))
 
 
 def test_every_ngram_calibration_run_drafts_from_the_same_corpus(target, monkeypatch):
@@ -164,7 +184,7 @@ def test_every_ngram_calibration_run_drafts_from_the_same_corpus(target, monkeyp
     engine, new_tokens = runs.engine(st.NgramConfig(num_draft_tokens=4))
     for _ in range(3):
         trees.append([])
-        runs.run_median_us(engine, new_tokens, 2, full_trees=True)
+        runs.run_mean_us(engine, new_tokens, 2, full_trees=True)
     assert trees[0] and any(any(v[1:]) for _, valid in trees[0] for v in valid)  # trees were drafted
     assert trees[1] == trees[0] and trees[2] == trees[0]
 

@@ -3,7 +3,8 @@
 What an iteration costs is measured as the engine runs it: per grid point the real engine
 (its CUDA graphs, its one host sync per iteration, the host's launches overlapping the
 device's work, the next draft started before the iteration ends) decodes synthetic
-prompts, and the median of its own ``iteration_us`` is kept. Plain decoding gives the
+prompts, and the mean of its own ``iteration_us`` is kept (a workload's tokens/s is its tokens over
+the sum of its iterations, so a mean, not a median, predicts it). Plain decoding gives the
 iteration per batch size; each draft method gives it per (batch size, N) for N-gram, per
 (batch size, top-k, steps) at one tree size each for EAGLE, and per (batch size, steps)
 for multi-layer EAGLE. The verify step is also timed alone per (batch size, N), through
@@ -118,14 +119,14 @@ class _Runs:
         every_token = np.random.default_rng(1).permutation(self.target.config.vocab_size).tolist()
         corpus.batch_put([every_token], req_ids=None, total_lens=None)
 
-    def median_us(self, engine, new_tokens: int, batch_size: int, full_trees: bool = False) -> float:
-        """Median over PASSES runs of the engine's median ``iteration_us`` at this batch size (see
-        ``run_median_us``), the runs one after another: one point timed as calibrate times each."""
-        return float(statistics.median(self.run_median_us(engine, new_tokens, batch_size, full_trees)
+    def point_us(self, engine, new_tokens: int, batch_size: int, full_trees: bool = False) -> float:
+        """Median over PASSES runs of the engine's mean ``iteration_us`` at this batch size (see
+        ``run_mean_us``), the runs one after another: one point timed as calibrate times each."""
+        return float(statistics.median(self.run_mean_us(engine, new_tokens, batch_size, full_trees)
                                        for _ in range(PASSES)))
 
-    def run_median_us(self, engine, new_tokens: int, batch_size: int, full_trees: bool) -> float:
-        """One run: the median ``iteration_us`` of ``iterations`` of the engine's iterations at this batch
+    def run_mean_us(self, engine, new_tokens: int, batch_size: int, full_trees: bool) -> float:
+        """One run: the mean ``iteration_us`` of ``iterations`` of the engine's iterations at this batch
         size, after the warm ones; ``full_trees`` (N-gram): only iterations that verified a drafted tree
         (not the roots alone), looked for over at most SEARCH times as many. An N-gram run starts from
         a corpus that holds every token of the vocabulary once, in a random order (``start_corpus``):
@@ -150,18 +151,18 @@ class _Runs:
             why = (" verified a drafted tree (the target does not continue the repeated prompts)" if full_trees
                    else " ran with the whole batch (too few positions left past --context)")
             raise ValueError(f"calibration of {engine.method} at batch {batch_size}: no iteration{why}")
-        return float(statistics.median(times))
+        return float(statistics.fmean(times))
 
 
 @torch.no_grad()
 def time_iterations(target, draft, batch_size: int, context: int = 256, iterations: int = 20) -> float:
-    """Median µs of an iteration of ``draft`` (None: plain decoding) at ``batch_size``, timed as
-    ``calibrate`` times a grid point (a fresh engine over the synthetic prompts, ``iterations``
-    after the warm ones, N-gram's those that verified a drafted tree; the median of PASSES runs)."""
+    """µs of an iteration of ``draft`` (None: plain decoding) at ``batch_size``, timed as ``calibrate``
+    times a grid point (a fresh engine over the synthetic prompts, the mean of ``iterations`` after
+    the warm ones, N-gram's those that verified a drafted tree; the median of PASSES runs)."""
     runs = _Runs(target, context, iterations, batch_size)
     engine, new_tokens = runs.engine(draft)
     try:
-        return runs.median_us(engine, new_tokens, batch_size, full_trees=isinstance(draft, NgramConfig))
+        return runs.point_us(engine, new_tokens, batch_size, full_trees=isinstance(draft, NgramConfig))
     finally:
         del engine
         _free(torch.device(target.device))
@@ -262,7 +263,7 @@ def calibrate(target, eagle_path=None, multi_layer_path=None, batch_sizes: Seque
 
 def _interleaved(runs: _Runs, configs: list, bss: Sequence[int], progress: bool) -> list[list[float]]:
     """Per configuration (None: plain decoding), per batch size: the median over PASSES passes of one
-    run's median iteration. Each pass times every (configuration, batch size) once, in order; the
+    run's mean iteration. Each pass times every (configuration, batch size) once, in order; the
     engines are made once and kept through the passes (their graphs captured in the first)."""
     engines = [runs.engine(c) for c in configs]
     samples = [[[] for _ in bss] for _ in configs]
@@ -270,7 +271,7 @@ def _interleaved(runs: _Runs, configs: list, bss: Sequence[int], progress: bool)
     for _ in range(PASSES):
         for (engine, new_tokens), config, per_b in zip(engines, configs, samples):
             for b, out in zip(bss, per_b):
-                out.append(runs.run_median_us(engine, new_tokens, b, full_trees=isinstance(config, NgramConfig)))
+                out.append(runs.run_mean_us(engine, new_tokens, b, full_trees=isinstance(config, NgramConfig)))
                 bar.update(1)
     bar.close()
     del engines

@@ -2,8 +2,9 @@
 
 ``spectool bench --calibrate`` writes it (``spectool.tune.calibrate``); the tuner reads it
 to turn predicted iterations (batch size and tree size per iteration) into predicted
-tokens/s. Every draft grid point holds the median iteration of the real engine running that
-configuration at that batch size, so the model is exact there; an iteration is
+tokens/s. Every draft grid point holds the mean iteration of the real engine running that
+configuration at that batch size (the median of a few runs' means), so the model is exact
+there; an iteration is
 
     iteration_us = plain_us(B) + tree_us(B, N) + draft_us(method, config, B, N)
 
