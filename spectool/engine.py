@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from spectool.config import DraftConfig
-from spectool.draft import Batch, make_drafter, prefill_groups
+from spectool.draft import Batch, Prefill, make_drafter, prefill_groups
 from spectool.draft.tree import DraftTree, MaskTree, chain_tree
 from spectool.graphs import GraphRunner
 from spectool.kernels import ops
@@ -681,7 +681,8 @@ class Engine:
         on_admit = getattr(self.drafter, "on_admit", None)  # host work that can overlap the prefill
         if on_admit is not None:
             on_admit([r.request_id for r in reqs], [r.prompt for r in reqs])
-        for group in self._prefill_groups(reqs):
+        groups = self._prefill_groups(reqs)
+        for g, group in enumerate(groups):
             lens = [len(r.prompt) for r in group]
             t, graphed = self.prefill_length(len(group), max(lens))
             dev = self.device
@@ -695,17 +696,25 @@ class Engine:
             logits, *feed = step(tokens=tokens, slots=slots, last=last)
             rows = torch.arange(len(group), device=dev)
             res = self._verify(self._root_tree(tokens[rows, last], last), logits, sampling, generator)
+            prefill = Prefill([r.request_id for r in group], slots, tokens, res.bonus, lens,
+                              feed[0] if feed else None, graphed, [r.history for r in group],
+                              last_group=g == len(groups) - 1)
+            # Group by group: a prefill graph's outputs are rewritten by its next replay. A drafter
+            # that works on the device is fed before the host reads the first tokens, so its prefill
+            # runs on the GPU straight after the target's (after the read, it cost EAGLE's prefill a
+            # host round trip and its own launches while the GPU idled).
+            learns_on_host = self.drafter is not None and self.drafter.host_accepted
+            if self.drafter is not None and not learns_on_host:
+                with self._drafting():
+                    self.drafter.on_prefill(prefill)
             for req, first, n in zip(group, res.bonus.tolist(), lens):
                 req.output.append(first)
                 req.history.append(first)
                 req.seq_len = n
             stats.prefill_tokens += sum(lens)
             stats.generated_tokens += len(group)
-            if self.drafter is not None:
-                # Group by group: a prefill graph's outputs are rewritten by its next replay.
-                with self._drafting():
-                    self.drafter.on_prefill(self._batch(group)[0],
-                                            [h[:n] for h, n in zip(feed[0], lens)] if feed else [])
+            if learns_on_host:
+                self.drafter.on_prefill(prefill)
 
     def _drafting(self):
         """The context of the drafter's forwards: in deterministic mode the batch-invariant kernels too,
@@ -1033,7 +1042,7 @@ class _NotLearning:
     def on_admit(self, request_ids: list[int], prompts: list[list[int]]) -> None:
         pass
 
-    def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
+    def on_prefill(self, prefill: Prefill) -> None:
         pass
 
     def on_verify(self, *args, **kwargs) -> None:

@@ -168,3 +168,58 @@ def test_a_call_sets_the_heap_before_it_aside_from_the_cycle_collector(target, d
     next(stream)
     stream.close()
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle", "multi_layer_eagle"])
+def test_a_drafter_is_fed_each_prefill_group_as_its_kind_needs(target, demo_model_dir, prompts, plain, method):
+    # A drafter that works on the device is fed before the engine reads the first tokens on the host
+    # (its prefill is queued behind the target's), so the requests' histories hold just their prompts
+    # then; the N-gram trie learns on the host, after that read, the first token in each history, and
+    # waits for the prompts' insertion after the last group alone. Either way the output is plain's.
+    engine = make_engine(target, demo_model_dir, method, max_batch_size=4)
+    engine.prefill_budget = 48  # several prefill groups per admission
+    seen = []
+    drafter = engine.drafter
+    on_prefill = drafter.on_prefill
+
+    def spy(prefill):
+        first = prefill.first.tolist()
+        seen.append([(len(h) - n, h[n:]) for h, n in zip(prefill.histories, prefill.lens)]
+                    + [prefill.with_first()[b, :n + 1].tolist() == h[:n] + [first[b]]
+                       for b, (h, n) in enumerate(zip(prefill.histories, prefill.lens))]
+                    + [prefill.last_group])
+        inside.append(prefill.last_group)
+        on_prefill(prefill)
+        inside.pop()
+
+    drafter.on_prefill = spy
+    inside: list[bool] = []  # the group being fed, while its on_prefill runs
+    waits = []  # per wait for the trie inside an on_prefill: (that call's index, its group was the last)
+    if method == "ngram":
+        corpus = drafter.corpus
+
+        class Counting:
+            def __getattr__(self, name):
+                return getattr(corpus, name)
+
+            def synchronize(self):
+                if inside:
+                    waits.append((len(seen) - 1, inside[-1]))
+                corpus.synchronize()
+
+        drafter.corpus = Counting()
+    got = engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False).token_ids
+    assert got == plain
+    assert len(seen) > 2
+    for entry in seen:
+        *histories, last = entry
+        rows = len(histories) // 2
+        if method == "ngram":  # after the host read: each history gained its first token
+            assert all(k == 1 for k, _ in histories[:rows])
+        else:
+            assert all(k == 0 for k, _ in histories[:rows])
+        assert all(histories[rows:])  # with_first(): each prompt, then its first token
+    assert any(not entry[-1] for entry in seen)  # some admissions had more than one group
+    if method == "ngram":  # one wait per admission, in its last group's call
+        assert [w for w in waits if w[1]] == waits
+        assert [i for i, _ in waits] == [i for i, entry in enumerate(seen) if entry[-1]]

@@ -4,8 +4,12 @@ A drafter sees the engine at these fixed points:
 
 - ``on_admit(request_ids, prompts)`` (optional) before the target prefills new requests, for
   host work that can run meanwhile (the N-gram trie inserts the prompts on its worker thread);
-- ``on_prefill(batch, hiddens)`` after the target prefilled new requests (``hiddens[b]``:
-  the prompt's hidden states [L, H], before the final norm);
+- ``on_prefill(prefill)`` after each group of new requests the target prefilled (a ``Prefill``:
+  the padded prompts, the first sampled tokens and the hidden states the drafter reads, on the
+  device). A drafter whose ``host_accepted`` is False is called before the engine's host sync
+  on the first tokens, so its prefill runs on the GPU right after the target's while the host
+  reads them; one that learns on the host (the N-gram trie) is called after it, its
+  ``histories`` then holding the first tokens;
 - ``draft(batch, timer) -> (DraftTree | MaskTree, why)`` before the verify forward (``why``
   holds the per-row reasons the recorder stores: ngram match length and breadth, EAGLE
   per-step top-k; a MaskTree is completed inside the engine's verify step);
@@ -54,6 +58,41 @@ class Batch:
         return len(self.request_ids)
 
 
+@dataclass
+class Prefill:
+    """One prefill group's forward as the drafters read it, right-padded to the group's length t.
+
+    ``tokens`` [G, t] the prompts (0 past each), ``first`` [G] each request's first token (sampled
+    from the prefill's logits, on the device), ``lens`` the prompt lengths, ``hidden`` [G, t, H]
+    what the drafter reads of the target (its hidden states, before the final norm; past a prompt
+    the padding's), None when it reads none; ``graphed``: whether the target ran the group in a
+    prefill graph (a drafter's own prefill of the same shape can too). ``histories`` are the
+    requests' own lists: the prompt, and the first token once the engine has read it on the host.
+    ``last_group``: no other group of these admitted requests follows this one. The tensors are a
+    prefill graph's outputs, rewritten by its next replay: read them in the call.
+    """
+
+    request_ids: list[int]
+    slots: torch.Tensor  # [G] int64, device
+    tokens: torch.Tensor  # [G, t] int64, device
+    first: torch.Tensor  # [G] int64, device
+    lens: list[int]
+    hidden: torch.Tensor | None
+    graphed: bool
+    histories: list[list[int]]
+    last_group: bool = True
+
+    @property
+    def length(self) -> int:
+        return self.tokens.shape[1]
+
+    def with_first(self) -> torch.Tensor:
+        """[G, t + 1]: each prompt followed by its first token, then zeros (on the device: no host sync)."""
+        out = torch.nn.functional.pad(self.tokens, (0, 1))
+        lens = torch.tensor(self.lens, device=self.tokens.device)
+        return out.scatter_(1, lens[:, None], self.first[:, None].to(out.dtype))
+
+
 def accepted_inputs(tree_tokens: torch.Tensor, accept_path: torch.Tensor, accept_length: torch.Tensor,
                     bonus: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """What a draft layer is extended over after a verify, on the device (graph safe).
@@ -68,13 +107,6 @@ def accepted_inputs(tree_tokens: torch.Tensor, accept_path: torch.Tensor, accept
     tokens = torch.nn.functional.pad(tree_tokens.gather(1, path[:, 1:]), (0, n - path.shape[1] + 1))
     tokens.scatter_(1, accept_length[:, None], bonus[:, None])
     return tokens, hidden.gather(1, path[..., None].expand(-1, -1, hidden.shape[-1]))
-
-
-def pad_to(x: torch.Tensor, length: int) -> torch.Tensor:
-    """``x`` [B, T, ...] right-padded with zeros to ``length`` along dim 1 (itself when T = length)."""
-    if x.shape[1] >= length:
-        return x
-    return torch.cat([x, x.new_zeros(x.shape[0], length - x.shape[1], *x.shape[2:])], dim=1)
 
 
 def prefill_groups(lengths: list[int], budget: int,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from spectool.draft import Batch
+from spectool.draft import Prefill
 from spectool.draft.eagle import EagleDrafter
 from spectool.kernels.topk import row_topk
 
@@ -52,14 +52,14 @@ class DraftModelDrafter(EagleDrafter):
     def _top_children(self, normed: torch.Tensor, out=None) -> tuple[torch.Tensor, torch.Tensor]:
         return row_topk(self.model.logits(normed), self.config.topk, softmax=True, out=out)
 
-    def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
-        for b in range(batch.size):
-            hist = batch.histories[b]  # the prompt, then the first sampled token (the root)
-            tokens = torch.tensor([hist], dtype=torch.long, device=self.device)
+    def on_prefill(self, prefill: Prefill) -> None:
+        histories = prefill.with_first()  # the prompt, then the first sampled token (the root)
+        for b, n in enumerate(prefill.lens):
+            tokens = histories[b:b + 1, :n + 1]
             start = torch.full((1,), -1, dtype=torch.long, device=self.device)  # -1: index 0 holds x[0]
             self._kv_len = 0
             # A draft model reads no hidden state: the tokens stand in for it, unread.
-            self._extend_step(batch.slots[b:b + 1], start, tokens, tokens, start + len(hist))
+            self._extend_step(prefill.slots[b:b + 1], start, tokens, tokens, start + n + 1)
 
 
 def check_same_vocabulary(target, draft) -> None:

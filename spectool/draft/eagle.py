@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from spectool.draft import Batch, accepted_inputs, pad_to, prefill_groups
+from spectool.draft import Batch, Prefill, accepted_inputs
 from spectool.draft.tree import DraftTree, eagle_tree_from_candidates
 from spectool.graphs import GraphRunner
 from spectool.kernels.topk import row_topk
@@ -149,21 +149,15 @@ class EagleDrafter:
             self._kv_len += self.num_draft_tokens
         return self._draft_step(slots, starts + length + 1, bonus)
 
-    def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
-        # The prompts in right-padded groups, one extend each (one per prompt cost a draft prefill
-        # as much host time as the target's): padding writes past a prompt's end in the draft cache,
-        # where the first extend after a verify writes before anything reads.
-        for rows in prefill_groups([len(h) for h in hiddens], self.engine.prefill_budget):
-            lens = [len(hiddens[b]) for b in rows]  # prompt lengths; a history also holds the root
-            t, graphed = self.engine.prefill_length(len(rows), max(lens))
-            tokens = torch.tensor([batch.histories[b][1:] + [0] * (t - n) for b, n in zip(rows, lens)],
-                                  dtype=torch.long, device=self.device)
-            hidden = pad_to(torch.nn.utils.rnn.pad_sequence([hiddens[b] for b in rows], batch_first=True), t)
-            index = torch.tensor(rows, device=self.device)
-            last = torch.tensor(lens, device=self.device) - 1
-            self._kv_len = 0
-            step = functools.partial(self._prefill_runner, len(rows)) if graphed else self._extend_step
-            step(slots=batch.slots[index], starts=torch.zeros_like(last), tokens=tokens, hidden=hidden, last=last)
+    def on_prefill(self, prefill: Prefill) -> None:
+        # The target's group as it is, one extend: a token with the hidden state before it, so the
+        # prompt from its second token then the first sampled one. Padding writes past a prompt's
+        # end in the draft cache, where the first extend after a verify writes before anything reads.
+        tokens = prefill.with_first()[:, 1:]
+        last = torch.tensor(prefill.lens, device=self.device) - 1
+        self._kv_len = 0
+        step = functools.partial(self._prefill_runner, len(prefill.lens)) if prefill.graphed else self._extend_step
+        step(slots=prefill.slots, starts=torch.zeros_like(last), tokens=tokens, hidden=prefill.hidden, last=last)
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
                   accepted: list[list[int]] | None, timer) -> None:

@@ -26,7 +26,7 @@ import functools
 import torch
 
 from spectool.config import MultiLayerEagleConfig
-from spectool.draft import Batch, accepted_inputs, pad_to, prefill_groups
+from spectool.draft import Batch, Prefill, accepted_inputs
 from spectool.draft.tree import DraftTree, chain_tree
 from spectool.graphs import GraphRunner
 
@@ -136,29 +136,25 @@ class MultiLayerEagleDrafter:
         tokens = torch.cat([roots[:, None], self.chain[slots]], dim=1)
         return chain_tree(tokens, self.chain_p[slots], seq_lens)
 
-    def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
-        # The prompts in right-padded groups, each layer one step per group (one per prompt and
-        # layer cost a draft prefill several times the target's host time). A short row's padding
-        # lands past its prompt (zeros in the token and hidden tables, junk in the layer caches
-        # and features), and the first extend after a verify rewrites those indices before any
-        # layer reads them; its drafts are written after the padding, where later layers read them.
-        for rows in prefill_groups([len(h) for h in hiddens], self.engine.prefill_budget):
-            lens = [len(hiddens[b]) for b in rows]
-            t, graphed = self.engine.prefill_length(len(rows), max(lens))
-            index = torch.tensor(rows, device=self.device)
-            tokens = torch.tensor([batch.histories[b] + [0] * (t - n) for b, n in zip(rows, lens)],
-                                  device=self.device)
-            hidden = pad_to(torch.nn.utils.rnn.pad_sequence([hiddens[b] for b in rows], batch_first=True), t)
-            step = functools.partial(self._prefill_runner, len(rows)) if graphed else self._prefill_step
-            step(slots=batch.slots[index], tokens=tokens, hidden=hidden, lens=torch.tensor(lens, device=self.device))
+    def on_prefill(self, prefill: Prefill) -> None:
+        # The target's group as it is, each layer one step over it (one per prompt and layer cost a
+        # draft prefill several times the target's host time). A short row's padding lands past its
+        # prompt (zeros in the token and hidden tables, junk in the layer caches and features), and
+        # the first extend after a verify rewrites those indices before any layer reads them; its
+        # drafts are written after the padding, where later layers read them.
+        step = (functools.partial(self._prefill_runner, len(prefill.lens)) if prefill.graphed
+                else self._prefill_step)
+        step(slots=prefill.slots, tokens=prefill.with_first(), hidden=prefill.hidden,
+             lens=torch.tensor(prefill.lens, device=self.device))
 
     def _prefill_step(self, slots, tokens, hidden, lens):
         """Every layer's extend over right-padded prompts: ``tokens`` [B, T + 1] the histories (the
-        prompt and its first token), ``hidden`` [B, T, H] the target's hidden states, ``lens`` [B] the
-        prompt lengths. Returns the chain's drafts [B, steps]."""
+        prompt and its first token), ``hidden`` [B, T, H] the target's hidden states (past a prompt,
+        the padding's), ``lens`` [B] the prompt lengths. Returns the chain's drafts [B, steps]."""
         t = hidden.shape[1]
         self.tokens[slots, :t + 1] = tokens
-        self.hidden[slots, :t] = hidden
+        live = torch.arange(t, device=hidden.device) < lens[:, None]
+        self.hidden[slots, :t] = hidden.masked_fill(~live[..., None], 0)  # the padding's states left out
         zero = torch.zeros_like(lens)
         for k in range(self.steps):
             # Every start is 0, so no query sees past t: on CUDA reading just t keys makes the attention

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from spectool.config import NgramConfig
-from spectool.draft import Batch
+from spectool.draft import Batch, Prefill
 from spectool.draft.tree import MaskTree
 from spectool.prompts import read_jsonl, read_text
 
@@ -123,14 +123,16 @@ class NgramDrafter:
         # before the target's prefill, the worker thread does it while the GPU prefills.
         self._put("admit", prompts, request_ids, [len(p) for p in prompts])
 
-    def on_prefill(self, batch: Batch, hiddens: list[torch.Tensor]) -> None:
+    def on_prefill(self, prefill: Prefill) -> None:
         # Then only the first sampled token is new for each request (the put state continues
         # from on_admit's), which counts exactly what one put of the whole history would.
         depth = self.config.max_trie_depth
-        self._put("prefill", [h[-depth:] for h in batch.histories], batch.request_ids,
-                  [len(h) for h in batch.histories])
-        # Wait here, in the prefill, rather than in the first decode iteration's get.
-        if self.corpus is not None:
+        self._put("prefill", [h[-depth:] for h in prefill.histories], prefill.request_ids,
+                  [len(h) for h in prefill.histories])
+        # Wait after the last group's prefill, not in the first decode iteration's get: the prompts'
+        # insertion (queued at on_admit, about 1 ms per thousand tokens) then overlaps every group's
+        # forward, where a wait after each group held the later groups back until it finished.
+        if self.corpus is not None and prefill.last_group:
             self.corpus.synchronize()
 
     def draft(self, batch: Batch, timer) -> tuple[MaskTree, dict]:
