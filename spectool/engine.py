@@ -696,7 +696,7 @@ class Engine:
             logits, *feed = step(tokens=tokens, slots=slots, last=last)
             rows = torch.arange(len(group), device=dev)
             res = self._verify(self._root_tree(tokens[rows, last], last), logits, sampling, generator)
-            prefill = Prefill([r.request_id for r in group], slots, tokens, res.bonus, lens,
+            prefill = Prefill([r.request_id for r in group], slots, tokens, res.bonus, lens, last,
                               feed[0] if feed else None, graphed, [r.history for r in group],
                               last_group=g == len(groups) - 1)
             # Group by group: a prefill graph's outputs are rewritten by its next replay. A drafter

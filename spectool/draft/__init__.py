@@ -63,7 +63,9 @@ class Prefill:
     """One prefill group's forward as the drafters read it, right-padded to the group's length t.
 
     ``tokens`` [G, t] the prompts (0 past each), ``first`` [G] each request's first token (sampled
-    from the prefill's logits, on the device), ``lens`` the prompt lengths, ``hidden`` [G, t, H]
+    from the prefill's logits, on the device), ``lens`` the prompt lengths and ``last`` [G] each
+    one's last index on the device (a host list made a device tensor here would wait for the
+    target's prefill to finish, since a copy from pageable memory syncs the stream), ``hidden`` [G, t, H]
     what the drafter reads of the target (its hidden states, before the final norm; past a prompt
     the padding's), None when it reads none; ``graphed``: whether the target ran the group in a
     prefill graph (a drafter's own prefill of the same shape can too). ``histories`` are the
@@ -77,6 +79,7 @@ class Prefill:
     tokens: torch.Tensor  # [G, t] int64, device
     first: torch.Tensor  # [G] int64, device
     lens: list[int]
+    last: torch.Tensor  # [G] int64, device
     hidden: torch.Tensor | None
     graphed: bool
     histories: list[list[int]]
@@ -89,8 +92,7 @@ class Prefill:
     def with_first(self) -> torch.Tensor:
         """[G, t + 1]: each prompt followed by its first token, then zeros (on the device: no host sync)."""
         out = torch.nn.functional.pad(self.tokens, (0, 1))
-        lens = torch.tensor(self.lens, device=self.tokens.device)
-        return out.scatter_(1, lens[:, None], self.first[:, None].to(out.dtype))
+        return out.scatter_(1, self.last[:, None] + 1, self.first[:, None].to(out.dtype))
 
 
 def accepted_inputs(tree_tokens: torch.Tensor, accept_path: torch.Tensor, accept_length: torch.Tensor,

@@ -154,10 +154,10 @@ class EagleDrafter:
         # prompt from its second token then the first sampled one. Padding writes past a prompt's
         # end in the draft cache, where the first extend after a verify writes before anything reads.
         tokens = prefill.with_first()[:, 1:]
-        last = torch.tensor(prefill.lens, device=self.device) - 1
         self._kv_len = 0
         step = functools.partial(self._prefill_runner, len(prefill.lens)) if prefill.graphed else self._extend_step
-        step(slots=prefill.slots, starts=torch.zeros_like(last), tokens=tokens, hidden=prefill.hidden, last=last)
+        step(slots=prefill.slots, starts=torch.zeros_like(prefill.last), tokens=tokens, hidden=prefill.hidden,
+             last=prefill.last)
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
                   accepted: list[list[int]] | None, timer) -> None:

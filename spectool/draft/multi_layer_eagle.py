@@ -144,8 +144,7 @@ class MultiLayerEagleDrafter:
         # drafts are written after the padding, where later layers read them.
         step = (functools.partial(self._prefill_runner, len(prefill.lens)) if prefill.graphed
                 else self._prefill_step)
-        step(slots=prefill.slots, tokens=prefill.with_first(), hidden=prefill.hidden,
-             lens=torch.tensor(prefill.lens, device=self.device))
+        step(slots=prefill.slots, tokens=prefill.with_first(), hidden=prefill.hidden, lens=prefill.last + 1)
 
     def _prefill_step(self, slots, tokens, hidden, lens):
         """Every layer's extend over right-padded prompts: ``tokens`` [B, T + 1] the histories (the
