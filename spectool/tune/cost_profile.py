@@ -87,7 +87,11 @@ class CostProfile:
         return cls(data, str(p))
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.data, indent=1) + "\n")
+        """Write the profile as JSON, making the folder it goes in (a calibration takes minutes: a
+        missing folder must not lose it)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.data, indent=1) + "\n")
 
     @property
     def device(self) -> str:
