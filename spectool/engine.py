@@ -686,11 +686,10 @@ class Engine:
             lens = [len(r.prompt) for r in group]
             t, graphed = self.prefill_length(len(group), max(lens))
             dev = self.device
-            tokens = torch.tensor([r.prompt + [0] * (t - len(r.prompt)) for r in group], dtype=torch.long,
-                                  device=dev)
-            slots = torch.tensor([r.slot for r in group], dtype=torch.long, device=dev)
-            self._slot_nonce[slots] = torch.tensor([r.request_id % 2**31 for r in group], device=dev)
-            last = torch.tensor(lens, device=dev) - 1
+            tokens = self._on_device([r.prompt + [0] * (t - len(r.prompt)) for r in group])
+            slots = self._on_device([r.slot for r in group])
+            self._slot_nonce[slots] = self._on_device([r.request_id % 2**31 for r in group])
+            last = self._on_device(lens) - 1
             self._kv_len = t  # prompts are longer than the graphed attention takes: read t keys
             step = functools.partial(self._prefill_runner, len(group)) if graphed else self._prefill_step
             logits, *feed = step(tokens=tokens, slots=slots, last=last)
@@ -729,14 +728,22 @@ class Engine:
         in between, ``_iteration`` advances it in place: the state tensor from the verify step's
         output, histories (the requests' own lists) and seq_lens_host as it goes.
         """
-        lens_roots = torch.tensor([[r.seq_len for r in reqs], [r.output[-1] for r in reqs]], dtype=torch.long,
-                                  device=self.device)
+        lens_roots = self._on_device([[r.seq_len for r in reqs], [r.output[-1] for r in reqs]])
         # slots is a tensor of its own: a view of lens_roots would share its version counter, and
         # every advance would make the graph runners copy the unchanged slots again.
-        slots = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=self.device)
+        slots = self._on_device([r.slot for r in reqs])
         batch = Batch(request_ids=[r.request_id for r in reqs], slots=slots, seq_lens=lens_roots[0],
                       roots=lens_roots[1], histories=[r.history for r in reqs], seq_lens_host=[r.seq_len for r in reqs])
         return batch, lens_roots
+
+    def _on_device(self, values: list) -> torch.Tensor:
+        """An int64 tensor of ``values`` on the engine's device, without a host sync on CUDA: a copy
+        from pageable memory waits for the stream, i.e. for the draft the GPU may still be running
+        when the batch changes; from pinned memory it is queued behind it."""
+        host = torch.tensor(values, dtype=torch.long)
+        if not self.on_cuda:
+            return host.to(self.device)
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def _root_tree(self, roots: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
         """The one-node tree of plain decoding (and of the first token after prefill). Its
@@ -936,7 +943,7 @@ class Engine:
 
     def _release(self, reqs: list[_Request], free_slots: list[int], recorder) -> None:
         if self.drafter is not None:
-            self.drafter.release(self._batch(reqs)[0])
+            self.drafter.release([r.request_id for r in reqs])
         for req in reqs:
             if recorder is not None:
                 recorder.record_request(req.request_id, req.prompt, req.output, req.finish_reason,

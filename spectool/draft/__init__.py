@@ -18,7 +18,7 @@ A drafter sees the engine at these fixed points:
   A drafter whose ``host_accepted`` is False works from ``result`` on the device alone:
   the engine then calls it before its host sync with ``accepted=None``, so the GPU goes
   straight on from the verify to the draft-extend;
-- ``release(batch)`` when requests finish (slots are reused afterwards).
+- ``release(request_ids)`` when requests finish (their slots are reused afterwards).
 
 When no request finished in an iteration, the engine calls ``draft`` for the next one at
 the end of this one (the batch and its host state already advanced), so the draft's GPU

@@ -168,7 +168,7 @@ class EagleDrafter:
                                       hidden=hidden)
             self._next = (batch, out)
 
-    def release(self, batch: Batch) -> None:
+    def release(self, request_ids: list[int]) -> None:
         """Slots are overwritten by the next prefill; nothing to free."""
         self._next = None
 

@@ -172,7 +172,7 @@ class MultiLayerEagleDrafter:
                 path=result.accept_path, length=result.accept_length, bonus=result.bonus, hidden=hidden)
             self._next = (batch, out)
 
-    def release(self, batch: Batch) -> None:
+    def release(self, request_ids: list[int]) -> None:
         """Slots are overwritten by the next prefill; nothing to free."""
         self._next = None
 

@@ -197,10 +197,10 @@ class NgramDrafter:
             self._put("verify", windows, batch.request_ids,
                       [len(h) + len(a) for h, a in zip(batch.histories, accepted)])
 
-    def release(self, batch: Batch) -> None:
+    def release(self, request_ids: list[int]) -> None:
         if self.corpus is not None:
-            self.corpus.erase_match_state(batch.request_ids)
-        for r in batch.request_ids:
+            self.corpus.erase_match_state(request_ids)
+        for r in request_ids:
             self._put_len.pop(r, None)
 
 
