@@ -183,7 +183,9 @@ def measure(target, draft, prompts: list[list[int]], new_tokens: int, max_seq_le
             "generated_tokens": stats["generated_tokens"], "wall_s": wall,
             "end_to_end_tokens_per_s": stats["generated_tokens"] / wall,
             "time_to_first_token_ms": (stats["time_to_first_token_s"] or 0.0) * 1e3,
-            "prefill_ms": prefill * 1e3, "warmup_s": warm["seconds"], "warmup_captures": warm["captures"],
+            "prefill_ms": prefill * 1e3, "warmup_s": warm["seconds"],
+            "between_iterations_ms": (stats["elapsed_s"] - stats["prefill_s"] - stats["decode_s"]) * 1e3,
+            "warmup_captures": warm["captures"],
             "temperature": temperature, "token_ids": result.token_ids}
 
 

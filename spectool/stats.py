@@ -98,6 +98,12 @@ class RunStats:
         return self._gained / self._iteration_us * 1e6 if self._iteration_us > 0 else 0.0
 
     @property
+    def decode_s(self) -> float:
+        """Seconds of decode iterations (their ``iteration_us`` summed): what ``tokens_per_s`` divides by.
+        ``elapsed_s`` less this and ``prefill_s`` is the call's time between them."""
+        return self._iteration_us / 1e6
+
+    @property
     def phase_us(self) -> dict[str, float]:
         """Mean µs per iteration of each timed phase."""
         return self.summary()["phase_us"]
@@ -119,6 +125,7 @@ class RunStats:
             "elapsed_s": self.elapsed_s,
             "end_to_end_tokens_per_s": self.end_to_end_tokens_per_s,
             "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
             "time_to_first_token_s": self.time_to_first_token_s,
             "graphs": dict(self.graphs),
             "per_request_mean_accept_length": {rid: sum(v) / len(v) for rid, v in per_request.items()},

@@ -223,3 +223,15 @@ def test_a_drafter_is_fed_each_prefill_group_as_its_kind_needs(target, demo_mode
     if method == "ngram":  # one wait per admission, in its last group's call
         assert [w for w in waits if w[1]] == waits
         assert [i for i, _ in waits] == [i for i, entry in enumerate(seen) if entry[-1]]
+
+
+def test_a_calls_time_splits_into_prefill_decode_and_between(target, demo_model_dir, prompts):
+    # decode_s is what tokens_per_s divides by: the iterations' own times, each counted once however
+    # many requests it ran; the call's elapsed time holds it, the prefills and the time between.
+    stats = make_engine(target, demo_model_dir, "eagle").generate(prompts, max_new_tokens=MAX_NEW, record=False).stats
+    per_iteration = dict(zip(stats.columns["iteration"], stats.columns["iteration_us"]))
+    assert stats.decode_s == pytest.approx(sum(per_iteration.values()) / 1e6)
+    gained = sum(stats.columns["accept_length"]) + len(stats.columns["accept_length"])
+    assert stats.tokens_per_s * stats.decode_s == pytest.approx(gained)
+    assert stats.prefill_s + stats.decode_s <= stats.elapsed_s
+    assert stats.to_dict()["decode_s"] == stats.decode_s
