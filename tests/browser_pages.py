@@ -233,6 +233,18 @@ def inside(inner: dict, outer: dict) -> bool:
             inner["y"] + inner["height"] <= outer["y"] + outer["height"] + 1)
 
 
+def settled_box_inside(page, selector: str, outer: dict, timeout_s: float = 15.0) -> dict | None:
+    """The first match's box once it lies inside ``outer``, else its last box after ``timeout_s``: after a
+    resize JupyterLab lays a cell out again on its own schedule, later on a loaded machine, and a box
+    measured before that still has the old width."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = shown_box(page, selector)
+        if (found is not None and inside(found, outer)) or time.monotonic() > deadline:
+            return found
+        page.wait_for_timeout(200)
+
+
 # A search box's placeholder against the room it has: (text width, content-box width) in CSS pixels,
 # the text measured in the box's own font.
 PLACEHOLDER_JS = """(sel) => {

@@ -36,6 +36,7 @@ from browser_pages import (
     long_trace,
     open_notebook,
     placeholder_room,
+    settled_box_inside,
     shown_box,
     step_latencies,
 )
@@ -746,7 +747,7 @@ def test_compare_view_steps_in_the_page_in_jupyterlab(browser, lab):
         assert side_b["x"] >= side_a["x"] + side_a["width"] - 2 and abs(side_b["y"] - side_a["y"]) < 4
         for part in (".spectool-player", ".spectool-compare-plot", ".spectool-compare-summary",
                      ".sv-compare-side-a .sv-tree-area svg", ".sv-compare-side-b .sv-tree-area svg"):
-            b_ = shown_box(page, f"{cmp} {part}")
+            b_ = settled_box_inside(page, f"{cmp} {part}", view)
             assert b_ is not None and inside(b_, view), f"{part} is not inside the notebook's area {view}: {b_}"
         _check_compare_plot(page, cmp)
         page.screenshot(path=str(ARTIFACTS / "lab_compare_1366.png"))
@@ -820,7 +821,7 @@ def test_compare_view_steps_in_the_page_in_jupyterlab(browser, lab):
         view = box(page, ".jp-NotebookPanel .jp-WindowedPanel-outer")
         for part in (".spectool-player", ".sv-compare-side-a .sv-tree-area svg",
                      ".sv-compare-side-b .sv-tree-area svg"):
-            b_ = shown_box(page, f"{cmp} {part}")
+            b_ = settled_box_inside(page, f"{cmp} {part}", view)
             assert b_ is not None and inside(b_, view), f"{part} is not inside the notebook's area {view}: {b_}"
         _check_compare_plot(page, cmp)
         page.screenshot(path=str(ARTIFACTS / "lab_compare_1600.png"))
