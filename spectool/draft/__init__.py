@@ -85,10 +85,6 @@ class Prefill:
     histories: list[list[int]]
     last_group: bool = True
 
-    @property
-    def length(self) -> int:
-        return self.tokens.shape[1]
-
     def with_first(self) -> torch.Tensor:
         """[G, t + 1]: each prompt followed by its first token, then zeros (on the device: no host sync)."""
         out = torch.nn.functional.pad(self.tokens, (0, 1))
