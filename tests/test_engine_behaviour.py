@@ -178,23 +178,23 @@ def test_a_drafter_is_fed_each_prefill_group_as_its_kind_needs(target, demo_mode
     # waits for the prompts' insertion after the last group alone. Either way the output is plain's.
     engine = make_engine(target, demo_model_dir, method, max_batch_size=4)
     engine.prefill_budget = 48  # several prefill groups per admission
-    seen = []
+    seen = []  # per call: (tokens each history holds past its prompt, with_first() right per row, last group)
+    feeding = []  # non-empty while a spied on_prefill runs
     drafter = engine.drafter
     on_prefill = drafter.on_prefill
 
     def spy(prefill):
         first = prefill.first.tolist()
-        seen.append([(len(h) - n, h[n:]) for h, n in zip(prefill.histories, prefill.lens)]
-                    + [prefill.with_first()[b, :n + 1].tolist() == h[:n] + [first[b]]
-                       for b, (h, n) in enumerate(zip(prefill.histories, prefill.lens))]
-                    + [prefill.last_group])
-        inside.append(prefill.last_group)
+        rows = list(zip(prefill.histories, prefill.lens))
+        seen.append(([len(h) - n for h, n in rows],
+                     [prefill.with_first()[b, :n + 1].tolist() == h[:n] + [first[b]] for b, (h, n) in enumerate(rows)],
+                     prefill.last_group))
+        feeding.append(True)
         on_prefill(prefill)
-        inside.pop()
+        feeding.pop()
 
     drafter.on_prefill = spy
-    inside: list[bool] = []  # the group being fed, while its on_prefill runs
-    waits = []  # per wait for the trie inside an on_prefill: (that call's index, its group was the last)
+    waits = []  # the index of the on_prefill call each wait for the trie happened in
     if method == "ngram":
         corpus = drafter.corpus
 
@@ -203,26 +203,21 @@ def test_a_drafter_is_fed_each_prefill_group_as_its_kind_needs(target, demo_mode
                 return getattr(corpus, name)
 
             def synchronize(self):
-                if inside:
-                    waits.append((len(seen) - 1, inside[-1]))
+                if feeding:
+                    waits.append(len(seen) - 1)
                 corpus.synchronize()
 
         drafter.corpus = Counting()
     got = engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False).token_ids
     assert got == plain
     assert len(seen) > 2
-    for entry in seen:
-        *histories, last = entry
-        rows = len(histories) // 2
-        if method == "ngram":  # after the host read: each history gained its first token
-            assert all(k == 1 for k, _ in histories[:rows])
-        else:
-            assert all(k == 0 for k, _ in histories[:rows])
-        assert all(histories[rows:])  # with_first(): each prompt, then its first token
-    assert any(not entry[-1] for entry in seen)  # some admissions had more than one group
+    for gained, with_first, _ in seen:
+        # N-gram is fed after the host read (each history gained its first token), the others before.
+        assert gained == [1 if method == "ngram" else 0] * len(gained)
+        assert all(with_first)  # each prompt, then its first token
+    assert any(not last for *_, last in seen)  # some admissions had more than one group
     if method == "ngram":  # one wait per admission, in its last group's call
-        assert [w for w in waits if w[1]] == waits
-        assert [i for i, _ in waits] == [i for i, entry in enumerate(seen) if entry[-1]]
+        assert waits == [i for i, (*_, last) in enumerate(seen) if last]
 
 
 def test_a_calls_time_splits_into_prefill_decode_and_between(target, demo_model_dir, prompts):
