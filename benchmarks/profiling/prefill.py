@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                              "cuda_graphs": graphs, "prompts": args.batch, "prompt_tokens": args.length,
                              "call_ms": ms, "kernel_ms": kernels, "kernels": top, "host_calls": host})
                 r = rows[-1]
-                kernels = "n/a" if r["kernel_ms"] is None else f"{r['kernel_ms']:.2f}"
+                gpu = "n/a" if kernels is None else f"{kernels:.2f}"
                 print(f"{name:<5} {method:<17} {r['layers']:>3} layers  {args.batch} x {args.length} tokens  "
-                      f"graphs {str(graphs):<5}  one-token call {r['call_ms']:7.2f} ms  GPU kernels {kernels} ms",
+                      f"graphs {str(graphs):<5}  one-token call {ms:7.2f} ms  GPU kernels {gpu} ms",
                       flush=True)
                 if graphs:
                     for k in top:
