@@ -681,6 +681,10 @@ class Engine:
         on_admit = getattr(self.drafter, "on_admit", None)  # host work that can overlap the prefill
         if on_admit is not None:
             on_admit([r.request_id for r in reqs], [r.prompt for r in reqs])
+        # A drafter that works on the device is fed before the host reads the first tokens, so its
+        # prefill runs on the GPU straight after the target's (after the read, it cost EAGLE's prefill
+        # a host round trip and its own launches while the GPU idled); the N-gram trie after it.
+        learns_on_host = self.drafter is not None and self.drafter.host_accepted
         groups = self._prefill_groups(reqs)
         for g, group in enumerate(groups):
             lens = [len(r.prompt) for r in group]
@@ -698,11 +702,7 @@ class Engine:
             prefill = Prefill([r.request_id for r in group], slots, tokens, res.bonus, lens, last,
                               feed[0] if feed else None, graphed, [r.history for r in group],
                               last_group=g == len(groups) - 1)
-            # Group by group: a prefill graph's outputs are rewritten by its next replay. A drafter
-            # that works on the device is fed before the host reads the first tokens, so its prefill
-            # runs on the GPU straight after the target's (after the read, it cost EAGLE's prefill a
-            # host round trip and its own launches while the GPU idled).
-            learns_on_host = self.drafter is not None and self.drafter.host_accepted
+            # Group by group: a prefill graph's outputs are rewritten by its next replay.
             if self.drafter is not None and not learns_on_host:
                 with self._drafting():
                     self.drafter.on_prefill(prefill)
