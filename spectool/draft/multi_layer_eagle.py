@@ -91,26 +91,33 @@ class MultiLayerEagleDrafter:
         rows with a shorter window compute junk past it, beyond anything valid.
         ``kv_len`` (CPU only) bounds the cache read; default ``self._kv_len``.
         """
-        kv_len = self._kv_len if kv_len is None else kv_len
-        model = self.engine.model
         t = self.num_draft_tokens + k if window is None else window
         offsets = self._arange[:t] if t <= self._arange.shape[0] else torch.arange(t, device=self.device)
         index = start[:, None] + offsets  # draft-cache indices
         positions = index + (k + 1)  # also the indices of the input tokens
         rows = slots[:, None]
-        emb = model.embed_tokens(self.tokens[rows, positions])
         hidden = self.hidden if k == 0 or self.features is None else self.features[k - 1]
-        feature, normed = self.checkpoint.layers[k](emb, hidden[rows, index], positions, self.caches[k], slots,
-                                                    start, None, kv_len)
+        _, draft, p = self._run_layer(k, slots, self.tokens[rows, positions], hidden[rows, index], positions, start,
+                                      last, draft_at, self._kv_len if kv_len is None else kv_len, index)
+        return draft, p
+
+    def _run_layer(self, k: int, slots, tokens, hidden, positions, start, last, draft_at, kv_len, index):
+        """Layer k on its inputs ``tokens`` [B, t] and ``hidden`` [B, t, H] at ``positions``, its cache
+        written from ``start``: stores its feature at draft-cache ``index`` (chained checkpoints) and
+        its draft (taken at window offset ``last``) at token index ``draft_at``. Returns
+        ``(feature, draft, its probability)``."""
+        model = self.engine.model
+        feature, normed = self.checkpoint.layers[k](model.embed_tokens(tokens), hidden, positions, self.caches[k],
+                                                    slots, start, None, kv_len)
         if self.features is not None and k < self.steps - 1:
-            self.features[k][rows, index] = feature
+            self.features[k][slots[:, None], index] = feature
         # last >= 0, padded graph rows included (their inputs are 0).
         out = normed.gather(1, last[:, None, None].expand(-1, 1, normed.shape[-1]))[:, 0]
         # Softmax and argmax in one launch on CUDA. NaN logits (a broken layer) count as -inf, so
         # the chain's scores stay valid; the target's verify rejects such drafts anyway.
         p, draft = (t[:, 0] for t in model.head_topk(out, 1))
         self.tokens[slots, draft_at] = draft
-        return draft, p
+        return feature, draft, p
 
     def _extend_step(self, slots, old_lens, tree_tokens, path, length, bonus, hidden):
         """After a verify: store the gained tokens and the path's hidden states, run every layer
@@ -149,18 +156,36 @@ class MultiLayerEagleDrafter:
     def _prefill_step(self, slots, tokens, hidden, lens):
         """Every layer's extend over right-padded prompts: ``tokens`` [B, T + 1] the histories (the
         prompt and its first token), ``hidden`` [B, T, H] the target's hidden states (past a prompt,
-        the padding's), ``lens`` [B] the prompt lengths. Returns the chain's drafts [B, steps]."""
-        t = hidden.shape[1]
+        the padding's), ``lens`` [B] the prompt lengths. Returns the chain's drafts [B, steps].
+
+        Every window starts at index 0, so the layers read their inputs as they are made (the
+        prompt's tokens, the target's states, the layer before's feature) instead of gathering them
+        from the tables by index: a prefill is launch-bound, and each gather is a launch."""
+        b, t = hidden.shape[:2]
         self.tokens[slots, :t + 1] = tokens
         live = torch.arange(t, device=hidden.device) < lens[:, None]
-        self.hidden[slots, :t] = hidden.masked_fill(~live[..., None], 0)  # the padding's states left out
+        hidden = hidden.masked_fill(~live[..., None], 0)  # the padding's states left out
+        self.hidden[slots, :t] = hidden
+        index = torch.arange(t + self.steps, device=hidden.device).expand(b, -1)
         zero = torch.zeros_like(lens)
+        last = lens - 1
+        draft_at = last[:, None] + self._draft_ahead  # layer k's draft goes to index lens + k + 1
+        drafts, probs = [], []
         for k in range(self.steps):
+            # Layer 0's input tokens are the prompt's, past its first; a later layer's reach into the
+            # drafts the layers before it wrote.
+            inputs = tokens[:, 1:] if k == 0 else self.tokens[slots, k + 1:k + 1 + t]
             # Every start is 0, so no query sees past t: on CUDA reading just t keys makes the attention
             # plainly causal (ops.cached_attention's flash path); the CPU keeps the width it always read.
             kv_len = t if self.engine.on_cuda else t + k + 1
-            draft, p = self._layer_step(k, slots, zero, lens - 1, lens + k + 1, window=t, kv_len=kv_len)
-            self.chain[slots, k], self.chain_p[slots, k + 1] = draft, p
+            feature, draft, p = self._run_layer(k, slots, inputs, hidden, index[:, k + 1:k + 1 + t], zero, last,
+                                                draft_at[:, k], kv_len, index[:, :t])
+            if self.features is not None:
+                hidden = feature
+            drafts.append(draft)
+            probs.append(p)
+        self.chain[slots] = torch.stack(drafts, 1)
+        self.chain_p[slots, 1:] = torch.stack(probs, 1)
         return self.chain[slots]
 
     def on_verify(self, batch: Batch, tree: DraftTree, result, hidden: torch.Tensor,
