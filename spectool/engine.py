@@ -331,7 +331,7 @@ class Engine:
                 state["trace"] = recorder.close()
 
     @torch.no_grad()
-    def warmup(self, sampling: bool = True, record: bool = True) -> dict:
+    def warmup(self, sampling: bool = True, record: bool = True, top_k: int = 0, top_p: float = 1.0) -> dict:
         """Capture every CUDA graph (and compile every kernel) a ``generate`` call can need, now.
 
         Graphs are otherwise captured lazily, the first time a batch bucket, tree size or mode
@@ -341,8 +341,9 @@ class Engine:
         prompt length (``PREFILL_LENGTHS`` as far as the cache holds) at every batch bucket, which
         captures the prefill graphs of the target and the drafter, then runs one prefill and one
         iteration of dummy requests per batch bucket (largest first) for greedy decoding and, with
-        ``sampling``, for temperature > 0, each with recording off and, with ``record``, on; that takes every
-        path of the iteration (N-gram's whole tree and roots alone, both EAGLEs' draft and
+        ``sampling``, for temperature > 0 with the cuts ``top_k`` and ``top_p`` (pass those your calls
+        use: each pair has graphs of its own), each with recording off and, with ``record``, on; that
+        takes every path of the iteration (N-gram's whole tree and roots alone, both EAGLEs' draft and
         extend graphs). It is harmless: the dummy requests use free cache slots (whatever they
         write there is overwritten before a later request reads it), and a drafter that learns
         on the host (the N-gram trie) is kept from learning their tokens.
@@ -350,8 +351,10 @@ class Engine:
         Call it between ``generate`` calls, never while a ``stream`` is suspended. Returns
         ``{"seconds": wall time, "captures": graphs captured}``.
         """
+        self._validate_sampling(1, 1.0, top_k, top_p)
         started = time.perf_counter()
         before = self.graph_stats()["captures"]
+        cuts = dict(top_k=int(top_k), top_p=float(top_p))
         modes = [(t, r) for t in ((0.0, 1.0) if sampling else (0.0,)) for r in ((False, True) if record else (False,))]
         drafter = self.drafter
         if drafter is not None and drafter.host_accepted:
@@ -361,7 +364,7 @@ class Engine:
             for bucket in reversed(self.graph_buckets):
                 for k, (temperature, rec) in enumerate(modes):
                     # Prompt lengths of both kinds Triton specialises a kernel for: a multiple of 16 and not.
-                    self._warm_iteration(min(bucket, self.max_batch_size), temperature, rec, (32, 17)[k % 2])
+                    self._warm_iteration(min(bucket, self.max_batch_size), temperature, rec, (32, 17)[k % 2], cuts)
         finally:
             self.drafter = drafter
             self._next_draft = None
@@ -395,10 +398,11 @@ class Engine:
         prompts = [[(7 * i + j) % vocab for j in range(length)] for i in range(b)]
         return [_Request(i, p, "", self.max_seq_len, slot=i, history=list(p)) for i, p in enumerate(prompts)]
 
-    def _warm_iteration(self, b: int, temperature: float, record: bool, length: int) -> None:
-        """Prefill ``b`` dummy requests of ``length`` tokens in slots 0..b-1 and run one iteration (``warmup``)."""
+    def _warm_iteration(self, b: int, temperature: float, record: bool, length: int, cuts: dict) -> None:
+        """Prefill ``b`` dummy requests of ``length`` tokens in slots 0..b-1 and run one iteration (``warmup``);
+        ``cuts`` (top_k, top_p) apply when sampling."""
         reqs = self._dummy_requests(b, max(1, min(length, self.max_seq_len - 2)))
-        sampling = dict(temperature=temperature, top_k=0, top_p=1.0)
+        sampling = dict(temperature=temperature, **(cuts if temperature > 0 else dict(top_k=0, top_p=1.0)))
         generator = torch.Generator(device=self.device).manual_seed(0)
         stats = RunStats(method=self.method)
         recorder = self._make_recorder(sampling, 0) if record else None
@@ -641,11 +645,10 @@ class Engine:
         # The whole distribution: under tensor parallelism the logits are joined (one all-gather).
         hidden, logits = self._forward_step(tree.tokens, tree.positions, slots, tree.seq_lens, tree.mask)
         coins = sampling_coins(self._sample_seed, self._slot_nonce[slots], tree.seq_lens, tree.num_nodes)
-        if (logits.is_cuda or triton_on_cpu()) and top_p >= 1.0:
+        if logits.is_cuda or triton_on_cpu():
             # Never makes the [B, N, V] probabilities: every vocabulary pass is split over (row, chunk)
-            # programs, the top-k cut found by fixed-round searches; what a trace records is read from
-            # its rows (``_pack_sampling_record``). A top-p cut takes the torch verify: on the H200 the
-            # chunked one's kept set at the cut differed from the reference's by float rounding.
+            # programs, and the cuts come from a few candidates per row; what a trace records is read
+            # from its rows (``_pack_sampling_record``).
             res = verify_sampling_chunked(tree, logits, temperature, top_k, top_p, coins)
         else:
             res = verify_sampling(tree, logits, temperature, top_k, top_p, None, coins)

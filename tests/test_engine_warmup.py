@@ -64,13 +64,24 @@ def test_warmup_runs_every_bucket_and_mode(target, demo_model_dir):
     iteration = engine._iteration
 
     def logged(began, it, running, batch, lens_roots, sampling, generator, stats, recorder, *args):
-        seen.append((batch.size, sampling["temperature"] > 0, recorder is not None))
+        seen.append((batch.size, sampling["temperature"] > 0, recorder is not None, sampling["top_k"],
+                     sampling["top_p"]))
         return iteration(began, it, running, batch, lens_roots, sampling, generator, stats, recorder, *args)
 
     engine._iteration = logged
-    engine.warmup()
-    # Buckets 1, 2, 4 (4 holds the largest batch, 3); greedy and sampling; recording off and on.
-    assert sorted(seen) == sorted((b, s, r) for b in (1, 2, 3) for s in (False, True) for r in (False, True))
+    engine.warmup(top_k=5, top_p=0.9)
+    # Buckets 1, 2, 4 (4 holds the largest batch, 3); greedy and sampling (with the cuts asked for);
+    # recording off and on.
+    assert sorted(seen) == sorted((b, s, r, *((5, 0.9) if s else (0, 1.0)))
+                                  for b in (1, 2, 3) for s in (False, True) for r in (False, True))
+
+
+@pytest.mark.parametrize("cuts, match", [({"top_k": -1}, "top_k"), ({"top_p": 0.0}, "top_p"),
+                                         ({"top_p": 1.5}, "top_p")])
+def test_warmup_rejects_cuts_generate_would_reject(target, cuts, match):
+    engine = st.Engine(target, max_batch_size=2, max_seq_len=64)
+    with pytest.raises(ValueError, match=match):
+        engine.warmup(**cuts)
 
 
 @pytest.mark.parametrize("method", ["eagle", "multi_layer_eagle"])

@@ -35,9 +35,11 @@ SMALL = LaunchConfig(chunk=512, sub=256, probes=16, warps=4)
 WIDE = LaunchConfig(chunk=2048, sub=2048, probes=64, warps=4)
 # 10 groups: at least k of them, so the k-th largest group maximum bounds the top-k cut.
 TINY = LaunchConfig(chunk=128, sub=128, probes=16, warps=4)
-# Groups of 16 (75 in a row), so the bound from the group maxima leaves a few candidates; with a
-# buffer of 8 they do not fit and every cut is searched over the whole row.
+# Groups of 16 (75 in a row), so the bound from the group maxima leaves a few candidates: FINE sorts
+# them, SEARCHED searches both cuts among them, and with a buffer of 8 (FEW) they do not fit and
+# every cut is searched over the whole row.
 FINE = LaunchConfig(chunk=512, sub=16, probes=16, warps=4, candidates=128)
+SEARCHED = dataclasses.replace(FINE, sorted=0)
 FEW = dataclasses.replace(FINE, candidates=8)
 
 
@@ -109,22 +111,24 @@ def candidates_over_the_bound(logits: torch.Tensor, temperature: float, top_k: i
 
 
 @pytest.mark.triton_interpreter
-@pytest.mark.parametrize("config", [FINE, FEW], ids=["candidates", "whole-row"])
+@pytest.mark.parametrize("config", [FINE, SEARCHED, FEW], ids=["sorted", "searched", "whole-row"])
 @pytest.mark.parametrize("top_k, top_p", [(50, 1.0), (0, 0.9), (20, 0.8), (12, 0.5)])
 def test_chunked_cuts_from_the_candidates_and_from_the_whole_row(config, top_k, top_p):
     bs, n = 3, 6
     tree, g = random_batch(bs, n, 40, top_k)
     logits = lifted(tree, torch.randn(bs, n, VOCAB, generator=g) * 4, g)
-    # The case takes the path it names: every row's candidates fit FINE's buffer, none fit FEW's.
+    # The case takes the path it names: every row's candidates fit FINE's buffer (and are sorted
+    # there), none fit FEW's.
     most = candidates_over_the_bound(logits, 0.8, top_k, top_p, config.sub)
     assert 8 < most <= FINE.candidates < VOCAB
     assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
 
 
 @pytest.mark.triton_interpreter
-@pytest.mark.parametrize("candidates", [2048, 8], ids=["candidates", "whole-row"])
-def test_chunked_ties_at_both_cuts(candidates):
-    small_config, wide = (dataclasses.replace(c, candidates=candidates) for c in (SMALL, WIDE))
+@pytest.mark.parametrize("candidates, sort", [(2048, 2048), (2048, 0), (8, 0)],
+                         ids=["sorted", "searched", "whole-row"])
+def test_chunked_ties_at_both_cuts(candidates, sort):
+    small_config, wide = (dataclasses.replace(c, candidates=candidates, sorted=sort) for c in (SMALL, WIDE))
     bs, n, vocab = 2, 4, VOCAB
     tree, g = random_batch(bs, n, vocab, 5)
     # Ten tokens share the top value, spread over the three chunks, and the drafted ones are among
@@ -142,7 +146,7 @@ def test_chunked_ties_at_both_cuts(candidates):
     coarse = torch.randint(0, 6, (bs, n, vocab), generator=g).float()
     assert_same_decision(tree, coarse, 1.0, 30, 1.0, coins, wide)
     small, g = random_batch(1, 2, vocab, 6)
-    tiny = dataclasses.replace(TINY, candidates=candidates)
+    tiny = dataclasses.replace(TINY, candidates=candidates, sorted=sort)
     assert_same_decision(small, coarse[:1, :2], 1.0, 6, 1.0, coins[:1, :2], tiny)
 
 

@@ -49,13 +49,15 @@ from spectool.kernels.verify_sampling_triton import _tree_decision, decision_out
 class LaunchConfig:
     """How the vocabulary is split: ``chunk`` entries per program of the row pass, ``sub`` per group
     maximum (the candidates are read by whole groups), ``probes`` thresholds per cut search round,
-    ``warps`` per program, ``candidates`` the entries of a row's candidate buffer."""
+    ``warps`` per program, ``candidates`` the entries of a row's candidate buffer, ``sorted`` the
+    most candidates that are sorted instead of searched."""
 
     chunk: int
     sub: int
     probes: int
     warps: int
     candidates: int = 2048
+    sorted: int = 512  # candidates up to which both cuts are read off one sort of them (a power of two; 0: never)
 
 
 CONFIGS = {
@@ -305,10 +307,48 @@ def _cuts(Logits, CandX, CandId, row, t, count, fits, V, CAP, lo, hi, m, z, roun
     return cut, cut_id, z
 
 
+ID_BITS = 20  # token ids below 2**20 (checked at launch) share an int64 sort key with their value's
+
+
+@triton.jit
+def _sorted_cuts(CandX, CandId, row, count, m, z, V, CAP, top_k, top_p, HAS_K: tl.constexpr,
+                 HAS_P: tl.constexpr, S: tl.constexpr, ID_BITS: tl.constexpr):
+    """The row's cut value, cut id and kept mass from its ``count`` <= S candidates, sorted once by
+    value (descending) and token id (ascending, as the reference's stable sort ranks a tie)."""
+    j = tl.arange(0, S)
+    ok = j < count
+    x = tl.load(CandX + row * CAP + j, mask=ok, other=-float("inf"))
+    ids = tl.load(CandId + row * CAP + j, mask=ok, other=0).to(tl.int64)
+    span = 1 << ID_BITS
+    packed = tl.sort(tl.where(ok, _key(x) * span + (span - 1 - ids), -(1 << 62)), descending=True)
+    x = _value(packed >> ID_BITS)
+    ids = span - 1 - (packed & (span - 1))
+    e = tl.where(ok, tl.exp(x - m), 0.0)
+    kept = ok
+    cut = -float("inf")
+    cut_id = V.to(tl.int64)
+    if HAS_K:  # all of a tie at the k-th value is kept, as the reference's x < kth mask
+        cut = tl.max(tl.where(j == top_k - 1, x, -float("inf")), axis=0)
+        kept = ok & (x >= cut)
+        z = tl.sum(tl.where(kept, e, 0.0), axis=0)
+    if HAS_P:
+        # As the reference: a token is dropped once the mass before it reaches top_p.
+        p = e / z
+        keep = kept & (tl.cumsum(p, axis=0) - p < top_p)
+        last = tl.sum(keep.to(tl.int32), axis=0) - 1
+        cut = tl.max(tl.where(j == last, x, -float("inf")), axis=0)
+        after = tl.max(tl.where((j == last + 1) & kept, x, -float("inf")), axis=0)
+        # Part of a tie kept: its lowest ids, up to the last one kept.
+        cut_id = tl.where(after == cut, tl.max(tl.where(j == last, ids, -1), axis=0), cut_id)
+        z = tl.sum(tl.where(keep, e, 0.0), axis=0)
+    return cut, cut_id, z
+
+
 @triton.jit
 def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cut, CutId, Argmax, N, V, NC, NG,
                 CAP, rounds, top_k, top_p, HAS_K: tl.constexpr, HAS_P: tl.constexpr, SUB: tl.constexpr,
-                GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr):
+                GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
+                SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr, ID_BITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     m, arg, z = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
     cut = -float("inf")
@@ -320,10 +360,14 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cu
         bound = _bound(gm, g, m, z, NG, top_k, top_p, HAS_K)
         count = _gather(Logits, Live, CandX, CandId, row, t, gm, g, bound, V, NG, CAP, SUB, GB)
         tl.debug_barrier()  # the buffer is whole before it is read
-        # Too many candidates (a wide tie, or top-p over a flat row): the whole row is searched.
-        fits = count <= CAP
-        cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, tl.where(fits, count, V), fits, V, CAP, _key(bound),
-                               _key(m), m, z, rounds, top_k, top_p, HAS_K, HAS_P, S, T)
+        if count <= SORTED:  # never with SORTED 0: a row has at least one candidate, its maximum
+            cut, cut_id, z = _sorted_cuts(CandX, CandId, row, count, m, z, V, CAP, top_k, top_p, HAS_K, HAS_P,
+                                          SORT_BLOCK, ID_BITS)
+        else:
+            # Too many candidates (a wide tie, or top-p over a flat row): the whole row is searched.
+            fits = count <= CAP
+            cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, tl.where(fits, count, V), fits, V, CAP,
+                                   _key(bound), _key(m), m, z, rounds, top_k, top_p, HAS_K, HAS_P, S, T)
     tl.store(M + row, m)
     tl.store(Z + row, z)
     tl.store(Cut + row, cut)
@@ -483,6 +527,7 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, n, vocab, nc, ng, CHUNK=chunk, SUB=sub,
                               GROUPS=has_cut, num_warps=warps)
     cap = config.candidates
+    sort = min(config.sorted, cap) if vocab <= 1 << ID_BITS else 0
     live = torch.empty(rows if has_cut else 1, ng, dtype=torch.int32, device=dev)
     cand_x = torch.empty(rows if has_cut else 1, cap, **f32)
     cand_id = torch.empty(rows if has_cut else 1, cap, dtype=torch.int32, device=dev)
@@ -491,7 +536,9 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, live, cand_x, cand_id, m, z, cut, cut_id, argmax,
                          n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p), HAS_K=has_k,
                          HAS_P=has_p, SUB=sub, GB=max(1, GATHER // sub), S=config.probes, T=SEARCH_TILE,
-                         BLOCK_C=block_c, BLOCK_G=max(2, triton.next_power_of_2(ng)), num_warps=max(warps, 8))
+                         BLOCK_C=block_c, BLOCK_G=max(2, triton.next_power_of_2(ng)),
+                         SORTED=sort, SORT_BLOCK=max(16, triton.next_power_of_2(sort)), ID_BITS=ID_BITS,
+                         num_warps=max(warps, 8))
     return tuple(a.view(bs, n) for a in (m, z, cut, cut_id, argmax))
 
 

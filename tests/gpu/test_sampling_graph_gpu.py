@@ -72,8 +72,9 @@ def test_sampling_with_kernel_coins_is_lossless_on_cuda(temperature, top_k, top_
     assert pvalue > ALPHA
 
 
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (50, 0.9), (0, 0.9)])
 @pytest.mark.parametrize("method", ["none", "ngram", "eagle", "multi_layer_eagle"])
-def test_sampling_runs_from_its_graph(demo_model_dir, method):
+def test_sampling_runs_from_its_graph(demo_model_dir, method, top_k, top_p):
     target = st.load(demo_model_dir / "target", device="cuda", dtype=torch.bfloat16)
     draft = {"none": None, "ngram": st.NgramConfig(num_draft_tokens=12),
              "eagle": st.EagleConfig(demo_model_dir / "eagle", num_steps=5, topk=4, num_draft_tokens=16),
@@ -85,9 +86,9 @@ def test_sampling_runs_from_its_graph(demo_model_dir, method):
         # A fresh engine per run: a reused N-gram trie would draft other trees the second time, and
         # other trees spend the same coins on other decisions (each output is still exact).
         engine = st.Engine(target, draft=draft, max_batch_size=2, max_seq_len=256)
-        engine.warmup(record=False)
-        return engine.generate([prompt, prompt], max_new_tokens=64, temperature=1.0, seed=5, ignore_eos=True,
-                               record=False)
+        engine.warmup(record=False, top_k=top_k, top_p=top_p)
+        return engine.generate([prompt, prompt], max_new_tokens=64, temperature=1.0, top_k=top_k, top_p=top_p,
+                               seed=5, ignore_eos=True, record=False)
 
     runs = [run() for _ in range(2)]
     assert runs[0].token_ids == runs[1].token_ids, "equal seeds must give equal outputs"

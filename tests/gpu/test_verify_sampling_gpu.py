@@ -50,10 +50,18 @@ def test_fused_equals_reference_at_128k(dtype, temperature, top_k, top_p):
     assert_decision(verify_sampling_fused(tree, logits, temps, top_k, top_p, coins), want)
 
 
-# On the H200 (2026-12-01) the kept set at a top-p cut differed from the reference's for
-# c1024-p16-w4 at bs 1 (float32, T 0.7, top-k 50, top-p 0.9) while the decision was the same; the
-# engine samples a top-p cut through the torch verify until this holds.
-TOP_P_KEPT_SET = pytest.mark.xfail(reason="kept set at the top-p cut differs by float rounding on CUDA", strict=False)
+def near_the_top_p_cut(logits: torch.Tensor, temps: torch.Tensor, top_k: int, top_p: float,
+                       tol: float = 1e-5) -> torch.Tensor:
+    """[B, N, V]: the tokens whose mass before them (ranked as the reference ranks them, summed in
+    float64 over the same float32 values) is within ``tol`` of ``top_p``. Whether such a token is
+    kept turns on the float32 rounding of that sum, which no two summation orders share."""
+    x = (logits.float() / temps.float().view(-1, 1, 1)).double()
+    if 0 < top_k < x.shape[-1]:
+        x = x.masked_fill(x < x.topk(top_k, dim=-1).values[..., -1:], float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
+    near = ((sorted_p.cumsum(-1) - sorted_p) - top_p).abs() < tol
+    return torch.zeros_like(near).scatter(-1, order, near)
 
 
 # The chunked verify keeps the reference's tie rule at both cuts (the interpreter tests build ties
@@ -62,20 +70,23 @@ TOP_P_KEPT_SET = pytest.mark.xfail(reason="kept set at the top-p cut differs by 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 @pytest.mark.parametrize("bs", [1, 16])
 @pytest.mark.parametrize("dtype, temperature, top_k, top_p", [
-    (torch.float32, 1.0, 0, 1.0), pytest.param(torch.float32, 0.7, 50, 0.9, marks=TOP_P_KEPT_SET),
-    pytest.param(torch.float32, 1.0, 0, 0.8, marks=TOP_P_KEPT_SET),
-    (torch.bfloat16, 1.0, 0, 1.0), pytest.param(torch.bfloat16, 0.7, 50, 0.9, marks=TOP_P_KEPT_SET)])
+    (torch.float32, 1.0, 0, 1.0), (torch.float32, 0.7, 50, 0.9), (torch.float32, 1.0, 0, 0.8),
+    (torch.bfloat16, 1.0, 0, 1.0), (torch.bfloat16, 0.7, 50, 0.9)])
 def test_chunked_equals_reference_at_128k(config, bs, dtype, temperature, top_k, top_p):
     tree, logits, coins, temps = case_at_128k(bs, dtype, temperature)
     want = verify_sampling(tree, logits, temps, top_k, top_p, coins=coins)
     got = verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
     assert_decision(got, want)
     assert torch.equal(got.target_argmax, want.target_argmax)
-    # The rows keep exactly the reference's tokens.
+    # The rows keep exactly the reference's tokens, but for one whose place at the top-p cut is
+    # decided by float32 rounding; every row without such a token has the reference's probabilities.
     ids = torch.arange(logits.shape[-1], device="cuda").expand(logits.shape).contiguous()
     probs = target_probs_at(logits, temps, got.target_rows, ids)
-    assert torch.equal(probs > 0, want.target_probs > 0)
-    torch.testing.assert_close(probs, want.target_probs, rtol=1e-4, atol=1e-7)
+    differ = (probs > 0) != (want.target_probs > 0)
+    assert not (differ & ~near_the_top_p_cut(logits, temps, top_k, top_p)).any()
+    same = ~differ.any(-1)
+    assert same.float().mean() > 0.9
+    torch.testing.assert_close(probs[same], want.target_probs[same], rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("verify", [verify_sampling_fused, verify_sampling_chunked])
