@@ -54,7 +54,10 @@ def near_the_top_p_cut(logits: torch.Tensor, temps: torch.Tensor, top_k: int, to
                        tol: float = 1e-5) -> torch.Tensor:
     """[B, N, V]: the tokens whose mass before them (ranked as the reference ranks them, summed in
     float64 over the same float32 values) is within ``tol`` of ``top_p``. Whether such a token is
-    kept turns on the float32 rounding of that sum, which no two summation orders share."""
+    kept turns on the float32 rounding of that sum, which no two summation orders share. Without a
+    top-p cut there is none: every token's place is exact."""
+    if top_p >= 1:
+        return torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
     x = (logits.float() / temps.float().view(-1, 1, 1)).double()
     if 0 < top_k < x.shape[-1]:
         x = x.masked_fill(x < x.topk(top_k, dim=-1).values[..., -1:], float("-inf"))
