@@ -41,6 +41,8 @@ TINY = LaunchConfig(chunk=128, sub=128, probes=16, warps=4)
 FINE = LaunchConfig(chunk=512, sub=16, probes=16, warps=4, candidates=128)
 SEARCHED = dataclasses.replace(FINE, sorted=0)
 FEW = dataclasses.replace(FINE, candidates=8)
+# FINE with top-k's bound searched among the group maxima instead of read off their sort.
+FINE_BOUND = dataclasses.replace(FINE, searched_bound=True)
 
 
 def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
@@ -96,8 +98,8 @@ def test_chunked_equals_reference_with_top_k_and_top_p(bs, n, top_k, top_p, conf
 
 
 def candidates_over_the_bound(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-                              sub: int) -> int:
-    """The most values at or above a row's bound from its group maxima (the kernel's candidates)."""
+                              sub: int) -> torch.Tensor:
+    """The values at or above each row's bound from its group maxima (the kernel's candidates)."""
     x = logits.float().flatten(0, 1) / temperature
     groups = torch.nn.functional.pad(x, (0, -x.shape[1] % sub), value=-math.inf).view(x.shape[0], -1, sub)
     gmax = groups.max(-1).values.sort(-1, descending=True).values
@@ -107,28 +109,33 @@ def candidates_over_the_bound(logits: torch.Tensor, temperature: float, top_k: i
         mass = torch.exp(gmax - x.max(-1, keepdim=True).values).cumsum(-1)
         total = torch.exp(x - x.max(-1, keepdim=True).values).sum(-1, keepdim=True)
         bound = gmax.gather(1, (mass < top_p * total * 1.001).sum(-1, keepdim=True))[:, 0]
-    return int((x >= bound[:, None]).sum(-1).max())
+    return (x >= bound[:, None]).sum(-1)
 
 
 @pytest.mark.triton_interpreter
-@pytest.mark.parametrize("config", [FINE, SEARCHED, FEW], ids=["sorted", "searched", "whole-row"])
+@pytest.mark.parametrize("config", [FINE, FINE_BOUND, SEARCHED, FEW],
+                         ids=["sorted", "sorted-searched-bound", "searched", "whole-row"])
 @pytest.mark.parametrize("top_k, top_p", [(50, 1.0), (0, 0.9), (20, 0.8), (12, 0.5)])
 def test_chunked_cuts_from_the_candidates_and_from_the_whole_row(config, top_k, top_p):
     bs, n = 3, 6
     tree, g = random_batch(bs, n, 40, top_k)
     logits = lifted(tree, torch.randn(bs, n, VOCAB, generator=g) * 4, g)
     # The case takes the path it names: every row's candidates fit FINE's buffer (and are sorted
-    # there), none fit FEW's.
-    most = candidates_over_the_bound(logits, 0.8, top_k, top_p, config.sub)
-    assert 8 < most <= FINE.candidates < VOCAB
+    # there), none fit FEW's; at top-k 50 some rows sort in FINE's small block and some in its full one.
+    counts = candidates_over_the_bound(logits, 0.8, top_k, top_p, config.sub)
+    assert 8 < counts.max() <= FINE.candidates < VOCAB
+    if top_k == 50:
+        assert counts.min() <= FINE.small_sorted < counts.max()
     assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
 
 
 @pytest.mark.triton_interpreter
-@pytest.mark.parametrize("candidates, sort", [(2048, 2048), (2048, 0), (8, 0)],
-                         ids=["sorted", "searched", "whole-row"])
-def test_chunked_ties_at_both_cuts(candidates, sort):
-    small_config, wide = (dataclasses.replace(c, candidates=candidates, sorted=sort) for c in (SMALL, WIDE))
+@pytest.mark.parametrize("candidates, sort, bound", [(2048, 2048, False), (2048, 2048, True), (2048, 0, False),
+                                                     (8, 0, False)],
+                         ids=["sorted", "sorted-searched-bound", "searched", "whole-row"])
+def test_chunked_ties_at_both_cuts(candidates, sort, bound):
+    small_config, wide = (dataclasses.replace(c, candidates=candidates, sorted=sort, searched_bound=bound)
+                          for c in (SMALL, WIDE))
     bs, n, vocab = 2, 4, VOCAB
     tree, g = random_batch(bs, n, vocab, 5)
     # Ten tokens share the top value, spread over the three chunks, and the drafted ones are among
@@ -146,7 +153,7 @@ def test_chunked_ties_at_both_cuts(candidates, sort):
     coarse = torch.randint(0, 6, (bs, n, vocab), generator=g).float()
     assert_same_decision(tree, coarse, 1.0, 30, 1.0, coins, wide)
     small, g = random_batch(1, 2, vocab, 6)
-    tiny = dataclasses.replace(TINY, candidates=candidates, sorted=sort)
+    tiny = dataclasses.replace(TINY, candidates=candidates, sorted=sort, searched_bound=bound)
     assert_same_decision(small, coarse[:1, :2], 1.0, 6, 1.0, coins[:1, :2], tiny)
 
 
