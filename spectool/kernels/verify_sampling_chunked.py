@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from spectool.kernels.triton_import import tl, triton
-from spectool.kernels.verify_sampling_triton import _tree_decision, decision_outputs
+from spectool.kernels.verify_sampling_triton import _scaled, _tree_decision, decision_outputs
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, N, V, NC, NG, CHUNK: tl.con
     c = tl.program_id(1)
     t = tl.load(Temp + row // N)
     offs = c * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
+    x = _scaled(tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")), t)
     best = tl.max(x, axis=0)
     # The first index of the maximum (a plain min: cheaper than max's index-tracking reduction).
     i = tl.min(tl.where(x == best, offs, 2**31 - 1), axis=0)
@@ -211,7 +211,7 @@ def _gather(Logits, Live, CandX, CandId, row, t, gm, g, bound, V, NG, CAP, SUB: 
             gid = tl.load(Live + row * NG + gi, mask=gi < nlive, other=0)
             offs = tl.reshape(gid[:, None] * SUB + tl.arange(0, SUB)[None, :], (GB * SUB,))
             ok = tl.reshape(tl.broadcast_to((gi < nlive)[:, None], (GB, SUB)), (GB * SUB,)) & (offs < V)
-            x = tl.load(Logits + row * V + offs, mask=ok, other=-float("inf")).to(tl.float32) / t
+            x = _scaled(tl.load(Logits + row * V + offs, mask=ok, other=-float("inf")), t)
             keep = ok & (x >= bound)
             at = count + tl.cumsum(keep.to(tl.int32), axis=0) - 1
             tl.store(CandX + row * CAP + at, x, mask=keep & (at < CAP))
@@ -230,7 +230,7 @@ def _tile(Logits, CandX, CandId, row, t, start, count, fits, V, CAP, T: tl.const
         x = tl.load(CandX + row * CAP + j, mask=ok, other=-float("inf"))
         ids = tl.load(CandId + row * CAP + j, mask=ok, other=0).to(tl.int64)
     else:
-        x = tl.load(Logits + row * V + j, mask=ok, other=-float("inf")).to(tl.float32) / t
+        x = _scaled(tl.load(Logits + row * V + j, mask=ok, other=-float("inf")), t)
         ids = j.to(tl.int64)
     return x, ids, ok
 
@@ -419,7 +419,7 @@ def _kept(x, ids, m, z, cut, cut_id):
 def _kept_probs(Logits, M, Z, Cut, CutId, row, ids, mask, t, V):
     """p(ids | row) of the kept distribution (0 where not ``mask``)."""
     row = row + ids * 0  # a row per id (a scalar row is broadcast)
-    x = tl.load(Logits + row * V + ids, mask=mask, other=0.0).to(tl.float32) / t
+    x = _scaled(tl.load(Logits + row * V + ids, mask=mask, other=0.0), t)
     m = tl.load(M + row, mask=mask, other=0.0)
     z = tl.load(Z + row, mask=mask, other=1.0)
     cut = tl.load(Cut + row, mask=mask, other=0.0)
@@ -446,7 +446,7 @@ def _residual_tile(Logits, row, offs, m, z, cut, cut_id, children, t, V, HAS_CHI
     """The residual at ``offs`` of ``row`` (its kept probabilities given the row's five numbers, the
     tokens of ``children`` [BLOCK] zeroed when ``HAS_CHILD``), float64."""
     inb = offs < V
-    x = tl.load(Logits + row * V + offs, mask=inb, other=-float("inf")).to(tl.float32) / t
+    x = _scaled(tl.load(Logits + row * V + offs, mask=inb, other=-float("inf")), t)
     p = tl.where(inb, _kept(x, offs, m, z, cut, cut_id), 0.0)
     if HAS_CHILD:
         # One child at a time: a [tile, BLOCK] comparison would not fit a long tile's registers.

@@ -32,12 +32,19 @@ CUT_BLOCK = 4096  # vocabulary entries per step of the cut's and the bonus's loo
 
 
 @triton.jit
+def _scaled(logits, t):
+    """``logits / t`` in float32, rounded as torch rounds it: Triton's ``/`` on CUDA is an approximate
+    division (up to 2 ulp), which moved the value at a cut off the one the reference compares with."""
+    return tl.math.div_rn(logits.to(tl.float32), t)
+
+
+@triton.jit
 def _row_chunks_kernel(Logits, Temp, Vals, Idx, Sums, N, V, C, CHUNK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     t = tl.load(Temp + row // N)
     offs = c * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
+    x = _scaled(tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")), t)
     best, i = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
     s = tl.sum(tl.where(offs < V, tl.exp(x - best), 0.0), axis=0)
     tl.store(Vals + row * C + c, best)
@@ -67,7 +74,7 @@ def _row_cut_kernel(Logits, Temp, M, Cut, Z, N, V, top_k, top_p, BLOCK: tl.const
             count = 0
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                x = tl.load(base + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
+                x = _scaled(tl.load(base + offs, mask=offs < V, other=-float("inf")), t)
                 count += tl.sum(((_key(x) >= mid) & (offs < V)).to(tl.int32), axis=0)
             go_up = count >= top_k
             lo = tl.where(go_up, mid, lo)
@@ -76,7 +83,7 @@ def _row_cut_kernel(Logits, Temp, M, Cut, Z, N, V, top_k, top_p, BLOCK: tl.const
     z = 0.0
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        x = tl.load(base + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
+        x = _scaled(tl.load(base + offs, mask=offs < V, other=-float("inf")), t)
         z += tl.sum(tl.where((_key(x) >= lo) & (offs < V), tl.exp(x - m), 0.0), axis=0)
     if top_p < 1.0:
         # The smallest key (>= the top-k cut) whose mass strictly above it is below top_p.
@@ -86,7 +93,7 @@ def _row_cut_kernel(Logits, Temp, M, Cut, Z, N, V, top_k, top_p, BLOCK: tl.const
             above = 0.0
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                x = tl.load(base + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
+                x = _scaled(tl.load(base + offs, mask=offs < V, other=-float("inf")), t)
                 k = _key(x)
                 above += tl.sum(tl.where((k > mid) & (k >= k_lo) & (offs < V), tl.exp(x - m), 0.0), axis=0)
             below = above / z < top_p
@@ -95,7 +102,7 @@ def _row_cut_kernel(Logits, Temp, M, Cut, Z, N, V, top_k, top_p, BLOCK: tl.const
         z = 0.0
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            x = tl.load(base + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
+            x = _scaled(tl.load(base + offs, mask=offs < V, other=-float("inf")), t)
             z += tl.sum(tl.where((_key(x) >= lo) & (offs < V), tl.exp(x - m), 0.0), axis=0)
     bits = tl.where(lo < 0, -(lo + 1) | -2147483648, lo).to(tl.int32)
     tl.store(Cut + row, bits.to(tl.float32, bitcast=True))
@@ -106,7 +113,7 @@ def _row_cut_kernel(Logits, Temp, M, Cut, Z, N, V, top_k, top_p, BLOCK: tl.const
 def _node_probs(Logits, M, Cut, Z, b, parents, tokens, live, t, N, V):
     """p(token | parent) of the given nodes (0 where not live; a padding node reads the root)."""
     par = b * N + tl.maximum(parents, 0)
-    x = tl.load(Logits + par * V + tokens, mask=live, other=0.0).to(tl.float32) / t
+    x = _scaled(tl.load(Logits + par * V + tokens, mask=live, other=0.0), t)
     m = tl.load(M + par, mask=live, other=0.0)
     cut = tl.load(Cut + par, mask=live, other=0.0)
     z = tl.load(Z + par, mask=live, other=1.0)
@@ -221,7 +228,7 @@ def _sampling_decide_kernel(
     last_nonzero = -1
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32) / t
+        x = _scaled(tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")), t)
         p = tl.where((x >= cut_l) & (offs < V), tl.exp(x - m_l) / z_l, 0.0)
         is_child = tl.sum((offs[:, None] == children[None, :]).to(tl.int32), axis=1) > 0
         r = tl.where(is_child, 0.0, p).to(tl.float64)
@@ -241,7 +248,7 @@ def _sampling_decide_kernel(
     # falls back to the argmax, whose residual probability is 0.
     past = count >= V
     bonus = tl.where(total > 0, tl.where(past, last_nonzero, count), tl.load(Argmax + row))
-    xl = tl.load(Logits + row * V + tl.maximum(last_nonzero, 0)).to(tl.float32) / t
+    xl = _scaled(tl.load(Logits + row * V + tl.maximum(last_nonzero, 0)), t)
     pl = tl.where(xl >= cut_l, tl.exp(xl - m_l) / z_l, 0.0).to(tl.float64)
     bonus_p = tl.where(total > 0, tl.where(past, pl, at_p), 0.0)
     before = tl.where(total > 0, tl.where(past, total - pl, at_cdf - at_p), 0.0)
