@@ -41,8 +41,6 @@ TINY = LaunchConfig(chunk=128, sub=128, probes=16, warps=4)
 FINE = LaunchConfig(chunk=512, sub=16, probes=16, warps=4, candidates=128)
 SEARCHED = dataclasses.replace(FINE, sorted=0)
 FEW = dataclasses.replace(FINE, candidates=8)
-# FINE with top-k's bound searched among the group maxima instead of read off their sort.
-FINE_BOUND = dataclasses.replace(FINE, searched_bound=True)
 
 
 def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
@@ -113,8 +111,7 @@ def candidates_over_the_bound(logits: torch.Tensor, temperature: float, top_k: i
 
 
 @pytest.mark.triton_interpreter
-@pytest.mark.parametrize("config", [FINE, FINE_BOUND, SEARCHED, FEW],
-                         ids=["sorted", "sorted-searched-bound", "searched", "whole-row"])
+@pytest.mark.parametrize("config", [FINE, SEARCHED, FEW], ids=["sorted", "searched", "whole-row"])
 @pytest.mark.parametrize("top_k, top_p", [(50, 1.0), (0, 0.9), (20, 0.8), (12, 0.5)])
 def test_chunked_cuts_from_the_candidates_and_from_the_whole_row(config, top_k, top_p):
     bs, n = 3, 6
@@ -130,12 +127,10 @@ def test_chunked_cuts_from_the_candidates_and_from_the_whole_row(config, top_k, 
 
 
 @pytest.mark.triton_interpreter
-@pytest.mark.parametrize("candidates, sort, bound", [(2048, 2048, False), (2048, 2048, True), (2048, 0, False),
-                                                     (8, 0, False)],
-                         ids=["sorted", "sorted-searched-bound", "searched", "whole-row"])
-def test_chunked_ties_at_both_cuts(candidates, sort, bound):
-    small_config, wide = (dataclasses.replace(c, candidates=candidates, sorted=sort, searched_bound=bound)
-                          for c in (SMALL, WIDE))
+@pytest.mark.parametrize("candidates, sort", [(2048, 2048), (2048, 0), (8, 0)],
+                         ids=["sorted", "searched", "whole-row"])
+def test_chunked_ties_at_both_cuts(candidates, sort):
+    small_config, wide = (dataclasses.replace(c, candidates=candidates, sorted=sort) for c in (SMALL, WIDE))
     bs, n, vocab = 2, 4, VOCAB
     tree, g = random_batch(bs, n, vocab, 5)
     # Ten tokens share the top value, spread over the three chunks, and the drafted ones are among
@@ -153,7 +148,7 @@ def test_chunked_ties_at_both_cuts(candidates, sort, bound):
     coarse = torch.randint(0, 6, (bs, n, vocab), generator=g).float()
     assert_same_decision(tree, coarse, 1.0, 30, 1.0, coins, wide)
     small, g = random_batch(1, 2, vocab, 6)
-    tiny = dataclasses.replace(TINY, candidates=candidates, sorted=sort, searched_bound=bound)
+    tiny = dataclasses.replace(TINY, candidates=candidates, sorted=sort)
     assert_same_decision(small, coarse[:1, :2], 1.0, 6, 1.0, coins[:1, :2], tiny)
 
 

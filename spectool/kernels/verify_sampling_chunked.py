@@ -60,9 +60,6 @@ class LaunchConfig:
     sorted: int = 512  # candidates up to which both cuts are read off one sort of them (a power of two; 0: never)
     # Rows with at most this many candidates sort a block of this size instead (top-k 50 leaves 50-60).
     small_sorted: int = 64
-    # Top-k's bound (the k-th largest group maximum) by a key search over the group maxima instead
-    # of a sort of them.
-    searched_bound: bool = False
 
 
 CONFIGS = {
@@ -78,9 +75,8 @@ CONFIGS = {
     "c2048-p16-w4-g64": LaunchConfig(2048, 64, 16, 4),
     "c1024-p16-w4-g128": LaunchConfig(1024, 128, 16, 4),
     "c2048-p16-w4-g128": LaunchConfig(2048, 128, 16, 4),
+    # The default shape with one sort size for every sorted row (as before the small block), to time the two.
     "c1024-p16-w4-g128-s512": LaunchConfig(1024, 128, 16, 4, small_sorted=512),
-    "c1024-p16-w4-g128-kb": LaunchConfig(1024, 128, 16, 4, searched_bound=True),
-    "c2048-p16-w4-g128-kb": LaunchConfig(2048, 128, 16, 4, searched_bound=True),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, temperature) 1,024-entry
 # chunks span 18.8 µs per graphed call at bs 1 against 20.4 with 2,048, and 200 µs against 175 at
@@ -156,41 +152,20 @@ def _row_stats(Max, Arg, Sum, row, NC, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest(x, ok, k, rounds, S: tl.constexpr):
-    """The ``k``-th largest of ``x`` where ``ok``: the largest key with at least k values at or above
-    it, narrowed with ``S`` thresholds a round (no sort)."""
-    key = _key(x)
-    lo = tl.min(tl.where(ok, key, 2**40), axis=0)
-    hi = tl.max(tl.where(ok, key, -(2**40)), axis=0)
-    for _round in range(rounds):
-        if lo < hi:
-            thr = _probes(lo, hi, S)
-            enough = tl.sum(((key[:, None] >= thr[None, :]) & ok[:, None]).to(tl.int32), axis=0) >= k
-            new_lo = tl.max(tl.where(enough, thr, lo), axis=0)
-            hi = tl.min(tl.where(enough, hi, thr - 1), axis=0)
-            lo = new_lo
-    return _value(lo)
-
-
-@triton.jit
-def _bound(gm, g, m, z, NG, top_k, top_p, rounds, HAS_K: tl.constexpr, SEARCHED: tl.constexpr, S: tl.constexpr):
+def _bound(gm, g, m, z, NG, top_k, top_p, HAS_K: tl.constexpr):
     """A value at or below the row's cut, from its group maxima ``gm`` (-inf: none found). Top-k: k
     groups whose maxima are at or above v hold k values at or above v, so the k-th largest group
-    maximum is at or below the k-th largest value (read off their sort, or ``SEARCHED`` by
-    ``_kth_largest``). Top-p alone: the j largest values weigh at least as much as the j largest
-    group maxima, so once those reach top_p of the mass, the kept values are among the j largest,
-    all at or above the j-th largest group maximum (reached with a margin over float rounding)."""
-    if HAS_K and SEARCHED:
-        v = _kth_largest(gm, g < NG, top_k, rounds, S)
+    maximum is at or below the k-th largest value. Top-p alone: the j largest values weigh at least
+    as much as the j largest group maxima, so once those reach top_p of the mass, the kept values
+    are among the j largest, all at or above the j-th largest group maximum (reached with a margin
+    over float rounding)."""
+    srt = tl.sort(gm, descending=True)
+    if HAS_K:
         at = top_k - 1
     else:
-        srt = tl.sort(gm, descending=True)
-        if HAS_K:
-            at = top_k - 1
-        else:
-            e = tl.exp(srt - tl.where(m > -float("inf"), m, 0.0))
-            at = tl.sum(((tl.cumsum(e, axis=0) < top_p * z * 1.001) & (g < NG)).to(tl.int32), axis=0)
-        v = tl.sum(tl.where(g == at, srt, 0.0), axis=0)
+        e = tl.exp(srt - tl.where(m > -float("inf"), m, 0.0))
+        at = tl.sum(((tl.cumsum(e, axis=0) < top_p * z * 1.001) & (g < NG)).to(tl.int32), axis=0)
+    v = tl.sum(tl.where(g == at, srt, 0.0), axis=0)
     return tl.where(at < NG, v, -float("inf"))
 
 
@@ -377,8 +352,7 @@ def _sorted_cuts(CandX, CandId, row, count, m, z, V, CAP, top_k, top_p, HAS_K: t
 def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cut, CutId, Argmax, N, V, NC, NG,
                 CAP, rounds, top_k, top_p, HAS_K: tl.constexpr, HAS_P: tl.constexpr, SUB: tl.constexpr,
                 GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
-                SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr, SMALL_SORT: tl.constexpr, ID_BITS: tl.constexpr,
-                SEARCHED_BOUND: tl.constexpr):
+                SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr, SMALL_SORT: tl.constexpr, ID_BITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     m, arg, z = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
     cut = -float("inf")
@@ -387,7 +361,7 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cu
         t = tl.load(Temp + row // N)
         g = tl.arange(0, BLOCK_G)
         gm = tl.load(GMax + row * NG + g, mask=g < NG, other=-float("inf"))
-        bound = _bound(gm, g, m, z, NG, top_k, top_p, rounds, HAS_K, SEARCHED_BOUND, S)
+        bound = _bound(gm, g, m, z, NG, top_k, top_p, HAS_K)
         count = _gather(Logits, Live, CandX, CandId, row, t, gm, g, bound, V, NG, CAP, SUB, GB)
         tl.debug_barrier()  # the buffer is whole before it is read
         if (count <= SMALL_SORT) & (count <= SORTED):  # never with SORTED 0: a row has at least one candidate
@@ -573,7 +547,6 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
                          HAS_P=has_p, SUB=sub, GB=max(1, GATHER // sub), S=config.probes, T=SEARCH_TILE,
                          BLOCK_C=block_c, BLOCK_G=max(2, triton.next_power_of_2(ng)),
                          SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort, ID_BITS=ID_BITS,
-                         SEARCHED_BOUND=config.searched_bound,
                          num_warps=max(warps, 8))
     return tuple(a.view(bs, n) for a in (m, z, cut, cut_id, argmax))
 
