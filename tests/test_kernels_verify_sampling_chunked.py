@@ -153,6 +153,25 @@ def test_chunked_ties_at_both_cuts(candidates, sort):
 
 
 @pytest.mark.triton_interpreter
+def test_chunked_argmax_where_two_logits_round_to_one_value():
+    # At temperature 0.7 adjacent float32 logits often divide to the same value: the reference's
+    # argmax is then the first of the two, here the smaller logit, at the lower id (both in one chunk).
+    temperature = 0.7
+    a = torch.linspace(14, 15, 4000)
+    b = torch.nextafter(a, torch.tensor(math.inf))
+    pair = ((a / temperature) == (b / temperature)).nonzero()[0, 0]
+    bs, n = 2, 3
+    tree, g = random_batch(bs, n, 40, 9)
+    logits = torch.randn(bs, n, VOCAB, generator=g) * 2
+    logits[..., 60], logits[..., 100] = a[pair], b[pair]
+    assert_same_decision(tree, logits, temperature, 0, 1.0, torch.rand(bs, n, generator=g))
+    assert_same_decision(tree, logits, temperature, 5, 1.0, torch.rand(bs, n, generator=g), TINY)
+    got = verify_sampling_chunked(tree, logits, torch.full((bs,), temperature), 0, 1.0,
+                                  torch.rand(bs, n, generator=g), SMALL)
+    assert (got.target_argmax == 60).all()
+
+
+@pytest.mark.triton_interpreter
 def test_chunked_rows_with_one_token_left():
     bs, n, vocab = 2, 4, VOCAB
     tree, g = random_batch(bs, n, 6, 8)

@@ -125,17 +125,25 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, N, V, NC, NG, CHUNK: tl.con
     c = tl.program_id(1)
     t = tl.load(Temp + row // N)
     offs = c * CHUNK + tl.arange(0, CHUNK)
-    x = _scaled(tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")), t)
-    best = tl.max(x, axis=0)
-    # The first index of the maximum (a plain min: cheaper than max's index-tracking reduction).
-    i = tl.min(tl.where(x == best, offs, 2**31 - 1), axis=0)
+    raw = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
+    # x = raw / t rounded as torch rounds it is a long instruction sequence, and this pass reads every
+    # logit: division by t > 0 keeps the order, so the maxima are divided once, and the sum (a float
+    # sum, compared within its rounding) takes the reciprocal's product.
+    top = tl.max(raw, axis=0)
+    best = _scaled(top, t)
+    # The first index of the maximum (a plain min: cheaper than max's index-tracking reduction):
+    # the first raw == top, unless a smaller raw within a few ulps rounds to the same x.
+    i = tl.min(tl.where(raw == top, offs, 2**31 - 1), axis=0)
+    near = (raw < top) & (raw >= top - tl.maximum(tl.abs(top) * 2**-20, 1e-30))
+    if tl.sum(near.to(tl.int32), axis=0) > 0:
+        i = tl.minimum(i, tl.min(tl.where(near & (_scaled(raw, t) == best), offs, 2**31 - 1), axis=0))
     # A chunk may be all -inf: its sum is then 0, not exp(-inf - -inf).
-    s = tl.sum(tl.exp(x - tl.where(best > -float("inf"), best, 0.0)), axis=0)
+    s = tl.sum(tl.exp(raw * (1.0 / t) - tl.where(best > -float("inf"), best, 0.0)), axis=0)
     tl.store(Max + row * NC + c, best)
     tl.store(Arg + row * NC + c, tl.where(i < 2**31 - 1, i, c * CHUNK).to(tl.int64))
     tl.store(Sum + row * NC + c, s)
     if GROUPS:  # only the cut rounds skip groups
-        groups = tl.max(tl.reshape(x, (CHUNK // SUB, SUB)), axis=1)
+        groups = _scaled(tl.max(tl.reshape(raw, (CHUNK // SUB, SUB)), axis=1), t)
         tl.store(GMax + row * NG + c * (CHUNK // SUB) + tl.arange(0, CHUNK // SUB), groups)
 
 
