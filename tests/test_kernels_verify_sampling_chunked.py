@@ -41,6 +41,12 @@ TINY = LaunchConfig(chunk=128, sub=128, probes=16, warps=4)
 FINE = LaunchConfig(chunk=512, sub=16, probes=16, warps=4, candidates=128)
 SEARCHED = dataclasses.replace(FINE, sorted=0)
 FEW = dataclasses.replace(FINE, candidates=8)
+# The copy into the buffer reads 4 groups a round, so the candidates are gathered over many rounds.
+ROUNDS = dataclasses.replace(FINE, gather=64)
+# Chunks of 64 (19 in a row): top-k 12's bound sorts only the groups at or above the 12th largest
+# chunk maximum; WHOLE_SORT sorts every group maximum.
+CHUNK_MAXIMA = dataclasses.replace(FINE, chunk=64)
+WHOLE_SORT = dataclasses.replace(FINE, prefilter=0)
 
 
 def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
@@ -123,6 +129,23 @@ def test_chunked_cuts_from_the_candidates_and_from_the_whole_row(config, top_k, 
     assert 8 < counts.max() <= FINE.candidates < VOCAB
     if top_k == 50:
         assert counts.min() <= FINE.small_sorted < counts.max()
+    assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
+
+
+@pytest.mark.triton_interpreter
+@pytest.mark.parametrize("config, top_p", [(CHUNK_MAXIMA, 1.0), (CHUNK_MAXIMA, 0.5), (WHOLE_SORT, 0.5), (ROUNDS, 0.5)],
+                         ids=["chunk-maxima", "chunk-maxima-top-p", "every-group", "rounds"])
+def test_top_k_bound_from_the_groups_over_the_kth_chunk_maximum(config, top_p):
+    bs, n, top_k = 3, 6, 12
+    tree, g = random_batch(bs, n, 40, top_k)
+    logits = lifted(tree, torch.randn(bs, n, VOCAB, generator=g) * 4, g)
+    # With chunks of 64, fewer groups than all reach the 12th largest chunk maximum: CHUNK_MAXIMA
+    # sorts only those, WHOLE_SORT all of them; ROUNDS (3 chunks, fewer than k) sorts them all too.
+    x = logits.flatten(0, 1) / 0.8
+    chunk_max = torch.nn.functional.pad(x, (0, -VOCAB % 64), value=-math.inf).view(bs * n, -1, 64).amax(-1)
+    pre = chunk_max.sort(-1, descending=True).values[:, top_k - 1]
+    group_max = x.view(bs * n, -1, 16).amax(-1)
+    assert ((group_max >= pre[:, None]).sum(-1) < group_max.shape[1]).all()
     assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
 
 

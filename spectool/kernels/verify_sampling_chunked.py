@@ -49,17 +49,22 @@ from spectool.kernels.verify_sampling_triton import _scaled, _tree_decision, dec
 class LaunchConfig:
     """How the vocabulary is split: ``chunk`` entries per program of the row pass, ``sub`` per group
     maximum (the candidates are read by whole groups), ``probes`` thresholds per cut search round,
-    ``warps`` per program, ``candidates`` the entries of a row's candidate buffer, ``sorted`` the
-    most candidates that are sorted instead of searched."""
+    ``warps`` per program, ``candidates`` the entries of a row's candidate buffer, ``gather`` the
+    values the copy into it reads a round, ``sorted`` the most candidates that are sorted instead
+    of searched, ``prefilter`` the most group maxima top-k's bound is sorted among."""
 
     chunk: int
     sub: int
     probes: int
     warps: int
     candidates: int = 2048
+    gather: int = 2048  # candidates' values read at once (gather // sub groups a round)
     sorted: int = 512  # candidates up to which both cuts are read off one sort of them (a power of two; 0: never)
     # Rows with at most this many candidates sort a block of this size instead (top-k 50 leaves 50-60).
     small_sorted: int = 64
+    # Top-k's bound sorts only the group maxima at or above the k-th largest chunk maximum where at
+    # most this many are (0: it sorts them all): about a tenth of them for Gaussian logits.
+    prefilter: int = 256
 
 
 CONFIGS = {
@@ -77,6 +82,9 @@ CONFIGS = {
     "c2048-p16-w4-g128": LaunchConfig(2048, 128, 16, 4),
     # The default shape with one sort size for every sorted row (as before the small block), to time the two.
     "c1024-p16-w4-g128-s512": LaunchConfig(1024, 128, 16, 4, small_sorted=512),
+    # The default shapes with top-k's bound sorted among every group maximum, to time the prefilter.
+    "c1024-p16-w4-g128-f0": LaunchConfig(1024, 128, 16, 4, prefilter=0),
+    "c2048-p16-w4-g128-f0": LaunchConfig(2048, 128, 16, 4, prefilter=0),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, temperature) 1,024-entry
 # chunks span 18.8 µs per graphed call at bs 1 against 20.4 with 2,048, and 200 µs against 175 at
@@ -86,7 +94,6 @@ CONFIGS = {
 DEFAULT_CONFIG = "c2048-p16-w4-g128"
 FEW_ROWS_CONFIG = "c1024-p16-w4-g128"
 FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
-GATHER = 2048  # candidates' values read at once (GATHER // sub groups)
 SEARCH_TILE = 512  # values a cut round reads at once
 
 
@@ -178,21 +185,20 @@ def _bound(gm, g, m, z, NG, top_k, top_p, HAS_K: tl.constexpr):
 
 
 @triton.jit
-def _gather(Logits, Live, CandX, CandId, row, t, gm, g, bound, V, NG, CAP, SUB: tl.constexpr, GB: tl.constexpr):
+def _gather(Logits, Live, CandX, CandId, row, t, live, gid, bound, V, NG, CAP, SUB: tl.constexpr, GB: tl.constexpr):
     """Copies the row's values at or above ``bound`` (x and token id, ids ascending) from the groups
-    whose maxima reach it into the row's candidate buffer, and returns how many there are (past CAP
-    they did not fit, and the copy stops)."""
-    live = (gm >= bound) & (g < NG)
+    ``gid`` where ``live`` (their maxima reach it; ids ascending) into the row's candidate buffer,
+    and returns how many there are (past CAP they did not fit, and the copy stops)."""
     # The live groups' ids, in order, so that GB of them are read at once.
-    tl.store(Live + row * NG + tl.cumsum(live.to(tl.int32), axis=0) - 1, g, mask=live)
+    tl.store(Live + row * NG + tl.cumsum(live.to(tl.int32), axis=0) - 1, gid, mask=live)
     nlive = tl.sum(live.to(tl.int32), axis=0)
     tl.debug_barrier()
     count = 0
     for j in range(0, nlive, GB):
         if count <= CAP:
             gi = j + tl.arange(0, GB)
-            gid = tl.load(Live + row * NG + gi, mask=gi < nlive, other=0)
-            offs = tl.reshape(gid[:, None] * SUB + tl.arange(0, SUB)[None, :], (GB * SUB,))
+            group = tl.load(Live + row * NG + gi, mask=gi < nlive, other=0)
+            offs = tl.reshape(group[:, None] * SUB + tl.arange(0, SUB)[None, :], (GB * SUB,))
             ok = tl.reshape(tl.broadcast_to((gi < nlive)[:, None], (GB, SUB)), (GB * SUB,)) & (offs < V)
             x = _scaled(tl.load(Logits + row * V + offs, mask=ok, other=-float("inf")), t)
             keep = ok & (x >= bound)
@@ -201,6 +207,49 @@ def _gather(Logits, Live, CandX, CandId, row, t, gm, g, bound, V, NG, CAP, SUB: 
             tl.store(CandId + row * CAP + at, offs, mask=keep & (at < CAP))
             count += tl.sum(keep.to(tl.int32), axis=0)
     return count
+
+
+@triton.jit
+def _bound_and_gather(Logits, Max, GMax, Live, CandX, CandId, row, t, m, z, V, NC, NG, CAP, top_k, top_p,
+                      HAS_K: tl.constexpr, SUB: tl.constexpr, GB: tl.constexpr, BLOCK_C: tl.constexpr,
+                      BLOCK_G: tl.constexpr, PRE: tl.constexpr):
+    """The row's bound (``_bound``) and how many candidates it copied (``_gather``)."""
+    g = tl.arange(0, BLOCK_G)
+    gm = tl.load(GMax + row * NG + g, mask=g < NG, other=-float("inf"))
+    if HAS_K and PRE > 0:
+        # k chunks whose maxima reach v hold k groups whose maxima reach v: the k-th largest chunk
+        # maximum is at or below the k-th largest group maximum, so the groups at or above the bound
+        # are among those at or above it, and sorting only those gives the same bound.
+        c = tl.arange(0, BLOCK_C)
+        chunk_max = tl.sort(tl.load(Max + row * NC + c, mask=c < NC, other=-float("inf")), descending=True)
+        pre = tl.where(top_k <= NC, tl.sum(tl.where(c == top_k - 1, chunk_max, 0.0), axis=0), -float("inf"))
+        near = (gm >= pre) & (g < NG)
+        npre = tl.sum(near.to(tl.int32), axis=0)
+        if npre <= PRE:
+            tl.store(Live + row * NG + tl.cumsum(near.to(tl.int32), axis=0) - 1, g, mask=near)
+            tl.debug_barrier()
+            p = tl.arange(0, PRE)
+            pid = tl.load(Live + row * NG + p, mask=p < npre, other=0)
+            pgm = tl.load(GMax + row * NG + pid, mask=p < npre, other=-float("inf"))
+            tl.debug_barrier()  # every id is read before the copy writes its own list there
+            bound, count = _list_bound_and_gather(Logits, Live, CandX, CandId, row, t, pgm, p, pid, npre, m, z, V,
+                                                  NG, CAP, top_k, top_p, HAS_K, SUB, GB)
+        else:
+            bound, count = _list_bound_and_gather(Logits, Live, CandX, CandId, row, t, gm, g, g, NG, m, z, V, NG,
+                                                  CAP, top_k, top_p, HAS_K, SUB, GB)
+    else:
+        bound, count = _list_bound_and_gather(Logits, Live, CandX, CandId, row, t, gm, g, g, NG, m, z, V, NG, CAP,
+                                              top_k, top_p, HAS_K, SUB, GB)
+    return bound, count
+
+
+@triton.jit
+def _list_bound_and_gather(Logits, Live, CandX, CandId, row, t, gm, at, gid, n, m, z, V, NG, CAP, top_k, top_p,
+                           HAS_K: tl.constexpr, SUB: tl.constexpr, GB: tl.constexpr):
+    """The bound and the candidates from ``n`` group maxima ``gm`` (at positions ``at``) of groups ``gid``."""
+    bound = _bound(gm, at, m, z, n, top_k, top_p, HAS_K)
+    count = _gather(Logits, Live, CandX, CandId, row, t, (gm >= bound) & (at < n), gid, bound, V, NG, CAP, SUB, GB)
+    return bound, count
 
 
 @triton.jit
@@ -360,17 +409,16 @@ def _sorted_cuts(CandX, CandId, row, count, m, z, V, CAP, top_k, top_p, HAS_K: t
 def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cut, CutId, Argmax, N, V, NC, NG,
                 CAP, rounds, top_k, top_p, HAS_K: tl.constexpr, HAS_P: tl.constexpr, SUB: tl.constexpr,
                 GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
-                SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr, SMALL_SORT: tl.constexpr, ID_BITS: tl.constexpr):
+                SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr, SMALL_SORT: tl.constexpr, PRE: tl.constexpr,
+                ID_BITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     m, arg, z = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
     cut = -float("inf")
     cut_id = V.to(tl.int64)
     if HAS_K or HAS_P:
         t = tl.load(Temp + row // N)
-        g = tl.arange(0, BLOCK_G)
-        gm = tl.load(GMax + row * NG + g, mask=g < NG, other=-float("inf"))
-        bound = _bound(gm, g, m, z, NG, top_k, top_p, HAS_K)
-        count = _gather(Logits, Live, CandX, CandId, row, t, gm, g, bound, V, NG, CAP, SUB, GB)
+        bound, count = _bound_and_gather(Logits, Max, GMax, Live, CandX, CandId, row, t, m, z, V, NC, NG, CAP, top_k,
+                                         top_p, HAS_K, SUB, GB, BLOCK_C, BLOCK_G, PRE)
         tl.debug_barrier()  # the buffer is whole before it is read
         if (count <= SMALL_SORT) & (count <= SORTED):  # never with SORTED 0: a row has at least one candidate
             cut, cut_id, z = _sorted_cuts(CandX, CandId, row, count, m, z, V, CAP, top_k, top_p, HAS_K, HAS_P,
@@ -545,6 +593,8 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     sort = min(config.sorted, cap) if vocab <= 1 << ID_BITS else 0
     sort_block = max(16, triton.next_power_of_2(sort))
     small_sort = min(sort_block, max(16, triton.next_power_of_2(config.small_sorted)))
+    block_g = max(2, triton.next_power_of_2(ng))
+    pre = min(max(2, triton.next_power_of_2(config.prefilter)), block_g) if config.prefilter > 0 else 0
     live = torch.empty(rows if has_cut else 1, ng, dtype=torch.int32, device=dev)
     cand_x = torch.empty(rows if has_cut else 1, cap, **f32)
     cand_id = torch.empty(rows if has_cut else 1, cap, dtype=torch.int32, device=dev)
@@ -552,10 +602,10 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     cut_id, argmax = (torch.empty(rows, dtype=torch.int64, device=dev) for _ in range(2))
     _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, live, cand_x, cand_id, m, z, cut, cut_id, argmax,
                          n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p), HAS_K=has_k,
-                         HAS_P=has_p, SUB=sub, GB=max(1, GATHER // sub), S=config.probes, T=SEARCH_TILE,
-                         BLOCK_C=block_c, BLOCK_G=max(2, triton.next_power_of_2(ng)),
-                         SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort, ID_BITS=ID_BITS,
-                         num_warps=max(warps, 8))
+                         HAS_P=has_p, SUB=sub, GB=max(1, config.gather // sub), S=config.probes, T=SEARCH_TILE,
+                         BLOCK_C=block_c, BLOCK_G=block_g,
+                         SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort, PRE=pre,
+                         ID_BITS=ID_BITS, num_warps=max(warps, 8))
     return tuple(a.view(bs, n) for a in (m, z, cut, cut_id, argmax))
 
 
