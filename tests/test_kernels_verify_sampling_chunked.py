@@ -101,12 +101,16 @@ def test_chunked_equals_reference_with_top_k_and_top_p(bs, n, top_k, top_p, conf
     assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
 
 
+def block_maxima(x: torch.Tensor, size: int) -> torch.Tensor:
+    """[rows, ceil(V / size)]: the maximum of each ``size`` entries of each row of ``x`` (the last block padded)."""
+    return torch.nn.functional.pad(x, (0, -x.shape[1] % size), value=-math.inf).view(x.shape[0], -1, size).amax(-1)
+
+
 def candidates_over_the_bound(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
                               sub: int) -> torch.Tensor:
     """The values at or above each row's bound from its group maxima (the kernel's candidates)."""
     x = logits.float().flatten(0, 1) / temperature
-    groups = torch.nn.functional.pad(x, (0, -x.shape[1] % sub), value=-math.inf).view(x.shape[0], -1, sub)
-    gmax = groups.max(-1).values.sort(-1, descending=True).values
+    gmax = block_maxima(x, sub).sort(-1, descending=True).values
     if top_k:
         bound = gmax[:, top_k - 1]
     else:
@@ -142,9 +146,8 @@ def test_top_k_bound_from_the_groups_over_the_kth_chunk_maximum(config, top_p):
     # With chunks of 64, fewer groups than all reach the 12th largest chunk maximum: CHUNK_MAXIMA
     # sorts only those, WHOLE_SORT all of them; ROUNDS (3 chunks, fewer than k) sorts them all too.
     x = logits.flatten(0, 1) / 0.8
-    chunk_max = torch.nn.functional.pad(x, (0, -VOCAB % 64), value=-math.inf).view(bs * n, -1, 64).amax(-1)
-    pre = chunk_max.sort(-1, descending=True).values[:, top_k - 1]
-    group_max = x.view(bs * n, -1, 16).amax(-1)
+    pre = block_maxima(x, CHUNK_MAXIMA.chunk).sort(-1, descending=True).values[:, top_k - 1]
+    group_max = block_maxima(x, CHUNK_MAXIMA.sub)
     assert ((group_max >= pre[:, None]).sum(-1) < group_max.shape[1]).all()
     assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
 

@@ -156,14 +156,15 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, N, V, NC, NG, CHUNK: tl.con
 
 @triton.jit
 def _row_stats(Max, Arg, Sum, row, NC, BLOCK_C: tl.constexpr):
-    """The row's maximum, first argmax and sum of exp(x - maximum) from its chunks'."""
+    """The row's maximum, first argmax and sum of exp(x - maximum) from its chunks', and the chunks'
+    maxima ([BLOCK_C], -inf past NC)."""
     j = tl.arange(0, BLOCK_C)
     ok = j < NC
     vals = tl.load(Max + row * NC + j, mask=ok, other=-float("inf"))
     m = tl.max(vals, axis=0)
     arg = tl.min(tl.where(ok & (vals == m), tl.load(Arg + row * NC + j, mask=ok, other=0), 2**62), axis=0)
     z = tl.sum(tl.where(ok, tl.load(Sum + row * NC + j, mask=ok, other=0.0) * tl.exp(vals - m), 0.0), axis=0)
-    return m, arg, z
+    return m, arg, z, vals
 
 
 @triton.jit
@@ -210,10 +211,11 @@ def _gather(Logits, Live, CandX, CandId, row, t, live, gid, bound, V, NG, CAP, S
 
 
 @triton.jit
-def _bound_and_gather(Logits, Max, GMax, Live, CandX, CandId, row, t, m, z, V, NC, NG, CAP, top_k, top_p,
+def _bound_and_gather(Logits, GMax, Live, CandX, CandId, row, t, m, z, chunk_max, V, NC, NG, CAP, top_k, top_p,
                       HAS_K: tl.constexpr, SUB: tl.constexpr, GB: tl.constexpr, BLOCK_C: tl.constexpr,
                       BLOCK_G: tl.constexpr, PRE: tl.constexpr):
-    """The row's bound (``_bound``) and how many candidates it copied (``_gather``)."""
+    """The row's bound (``_bound``) and how many candidates it copied (``_gather``); ``chunk_max`` are
+    its chunks' maxima (``_row_stats``)."""
     g = tl.arange(0, BLOCK_G)
     gm = tl.load(GMax + row * NG + g, mask=g < NG, other=-float("inf"))
     if HAS_K and PRE > 0:
@@ -221,12 +223,12 @@ def _bound_and_gather(Logits, Max, GMax, Live, CandX, CandId, row, t, m, z, V, N
         # maximum is at or below the k-th largest group maximum, so the groups at or above the bound
         # are among those at or above it, and sorting only those gives the same bound.
         c = tl.arange(0, BLOCK_C)
-        chunk_max = tl.sort(tl.load(Max + row * NC + c, mask=c < NC, other=-float("inf")), descending=True)
-        pre = tl.where(top_k <= NC, tl.sum(tl.where(c == top_k - 1, chunk_max, 0.0), axis=0), -float("inf"))
-        near = (gm >= pre) & (g < NG)
-        npre = tl.sum(near.to(tl.int32), axis=0)
+        ranked = tl.sort(chunk_max, descending=True)
+        pre = tl.where(top_k <= NC, tl.sum(tl.where(c == top_k - 1, ranked, 0.0), axis=0), -float("inf"))
+        over = (gm >= pre) & (g < NG)
+        npre = tl.sum(over.to(tl.int32), axis=0)
         if npre <= PRE:
-            tl.store(Live + row * NG + tl.cumsum(near.to(tl.int32), axis=0) - 1, g, mask=near)
+            tl.store(Live + row * NG + tl.cumsum(over.to(tl.int32), axis=0) - 1, g, mask=over)
             tl.debug_barrier()
             p = tl.arange(0, PRE)
             pid = tl.load(Live + row * NG + p, mask=p < npre, other=0)
@@ -412,13 +414,13 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cu
                 SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr, SMALL_SORT: tl.constexpr, PRE: tl.constexpr,
                 ID_BITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    m, arg, z = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
+    m, arg, z, chunk_max = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
     cut = -float("inf")
     cut_id = V.to(tl.int64)
     if HAS_K or HAS_P:
         t = tl.load(Temp + row // N)
-        bound, count = _bound_and_gather(Logits, Max, GMax, Live, CandX, CandId, row, t, m, z, V, NC, NG, CAP, top_k,
-                                         top_p, HAS_K, SUB, GB, BLOCK_C, BLOCK_G, PRE)
+        bound, count = _bound_and_gather(Logits, GMax, Live, CandX, CandId, row, t, m, z, chunk_max, V, NC, NG, CAP,
+                                         top_k, top_p, HAS_K, SUB, GB, BLOCK_C, BLOCK_G, PRE)
         tl.debug_barrier()  # the buffer is whole before it is read
         if (count <= SMALL_SORT) & (count <= SORTED):  # never with SORTED 0: a row has at least one candidate
             cut, cut_id, z = _sorted_cuts(CandX, CandId, row, count, m, z, V, CAP, top_k, top_p, HAS_K, HAS_P,
