@@ -43,7 +43,7 @@ from profiling import profile_help, run_profile
 
 from spectool.cli.launch import launch, launched
 from spectool.graphs import GraphRunner
-from spectool.kernels import ops
+from spectool.kernels import ops, pdl
 from spectool.kernels.fused import argmax_reference, argmax_triton
 from spectool.model import parallel
 from spectool.model.config import ModelConfig
@@ -227,7 +227,7 @@ def transformers_decode(shape: str, batch: int, prompt_len: int, new_tokens: int
 
 def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, hf_tokens: int,
               device: torch.device, bandwidth: float, with_hf: bool, unfused: bool = False,
-              deterministic: bool = False, tp: TensorParallel | None = None) -> list[dict]:
+              deterministic: bool = False, tp: TensorParallel | None = None, no_pdl: bool = False) -> list[dict]:
     """The rows of one shape; under ``tp`` this rank's shard of it (same seed on every rank, so the
     prompts agree) and the TP-N floor of one GPU reading its shard."""
     torch.manual_seed(0)
@@ -252,6 +252,13 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
                                                            graphs=device.type == "cuda")
             ops.FUSED_GEMV = True
             faults = {k: v + unfused_faults[k] for k, v in faults.items()}
+        no_pdl_s = None
+        if no_pdl:  # the same graphs with every kernel launched without PDL (kernels/pdl.py)
+            pdl.ENABLED = False
+            no_pdl_s, no_pdl_tokens, no_pdl_faults = spectool_decode(model, cache, prompt, new_tokens,
+                                                                     graphs=device.type == "cuda")
+            pdl.ENABLED = True
+            faults = {k: v + no_pdl_faults[k] for k, v in faults.items()}
         det_s = None
         if deterministic:  # the same graphs with deterministic mode's batch-invariant kernels
             det_s, _, det_faults = spectool_decode(model, cache, prompt, new_tokens, graphs=device.type == "cuda",
@@ -267,6 +274,9 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
             "spectool_graphs_tok_s": batch * new_tokens / graph_s,
             "spectool_graphs_unfused_tok_s": None if unfused_s is None else batch * new_tokens / unfused_s,
             "spectool_graphs_deterministic_tok_s": None if det_s is None else batch * new_tokens / det_s,
+            "spectool_graphs_no_pdl_tok_s": None if no_pdl_s is None else batch * new_tokens / no_pdl_s,
+            "pdl_vs_no_pdl": None if no_pdl_s is None else no_pdl_s / graph_s,
+            "no_pdl_same_tokens": None if no_pdl_s is None else bool(torch.equal(no_pdl_tokens, graph_tokens)),
             "deterministic_vs_default": None if det_s is None else graph_s / det_s,
             "eager_graph_same_tokens": bool(torch.equal(eager_tokens, graph_tokens)),
             "peak_gpu_gb": peak, **faults,
@@ -276,6 +286,7 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
         if row["refused"]:
             row["spectool_graphs_tok_s"] = row["spectool_graphs_unfused_tok_s"] = None
             row["spectool_graphs_deterministic_tok_s"] = row["deterministic_vs_default"] = None
+            row["spectool_graphs_no_pdl_tok_s"] = row["pdl_vs_no_pdl"] = None
         row["graphs_pct_floor"] = (None if row["refused"]
                                    else 100 * row["spectool_graphs_tok_s"] / row["floor_tok_s"])
         rows.append(row)
@@ -308,7 +319,7 @@ def measure(args: argparse.Namespace, device: torch.device, tp: TensorParallel |
         batches = [int(b) for b in args.batches.split(",")]
         rows += run_shape(shape, batches, args.prompt, new_tokens, hf_tokens, device, bandwidth,
                           with_hf=not args.no_hf and tp is None, unfused=args.unfused,
-                          deterministic=args.deterministic, tp=tp)
+                          deterministic=args.deterministic, tp=tp, no_pdl=args.no_pdl)
     return rows
 
 
@@ -332,6 +343,8 @@ def report(rows: list[dict], args: argparse.Namespace, device: torch.device, arg
               f"{fmt(r['hf_default_tok_s']):>6} {fmt(r['hf_static_tok_s']):>7} "
               f"{str(r['eager_graph_same_tokens']):>5} {fmt(r['peak_gpu_gb'], '.1f'):>6}"
               + (f"  unfused graphs {r['spectool_graphs_unfused_tok_s']:.0f}" if args.unfused else "")
+              + (f"  without PDL {r['spectool_graphs_no_pdl_tok_s']:.0f} (PDL {r['pdl_vs_no_pdl']:.3f}x, "
+                 f"same tokens {r['no_pdl_same_tokens']})" if args.no_pdl else "")
               + (f"  deterministic graphs {r['spectool_graphs_deterministic_tok_s']:.0f} "
                  f"({100 * r['deterministic_vs_default']:.1f} % of default)" if args.deterministic else ""))
     whole = {(r["shape"], r["batch"]): r for r in rows if r["tp"] == 1 and not r["refused"]}
@@ -368,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip transformers generate")
     ap.add_argument("--unfused", action="store_true",
                     help="also time the graphs without the fused one-row GEMVs (kernels/gemv.py)")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="also time the same graphs with every kernel launched without programmatic dependent "
+                         "launch (spectool/kernels/pdl.py), and PDL's gain")
     ap.add_argument("--deterministic", action="store_true",
                     help="also time the graphs in deterministic mode (batch-invariant kernels)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -18,7 +18,15 @@ import torch
 _POINTER = {torch.float64: "*fp64", torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
             torch.int64: "*i64", torch.int32: "*i32", torch.int16: "*i16", torch.int8: "*i8", torch.uint8: "*u8",
             torch.bool: "*i1"}
-OPTIONS = ("num_warps", "num_stages", "num_ctas")
+OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl", "enable_fp_fusion")
+
+
+class Compiled(list):
+    """The names of the kernels compiled, in order, and ``ptx``: each name's PTX (the last compiled)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ptx: dict[str, str] = {}
 
 
 def _scalar_type(value) -> str:
@@ -32,15 +40,15 @@ def _scalar_type(value) -> str:
 
 
 @contextlib.contextmanager
-def compiling_for_cuda(capability: int = 90) -> Iterator[list[str]]:
+def compiling_for_cuda(capability: int = 90) -> Iterator[Compiled]:
     """Within the block, ``kernel[grid](...)`` compiles ``kernel`` for CUDA instead of launching it;
-    yields the list of kernel names compiled (one entry per distinct signature and constants)."""
+    yields the kernel names compiled (one entry per distinct signature and constants, a ``Compiled``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
 
-    compiled: list[str] = []
+    compiled = Compiled()
     seen: set = set()
     target = GPUTarget("cuda", capability, 32)
 
@@ -62,8 +70,9 @@ def compiling_for_cuda(capability: int = 90) -> Iterator[list[str]]:
                tuple(options.items()))
         if key not in seen:
             seen.add(key)
-            triton.compile(ASTSource(self, signature, constants), target=target, options=options)
+            kernel = triton.compile(ASTSource(self, signature, constants), target=target, options=options)
             compiled.append(self.fn.__qualname__)
+            compiled.ptx[self.fn.__qualname__] = kernel.asm["ptx"]
 
     original = JITFunction.run
     JITFunction.run = compile_only

@@ -27,6 +27,7 @@ import math
 
 import torch
 
+from spectool.kernels import pdl
 from spectool.kernels.triton_import import tl, triton
 
 
@@ -41,8 +42,9 @@ def _attn_split_kernel(
     NUM_SPLITS,  # not a constexpr: it follows the query count, and a new prompt length must not recompile
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     HAS_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.wait(PDL)
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -106,6 +108,7 @@ def _attn_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
+    pdl.launch_dependents(PDL)
     # Partial result normalised within the split, plus its log2-sum-exp for the merge.
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -120,8 +123,9 @@ def _attn_merge_kernel(
     OutPart, LsePart, Out,
     so_b, so_t, so_h, so_d,
     T, NUM_HEADS, NUM_SPLITS,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.wait(PDL)
     pid = tl.program_id(0)  # ((b * NUM_HEADS) + head) * T + t
     t = pid % T
     head = (pid // T) % NUM_HEADS
@@ -136,6 +140,7 @@ def _attn_merge_kernel(
     parts = tl.load(OutPart + (pid * NUM_SPLITS + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
                     mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     out = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
+    pdl.launch_dependents(PDL)
     tl.store(Out + b * so_b + t * so_t + head * so_h + offs_d * so_d, out.to(Out.dtype.element_ty), mask=d_ok)
 
 
@@ -218,18 +223,22 @@ def cached_attention_triton(
         mask, mask_strides = q, (0, 0, 0)  # never read: HAS_MASK is False
 
     sm_scale_log2 = (1.0 / math.sqrt(D)) * 1.4426950408889634
+    # One query row only (a decode step at batch 1): the projections around it are then always the
+    # PDL-launched GEMVs. Between cuBLAS's (more rows) PDL made the H200's 8B step at batch 8 slower.
+    on = pdl.use_pdl(q) and B * T == 1
     _attn_split_kernel[(B * Hkv, m_blocks, num_splits)](
         q, k_cache, v_cache, slots, starts, mask, out_part, lse_part,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides,
         T, Hkv, sm_scale_log2, num_splits,
         GROUP=group, HEAD_DIM=D, HAS_MASK=tree_mask is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 models stay exact
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4, num_stages=2,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, PDL=on, num_warps=4, num_stages=2,
+        **pdl.launch_options(on),
     )
     _attn_merge_kernel[(B * Hq * T,)](
         out_part, lse_part, out, *out.stride(), T, Hq, num_splits,
         HEAD_DIM=D, BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_D=block_d, num_warps=4 if block_d >= 128 else 2,
+        BLOCK_D=block_d, PDL=on, num_warps=4 if block_d >= 128 else 2, **pdl.launch_options(on),
     )
     return out
 

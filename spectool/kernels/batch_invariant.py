@@ -215,6 +215,6 @@ def attention_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         _attn_merge_kernel[(B * Hq * n,)](
             out_part, lse_part, out_slice, *out_slice.stride(), n, Hq,
             HEAD_DIM=D, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            BLOCK_D=block_d, num_warps=4 if block_d >= 128 else 2, enable_fp_fusion=False,
+            BLOCK_D=block_d, PDL=False, num_warps=4 if block_d >= 128 else 2, enable_fp_fusion=False,
         )
     return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from spectool.kernels import pdl
 from spectool.kernels.triton_import import tl, triton
 
 # ---------------------------------------------------------------------------------
@@ -93,8 +94,9 @@ def _rope_kernel(
     sqo_b, sqo_t, sqo_h, sko_b, sko_h, sko_n, svo_b, svo_h, svo_n,
     T, MAX_SEQ_LEN,
     HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, WRITE_KV: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.wait(PDL)
     pid = tl.program_id(0)  # one program per (row, new token): all heads at once
     b = pid // T
     t = pid % T
@@ -109,6 +111,7 @@ def _rope_kernel(
     qp = Q + b * sq_b + t * sq_t + hq[:, None] * sq_h + offs[None, :]
     q1 = tl.load(qp, mask=m, other=0.0).to(tl.float32)
     q2 = tl.load(qp + HALF, mask=m, other=0.0).to(tl.float32)
+    pdl.launch_dependents(PDL)
     qo = QOut + b * sqo_b + t * sqo_t + hq[:, None] * sqo_h + offs[None, :]
     tl.store(qo, (q1 * cos - q2 * sin).to(QOut.dtype.element_ty), mask=m)
     tl.store(qo + HALF, (q2 * cos + q1 * sin).to(QOut.dtype.element_ty), mask=m)
@@ -151,14 +154,15 @@ def _launch_rope(q, k, v, cos, sin, slots, starts, q_out, k_out, v_out, write_kv
                  fp_fusion: bool = True) -> None:
     B, T, Hq, D = q.shape
     Hkv = k.shape[2]
+    on = pdl.use_pdl(q) and B * T == 1  # as the attention's (kernels/attention_triton.py)
     _rope_kernel[(B * T,)](
         q, k, v, cos, sin, slots, starts, q_out, k_out, v_out,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *cos.stride()[:2], *sin.stride()[:2],
         *q_out.stride()[:3], *k_out.stride()[:3], *v_out.stride()[:3],
         T, k_out.shape[2],
         HQ=Hq, HKV=Hkv, HALF=D // 2, WRITE_KV=write_kv, BLOCK_HQ=triton.next_power_of_2(Hq),
-        BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_HALF=triton.next_power_of_2(D // 2), num_warps=4,
-        enable_fp_fusion=fp_fusion)
+        BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_HALF=triton.next_power_of_2(D // 2), PDL=on, num_warps=4,
+        enable_fp_fusion=fp_fusion, **pdl.launch_options(on))
 
 
 def rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import torch
 
+from spectool.kernels import pdl
 from spectool.kernels.triton_import import tl, triton
 
 PROLOGUES = ("none", "silu_mul", "rms_norm")
@@ -77,7 +78,7 @@ def default_config(k: int, rows: int = 1, n: int = 0) -> tuple[int, int, int, in
 def _gemv_kernel(X, R, NW, W, B, Y, S, N, K, stride_xm, stride_rm, stride_wn, eps,
                  PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                  EXACT_NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 NUM_STAGES: tl.constexpr):
+                 NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
     # Axis 0 is the input row, so one row's programs never differ from another's: the
     # batch-invariant linear (kernels/batch_invariant.py) runs M rows in one launch, each exactly
     # as the one-row decode step runs it. Rows are the fastest axis so that the rows sharing a
@@ -91,6 +92,7 @@ def _gemv_kernel(X, R, NW, W, B, Y, S, N, K, stride_xm, stride_rm, stride_wn, ep
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
+    pdl.wait(PDL)  # nothing before reads or writes what another kernel of the step touches
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
     rstd = 1.0
@@ -128,6 +130,7 @@ def _gemv_kernel(X, R, NW, W, B, Y, S, N, K, stride_xm, stride_rm, stride_wn, ep
             xf = x.to(tl.float32)
         w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
         acc += w.to(tl.float32) * xf[None, :]
+    pdl.launch_dependents(PDL)
     y = tl.sum(acc, axis=1)
     if PROLOGUE == 2 and not EXACT_NORM:
         y = y * tl.math.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
@@ -154,7 +157,7 @@ def _load_rows(x_rows, r_rows, K, cols, mask, PROLOGUE: tl.constexpr, HAS_RESIDU
 def _gemv_rows_kernel(X, R, NW, W, B, Y, S, M, N, K, stride_xm, stride_rm, stride_wn, eps,
                       PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                       DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+                      BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     m = tl.arange(0, BLOCK_M)
     m_ok = m < M
@@ -163,6 +166,7 @@ def _gemv_rows_kernel(X, R, NW, W, B, Y, S, M, N, K, stride_xm, stride_rm, strid
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     w_rows = W + n.to(tl.int64)[:, None] * stride_wn
+    pdl.wait(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if PROLOGUE == 2:  # first pass: each row's own sum of squares, so each row's rstd is exact
         sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -206,6 +210,7 @@ def _gemv_rows_kernel(X, R, NW, W, B, Y, S, M, N, K, stride_xm, stride_rm, strid
             x = x.to(tl.float32)
             w = w.to(tl.float32)
         acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    pdl.launch_dependents(PDL)
     if HAS_BIAS:
         acc += tl.load(B + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(Y + m[:, None] * N + n[None, :], acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -257,6 +262,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     # A view whenever the leading dims collapse to one row stride (e.g. hidden[:, -1:]), else a copy.
     x2 = x.reshape(rows, width)
     r2 = x2 if residual is None else residual.reshape(rows, width)
+    on = pdl.use_pdl(x)
     _gemv_rows_kernel[(triton.cdiv(N, block_n),)](
         x2, r2, x2 if norm_weight is None else norm_weight, weight, y if bias is None else bias, y,
         y if s is None else s, rows, N, K, x2.stride(0), r2.stride(0), weight.stride(0), eps,
@@ -264,7 +270,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         # The interpreter's tl.dot misreads bfloat16 (stored as raw bits); mixed dtypes cannot meet in
         # one tl.dot. float32 operands give the same exact products, with float32 accumulation.
         DOT_F32=not x.is_cuda or x.dtype != weight.dtype,
-        BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=stages, num_warps=warps)
+        BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=stages, PDL=on,
+        num_warps=warps, **pdl.launch_options(on))
     return y, s
 
 
@@ -296,12 +303,15 @@ def launch_row_gemv(x: torch.Tensor, residual: torch.Tensor | None, weight: torc
     """
     N, K = weight.shape
     block_n, block_k, warps, stages = config or default_config(K, 1)
+    on = pdl.use_pdl(x)
     _gemv_kernel[(rows, triton.cdiv(N, block_n))](
         x, x if residual is None else residual, x if norm_weight is None else norm_weight,
         weight, y if bias is None else bias, y, y if s is None else s, N, K, x.numel() // rows, K,
         weight.stride(0), eps,
         PROLOGUE=_PROLOGUE_ID[prologue], HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
-        EXACT_NORM=exact_norm, BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=stages, num_warps=warps)
+        EXACT_NORM=exact_norm, BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=stages, PDL=on,
+        num_warps=warps,
+        **pdl.launch_options(on))
 
 
 def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

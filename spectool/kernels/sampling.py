@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from spectool.kernels import pdl
 from spectool.kernels.tree_indices import triton_on_cpu
 from spectool.kernels.triton_import import tl, triton
 
@@ -31,12 +32,14 @@ _SCALE = 4.6566127342e-10  # tl.rand's: the largest int32 times it stays below 1
 
 
 @triton.jit
-def _coins_kernel(Seed, Nonces, SeqLens, Out, N, BLOCK: tl.constexpr):
+def _coins_kernel(Seed, Nonces, SeqLens, Out, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     b = tl.program_id(0)
     seed = tl.load(Seed) & 0xFFFFFFFF
     key = tl.load(Nonces + b) * 4294967296 + seed
     i = tl.arange(0, BLOCK)
     counter = (tl.load(SeqLens + b) * N + i).to(tl.int32)
+    pdl.launch_dependents(PDL)
     tl.store(Out + b * N + i, tl.rand(key, counter), mask=i < N)
 
 
@@ -87,5 +90,7 @@ def sampling_coins(seed: torch.Tensor, nonces: torch.Tensor, seq_lens: torch.Ten
         return sampling_coins_torch(seed, nonces, seq_lens, n)
     b = nonces.shape[0]
     out = torch.empty(b, n, dtype=torch.float32, device=nonces.device)
-    _coins_kernel[(b,)](seed, nonces, seq_lens, out, n, BLOCK=triton.next_power_of_2(max(n, 16)))
+    on = pdl.use_pdl(nonces)
+    _coins_kernel[(b,)](seed, nonces, seq_lens, out, n, BLOCK=triton.next_power_of_2(max(n, 16)), PDL=on,
+                        **pdl.launch_options(on))
     return out

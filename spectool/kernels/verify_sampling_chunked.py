@@ -31,7 +31,8 @@ normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_
 5. ``_bonus_kernel``, one program per request: the group that holds the coin, then the residual's
    inverse CDF within that one group, in vocabulary order (float64, as the reference's cumsum).
 
-No host sync, and the same launch sequence for every cut. The launch shape is one of ``CONFIGS``
+No host sync, and the same launch sequence for every cut; on Hopper each kernel launches with PDL
+(``spectool.kernels.pdl``), so the next one's programs are resident when it ends. The launch shape is one of ``CONFIGS``
 (``benchmarks/tree_kernels.py --sampling-configs sweep`` times them all).
 """
 
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spectool.kernels import pdl
 from spectool.kernels.triton_import import tl, triton
 from spectool.kernels.verify_sampling_triton import _scaled, _tree_decision, decision_outputs
 
@@ -88,9 +90,9 @@ CONFIGS = {
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, float32, graphed, coins
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
-# 2026-12-04) 1,024-entry chunks take 27.7 µs at bs 1 against 28.9 with 2,048 (top-k 50 + top-p 0.9:
-# 41.8 against 42.4), and 244.0 against 221.7 at bs 64 (353.5 against 322.8): a few rows need more,
-# shorter programs. Groups of 128 leave fewer candidates than groups of 256 (``--sampling-configs``
+# 2026-12-04, launched without PDL) 1,024-entry chunks take 27.7 µs at bs 1 against 28.9 with 2,048
+# (top-k 50 + top-p 0.9: 41.8 against 42.4), and 244.0 against 221.7 at bs 64 (353.5 against 322.8):
+# a few rows need more, shorter programs. Groups of 128 leave fewer candidates than groups of 256 (``--sampling-configs``
 # with the g128 shapes against the plain ones).
 DEFAULT_CONFIG = "c2048-p16-w4-g128"
 FEW_ROWS_CONFIG = "c1024-p16-w4-g128"
@@ -128,7 +130,8 @@ def _value(key):
 
 @triton.jit
 def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, N, V, NC, NG, CHUNK: tl.constexpr, SUB: tl.constexpr,
-                  GROUPS: tl.constexpr):
+                  GROUPS: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     t = tl.load(Temp + row // N)
@@ -147,6 +150,7 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, N, V, NC, NG, CHUNK: tl.con
         i = tl.minimum(i, tl.min(tl.where(near & (_scaled(raw, t) == best), offs, 2**31 - 1), axis=0))
     # A chunk may be all -inf: its sum is then 0, not exp(-inf - -inf).
     s = tl.sum(tl.exp(raw * (1.0 / t) - tl.where(best > -float("inf"), best, 0.0)), axis=0)
+    pdl.launch_dependents(PDL)
     tl.store(Max + row * NC + c, best)
     tl.store(Arg + row * NC + c, tl.where(i < 2**31 - 1, i, c * CHUNK).to(tl.int64))
     tl.store(Sum + row * NC + c, s)
@@ -413,7 +417,8 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cu
                 CAP, rounds, top_k, top_p, HAS_K: tl.constexpr, HAS_P: tl.constexpr, SUB: tl.constexpr,
                 GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
                 SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr, SMALL_SORT: tl.constexpr, PRE: tl.constexpr,
-                ID_BITS: tl.constexpr):
+                ID_BITS: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     m, arg, z, chunk_max = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
     cut = -float("inf")
@@ -434,6 +439,7 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cu
             fits = count <= CAP
             cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, tl.where(fits, count, V), fits, V, CAP,
                                    _key(bound), _key(m), m, z, rounds, top_k, top_p, HAS_K, HAS_P, S, T)
+    pdl.launch_dependents(PDL)
     tl.store(M + row, m)
     tl.store(Z + row, z)
     tl.store(Cut + row, cut)
@@ -491,11 +497,14 @@ def _residual_tile(Logits, row, offs, m, z, cut, cut_id, children, t, V, HAS_CHI
 
 @triton.jit
 def _decide_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins,
-                   Status, Path, AcceptLength, ChildProbs, CoinsOut, Last, U, N, V, W, BLOCK: tl.constexpr):
+                   Status, Path, AcceptLength, ChildProbs, CoinsOut, Last, U, N, V, W, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr):
+    pdl.wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     _, status, path, length, coins_out, child_probs, last, u, _ = _decision(
         Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins, b, N, V, W, BLOCK)
     nodes = tl.arange(0, BLOCK)
+    pdl.launch_dependents(PDL)
     tl.store(AcceptLength + b, length)
     tl.store(Path + b * W + nodes, path.to(tl.int64), mask=nodes < W)
     tl.store(Status + b * N + nodes, status, mask=nodes < N)
@@ -528,7 +537,8 @@ def _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b, N, B
 
 @triton.jit
 def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, ResGroups, N, V, NG,
-                     CHUNK: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr):
+                     CHUNK: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     t, row, children, m, z, cut, cut_id = _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b,
@@ -537,12 +547,15 @@ def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Las
     # Most chunks hold none of the children's tokens and skip the test for them.
     has_child = tl.sum(((children >= lo) & (children < lo + CHUNK)).to(tl.int32), axis=0) > 0
     r = _residual_tile(Logits, row, lo + tl.arange(0, CHUNK), m, z, cut, cut_id, children, t, V, has_child, BLOCK)
+    pdl.launch_dependents(PDL)
     tl.store(ResGroups + b * NG + lo // G + tl.arange(0, CHUNK // G), tl.sum(tl.reshape(r, (CHUNK // G, G)), axis=1))
 
 
 @triton.jit
 def _bonus_kernel(Logits, Temp, M, Z, Cut, CutId, Argmax, Tokens, Parents, Valid, Last, U, ResGroups, Bonus,
-                  BonusCdf, N, V, NG, G: tl.constexpr, BLOCK: tl.constexpr, BLOCK_G: tl.constexpr):
+                  BonusCdf, N, V, NG, G: tl.constexpr, BLOCK: tl.constexpr, BLOCK_G: tl.constexpr,
+                  PDL: tl.constexpr):
+    pdl.wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     t, row, children, m, z, cut, cut_id = _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b,
                                                          N, BLOCK)
@@ -564,6 +577,7 @@ def _bonus_kernel(Logits, Temp, M, Z, Cut, CutId, Argmax, Tokens, Parents, Valid
     before = tl.where(g < NG, tl.sum(tl.where(offs == bonus, cdf, 0.0), axis=0), total) - p
     # An all-zero residual (the children hold all the mass) falls back to the argmax, probability 0.
     has_mass = total > 0
+    pdl.launch_dependents(PDL)
     tl.store(Bonus + b, tl.where(has_mass, bonus.to(tl.int64), tl.load(Argmax + row)))
     tl.store(BonusCdf + b * 2, tl.where(has_mass, before, 0.0).to(tl.float32))
     tl.store(BonusCdf + b * 2 + 1, tl.where(has_mass, p, 0.0).to(tl.float32))
@@ -590,8 +604,9 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     gmax = torch.empty(rows, ng, **f32)
     has_k, has_p = 0 < top_k < vocab, top_p < 1
     has_cut = has_k or has_p
+    on = pdl.use_pdl(logits)
     _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, n, vocab, nc, ng, CHUNK=chunk, SUB=sub,
-                              GROUPS=has_cut, num_warps=warps)
+                              GROUPS=has_cut, PDL=on, num_warps=warps, **pdl.launch_options(on))
     cap = config.candidates
     sort = min(config.sorted, cap) if vocab <= 1 << ID_BITS else 0
     sort_block = max(16, triton.next_power_of_2(sort))
@@ -608,7 +623,7 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
                          HAS_P=has_p, SUB=sub, GB=max(1, config.gather // sub), S=config.probes, T=SEARCH_TILE,
                          BLOCK_C=block_c, BLOCK_G=block_g,
                          SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort, PRE=pre,
-                         ID_BITS=ID_BITS, num_warps=max(warps, 8))
+                         ID_BITS=ID_BITS, PDL=on, num_warps=max(warps, 8), **pdl.launch_options(on))
     return tuple(a.view(bs, n) for a in (m, z, cut, cut_id, argmax))
 
 
@@ -638,11 +653,15 @@ def sampling_decide_chunked(logits: torch.Tensor, temperature: torch.Tensor, row
                 mask.contiguous().view(torch.uint8), coins.float().contiguous())
         logits, temperature = logits.contiguous(), temperature.float().contiguous()
         warps = max(config.warps, 4 if block <= 64 else 8)
+        on = pdl.use_pdl(logits)
         _decide_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, *tree, status, path, length, child_probs,
-                              coins_out, last, u, n, vocab, width, BLOCK=block, num_warps=warps)
+                              coins_out, last, u, n, vocab, width, BLOCK=block, PDL=on, num_warps=warps,
+                              **pdl.launch_options(on))
         _residual_kernel[(bs, nc)](logits, temperature, m, z, cut, cut_id, tree[0], tree[1], tree[3], last, res_groups,
-                                   n, vocab, ng, CHUNK=chunk, G=group, BLOCK=block, num_warps=warps)
+                                   n, vocab, ng, CHUNK=chunk, G=group, BLOCK=block, PDL=on, num_warps=warps,
+                                   **pdl.launch_options(on))
         _bonus_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, argmax, tree[0], tree[1], tree[3], last, u,
                              res_groups, bonus, bonus_cdf, n, vocab, ng, G=group, BLOCK=block,
-                             BLOCK_G=max(2, triton.next_power_of_2(ng)), num_warps=warps)
+                             BLOCK_G=max(2, triton.next_power_of_2(ng)), PDL=on, num_warps=warps,
+                             **pdl.launch_options(on))
     return status, path, length, bonus, bonus_cdf, child_probs, coins_out
