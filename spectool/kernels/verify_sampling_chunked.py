@@ -92,8 +92,8 @@ CONFIGS = {
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
 # 2026-12-04, launched without PDL) 1,024-entry chunks take 27.7 µs at bs 1 against 28.9 with 2,048
 # (top-k 50 + top-p 0.9: 41.8 against 42.4), and 244.0 against 221.7 at bs 64 (353.5 against 322.8):
-# a few rows need more, shorter programs. Groups of 128 leave fewer candidates than groups of 256 (``--sampling-configs``
-# with the g128 shapes against the plain ones).
+# a few rows need more, shorter programs. Groups of 128 leave fewer candidates than groups of 256
+# (``--sampling-configs`` with the g128 shapes against the plain ones).
 DEFAULT_CONFIG = "c2048-p16-w4-g128"
 FEW_ROWS_CONFIG = "c1024-p16-w4-g128"
 FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
