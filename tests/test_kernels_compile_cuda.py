@@ -43,6 +43,17 @@ def test_chunked_sampling_verify_compiles_for_cuda(dtype):
     assert compiled, "no kernel was launched"
 
 
+def test_second_value_launch_shapes_compile_for_cuda():
+    # The launch shapes that keep each group's second value (timed against the engine's by
+    # benchmarks/tree_kernels.py --sampling-configs), for the cuts that take their path.
+    tree, logits, temps, coins = sampling_inputs(torch.float32)
+    with compiling_for_cuda() as compiled:
+        for (top_k, top_p), config in ((cut, c) for cut in CUTS[1:] for c in (f"{FEW_ROWS_CONFIG}-m2",
+                                                                             f"{DEFAULT_CONFIG}-m2")):
+            verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
+    assert "_cut_kernel" in compiled
+
+
 def test_fused_sampling_verify_compiles_for_cuda():
     tree, logits, temps, coins = sampling_inputs(torch.float32)
     with compiling_for_cuda() as compiled:

@@ -47,6 +47,9 @@ ROUNDS = dataclasses.replace(FINE, gather=64)
 # chunk maximum; WHOLE_SORT sorts every group maximum.
 CHUNK_MAXIMA = dataclasses.replace(FINE, chunk=64)
 WHOLE_SORT = dataclasses.replace(FINE, prefilter=0)
+# FINE with each group's second value kept: the groups under the bound's second value give their
+# maximum alone, and only the others are read.
+SECOND = dataclasses.replace(FINE, second=True)
 
 
 def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
@@ -195,6 +198,51 @@ def test_chunked_argmax_where_two_logits_round_to_one_value():
     got = verify_sampling_chunked(tree, logits, torch.full((bs,), temperature), 0, 1.0,
                                   torch.rand(bs, n, generator=g), SMALL)
     assert (got.target_argmax == 60).all()
+
+
+def group_tops(x: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each ``size`` entries' largest and second-largest value ([rows, groups] each)."""
+    tiles = torch.nn.functional.pad(x, (0, -x.shape[1] % size), value=-math.inf).view(x.shape[0], -1, size)
+    top2 = tiles.topk(2, dim=-1).values
+    return top2[..., 0], top2[..., 1]
+
+
+@pytest.mark.triton_interpreter
+@pytest.mark.parametrize("top_k, top_p", [(50, 1.0), (20, 0.8), (0, 0.9)])
+def test_second_values_leave_single_candidate_groups_unread(top_k, top_p):
+    bs, n = 3, 6
+    tree, g = random_batch(bs, n, 40, top_k + 1)
+    logits = lifted(tree, torch.randn(bs, n, VOCAB, generator=g) * 4, g)
+    # The path is taken: live groups holding one candidate (their maximum) and some holding more.
+    x = logits.flatten(0, 1) / 0.8
+    top, second = group_tops(x, SECOND.sub)
+    bound = top.sort(-1, descending=True).values[:, top_k - 1] if top_k else None
+    if bound is not None:
+        live = top >= bound[:, None]
+        assert (live & (second < bound[:, None])).any() and (live & (second >= bound[:, None])).any()
+    assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), SECOND)
+
+
+@pytest.mark.triton_interpreter
+def test_second_values_with_ties_at_the_cut():
+    bs, n, vocab = 2, 4, VOCAB
+    tree, g = random_batch(bs, n, vocab, 11)
+    coins = torch.rand(bs, n, generator=g)
+    # Ten tokens share the top value, each alone in its group of 16: top-p 0.35 keeps the first four
+    # ids of the tie, and its last kept one is a group's maximum that the copy did not read.
+    logits = torch.randn(bs, n, vocab, generator=g) - 8
+    groups = torch.stack([torch.randperm(vocab // SECOND.sub, generator=g)[:10] for _ in range(bs * n)])
+    tie = (groups * SECOND.sub + torch.randint(0, SECOND.sub, groups.shape, generator=g)).view(bs, n, 10)
+    logits.scatter_(2, tie, 3.0)
+    assert_same_decision(tree, logits, 1.0, 0, 0.35, coins, SECOND)
+    assert_same_decision(tree, logits, 1.0, 4, 0.35, coins, SECOND)
+    # Two of the tie in one group: that group is read, the others are not.
+    logits[..., tie[0, 0, 0] ^ 1] = 3.0
+    assert_same_decision(tree, logits, 1.0, 0, 0.35, coins, SECOND)
+    # Integer logits: more candidates than the sorted cuts take, so they are copied again in id order
+    # (and here overflow the buffer, so the whole row is searched).
+    coarse = torch.randint(0, 6, (bs, n, vocab), generator=g).float()
+    assert_same_decision(tree, coarse, 1.0, 30, 0.9, coins, SECOND)
 
 
 @pytest.mark.triton_interpreter

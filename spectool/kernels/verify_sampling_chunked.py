@@ -16,9 +16,11 @@ normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_
    or above it lie in the groups whose maxima reach it, a few times k groups for top-k: they are
    copied, with their token ids in order, into a buffer of ``candidates`` entries, and both cuts are
    searched there (``_gather``). Past the buffer (a wide tie at the cut, or top-p over a flat row)
-   the whole row is searched instead, so any logits get the exact cut. Each search runs over the
-   floats' ordered integer keys with ``probes`` thresholds a round, a fixed number of rounds (8 for
-   16 probes) that covers the 2**32 keys. Top-k: the largest key with at least k values at or above
+   the whole row is searched instead, so any logits get the exact cut. With ``LaunchConfig.second``
+   the stats pass also keeps each group's second-largest value, and a live group whose second
+   value is below the bound gives its maximum alone, unread (``_gather_second``). Each search runs
+   over the floats' ordered integer keys with ``probes`` thresholds a round, a fixed number of
+   rounds (8 for 16 probes) that covers the 2**32 keys. Top-k: the largest key with at least k values at or above
    it (all of a tie at the k-th value is kept, as the reference's ``x < kth`` mask). Top-p: the
    smallest key whose mass strictly above it is below ``top_p`` of the top-k mass; the reference
    sorts stably, so equal values keep token-id order and only the first of a tie whose mass before
@@ -67,6 +69,9 @@ class LaunchConfig:
     # Top-k's bound sorts only the group maxima at or above the k-th largest chunk maximum where at
     # most this many are (0: it sorts them all): about a tenth of them for Gaussian logits.
     prefilter: int = 256
+    # The stats pass also keeps each group's second-largest value; a live group whose second value is
+    # below the bound holds one candidate, its maximum, and only the other live groups are read.
+    second: bool = False
 
 
 CONFIGS = {
@@ -87,6 +92,10 @@ CONFIGS = {
     # The default shapes with top-k's bound sorted among every group maximum, to time the prefilter.
     "c1024-p16-w4-g128-f0": LaunchConfig(1024, 128, 16, 4, prefilter=0),
     "c2048-p16-w4-g128-f0": LaunchConfig(2048, 128, 16, 4, prefilter=0),
+    # The default shapes with each group's second value kept, to time reading only the groups that
+    # hold more than one candidate.
+    "c1024-p16-w4-g128-m2": LaunchConfig(1024, 128, 16, 4, second=True),
+    "c2048-p16-w4-g128-m2": LaunchConfig(2048, 128, 16, 4, second=True),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, float32, graphed, coins
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
@@ -129,8 +138,8 @@ def _value(key):
 
 
 @triton.jit
-def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, N, V, NC, NG, CHUNK: tl.constexpr, SUB: tl.constexpr,
-                  GROUPS: tl.constexpr, PDL: tl.constexpr):
+def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, N, V, NC, NG, CHUNK: tl.constexpr, SUB: tl.constexpr,
+                  GROUPS: tl.constexpr, SECOND: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -155,8 +164,15 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, N, V, NC, NG, CHUNK: tl.con
     tl.store(Arg + row * NC + c, tl.where(i < 2**31 - 1, i, c * CHUNK).to(tl.int64))
     tl.store(Sum + row * NC + c, s)
     if GROUPS:  # only the cut rounds skip groups
-        groups = _scaled(tl.max(tl.reshape(raw, (CHUNK // SUB, SUB)), axis=1), t)
-        tl.store(GMax + row * NG + c * (CHUNK // SUB) + tl.arange(0, CHUNK // SUB), groups)
+        tile = tl.reshape(raw, (CHUNK // SUB, SUB))
+        group_top = tl.max(tile, axis=1)
+        at = row * NG + c * (CHUNK // SUB) + tl.arange(0, CHUNK // SUB)
+        tl.store(GMax + at, _scaled(group_top, t))
+        if SECOND:  # the second-largest value: the maximum again where it occurs twice
+            is_top = tile == group_top[:, None]
+            rest = tl.max(tl.where(is_top, -float("inf"), tile), axis=1)
+            second = tl.where(tl.sum(is_top.to(tl.int32), axis=1) > 1, group_top, rest)
+            tl.store(GMax2 + at, _scaled(second, t))
 
 
 @triton.jit
@@ -191,15 +207,17 @@ def _bound(gm, g, m, z, NG, top_k, top_p, HAS_K: tl.constexpr):
 
 
 @triton.jit
-def _gather(Logits, Live, CandX, CandId, row, t, live, gid, bound, V, NG, CAP, SUB: tl.constexpr, GB: tl.constexpr):
+def _gather(Logits, Live, CandX, CandId, row, t, live, gid, bound, V, NG, CAP, count, SUB: tl.constexpr,
+            GB: tl.constexpr):
     """Copies the row's values at or above ``bound`` (x and token id, ids ascending) from the groups
-    ``gid`` where ``live`` (their maxima reach it; ids ascending) into the row's candidate buffer,
-    and returns how many there are (past CAP they did not fit, and the copy stops)."""
+    ``gid`` where ``live`` (their maxima reach it; ids ascending) into the row's candidate buffer
+    after its first ``count`` entries, and returns how many there are then (past CAP they did not
+    fit, and the copy stops)."""
     # The live groups' ids, in order, so that GB of them are read at once.
     tl.store(Live + row * NG + tl.cumsum(live.to(tl.int32), axis=0) - 1, gid, mask=live)
     nlive = tl.sum(live.to(tl.int32), axis=0)
+    count = nlive * 0 + count  # an int32 whether it came as a literal or as a sum
     tl.debug_barrier()
-    count = 0
     for j in range(0, nlive, GB):
         if count <= CAP:
             gi = j + tl.arange(0, GB)
@@ -216,11 +234,42 @@ def _gather(Logits, Live, CandX, CandId, row, t, live, gid, bound, V, NG, CAP, S
 
 
 @triton.jit
-def _bound_and_gather(Logits, GMax, Live, CandX, CandId, row, t, m, z, chunk_max, V, NC, NG, CAP, top_k, top_p,
-                      HAS_K: tl.constexpr, SUB: tl.constexpr, GB: tl.constexpr, BLOCK_C: tl.constexpr,
-                      BLOCK_G: tl.constexpr, PRE: tl.constexpr):
-    """The row's bound (``_bound``) and how many candidates it copied (``_gather``); ``chunk_max`` are
-    its chunks' maxima (``_row_stats``)."""
+def _gather_second(Logits, GMax2, Live, CandX, CandId, row, t, gm, live, gid, bound, V, NG, CAP, SUB: tl.constexpr,
+                   GB: tl.constexpr):
+    """``_gather`` from the second values ``GMax2`` too: a live group whose second value is below the
+    bound holds one candidate, its maximum ``gm``, which goes to the buffer with its group's first
+    token id for an id (``_true_id`` finds the real one where it matters), so only the other live
+    groups are read. The singles come first, so the buffer is not in id order; but the groups'
+    ids are disjoint ranges, so (value, id) still orders a tie as the token ids do."""
+    gm2 = tl.load(GMax2 + row * NG + gid, mask=live, other=-float("inf"))
+    single = live & (gm2 < bound)
+    at = tl.cumsum(single.to(tl.int32), axis=0) - 1
+    tl.store(CandX + row * CAP + at, gm, mask=single & (at < CAP))
+    tl.store(CandId + row * CAP + at, (gid * SUB).to(tl.int32), mask=single & (at < CAP))
+    count = tl.sum(single.to(tl.int32), axis=0)
+    return _gather(Logits, Live, CandX, CandId, row, t, live & (gm2 >= bound), gid, bound, V, NG, CAP, count, SUB, GB)
+
+
+@triton.jit
+def _true_id(Logits, GMax2, row, t, cand_id, value, bound, V, NG, SUB: tl.constexpr):
+    """The token id of candidate ``cand_id`` (< V) of value ``value`` from ``_gather_second``: itself,
+    unless its group's second value is below the bound, where it stands for the group's one value at
+    or above the bound, which is then looked up."""
+    g = cand_id // SUB
+    if tl.load(GMax2 + row * NG + g) < bound:
+        offs = g * SUB + tl.arange(0, SUB).to(tl.int64)
+        x = _scaled(tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")), t)
+        cand_id = tl.min(tl.where(x == value, offs, V), axis=0)
+    return cand_id
+
+
+@triton.jit
+def _bound_and_gather(Logits, GMax, GMax2, Live, CandX, CandId, row, t, m, z, chunk_max, V, NC, NG, CAP, top_k,
+                      top_p, limit, HAS_K: tl.constexpr, SUB: tl.constexpr, GB: tl.constexpr, BLOCK_C: tl.constexpr,
+                      BLOCK_G: tl.constexpr, PRE: tl.constexpr, SECOND: tl.constexpr):
+    """The row's bound (``_bound``), how many candidates it copied (``_gather``) and whether their ids
+    are the token ids (else ``_gather_second``'s, past ``limit`` candidates copied again by
+    ``_gather``); ``chunk_max`` are its chunks' maxima (``_row_stats``)."""
     g = tl.arange(0, BLOCK_G)
     gm = tl.load(GMax + row * NG + g, mask=g < NG, other=-float("inf"))
     if HAS_K and PRE > 0:
@@ -239,24 +288,35 @@ def _bound_and_gather(Logits, GMax, Live, CandX, CandId, row, t, m, z, chunk_max
             pid = tl.load(Live + row * NG + p, mask=p < npre, other=0)
             pgm = tl.load(GMax + row * NG + pid, mask=p < npre, other=-float("inf"))
             tl.debug_barrier()  # every id is read before the copy writes its own list there
-            bound, count = _list_bound_and_gather(Logits, Live, CandX, CandId, row, t, pgm, p, pid, npre, m, z, V,
-                                                  NG, CAP, top_k, top_p, HAS_K, SUB, GB)
+            bound, count, exact = _list_bound_and_gather(Logits, GMax2, Live, CandX, CandId, row, t, pgm, p, pid,
+                                                         npre, m, z, V, NG, CAP, top_k, top_p, limit, HAS_K, SUB, GB,
+                                                         SECOND)
         else:
-            bound, count = _list_bound_and_gather(Logits, Live, CandX, CandId, row, t, gm, g, g, NG, m, z, V, NG,
-                                                  CAP, top_k, top_p, HAS_K, SUB, GB)
+            bound, count, exact = _list_bound_and_gather(Logits, GMax2, Live, CandX, CandId, row, t, gm, g, g, NG,
+                                                         m, z, V, NG, CAP, top_k, top_p, limit, HAS_K, SUB, GB, SECOND)
     else:
-        bound, count = _list_bound_and_gather(Logits, Live, CandX, CandId, row, t, gm, g, g, NG, m, z, V, NG, CAP,
-                                              top_k, top_p, HAS_K, SUB, GB)
-    return bound, count
+        bound, count, exact = _list_bound_and_gather(Logits, GMax2, Live, CandX, CandId, row, t, gm, g, g, NG, m, z,
+                                                     V, NG, CAP, top_k, top_p, limit, HAS_K, SUB, GB, SECOND)
+    return bound, count, exact
 
 
 @triton.jit
-def _list_bound_and_gather(Logits, Live, CandX, CandId, row, t, gm, at, gid, n, m, z, V, NG, CAP, top_k, top_p,
-                           HAS_K: tl.constexpr, SUB: tl.constexpr, GB: tl.constexpr):
+def _list_bound_and_gather(Logits, GMax2, Live, CandX, CandId, row, t, gm, at, gid, n, m, z, V, NG, CAP, top_k,
+                           top_p, limit, HAS_K: tl.constexpr, SUB: tl.constexpr, GB: tl.constexpr,
+                           SECOND: tl.constexpr):
     """The bound and the candidates from ``n`` group maxima ``gm`` (at positions ``at``) of groups ``gid``."""
     bound = _bound(gm, at, m, z, n, top_k, top_p, HAS_K)
-    count = _gather(Logits, Live, CandX, CandId, row, t, (gm >= bound) & (at < n), gid, bound, V, NG, CAP, SUB, GB)
-    return bound, count
+    live = (gm >= bound) & (at < n)
+    exact = True
+    if SECOND:
+        count = _gather_second(Logits, GMax2, Live, CandX, CandId, row, t, gm, live, gid, bound, V, NG, CAP, SUB, GB)
+        exact = count > limit
+        if exact:  # more than the sorted cuts take: the search needs the token ids, in order
+            tl.debug_barrier()  # the second copy rewrites the live list the first one read
+            count = _gather(Logits, Live, CandX, CandId, row, t, live, gid, bound, V, NG, CAP, 0, SUB, GB)
+    else:
+        count = _gather(Logits, Live, CandX, CandId, row, t, live, gid, bound, V, NG, CAP, 0, SUB, GB)
+    return bound, count, exact
 
 
 @triton.jit
@@ -413,11 +473,11 @@ def _sorted_cuts(CandX, CandId, row, count, m, z, V, CAP, top_k, top_p, HAS_K: t
 
 
 @triton.jit
-def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cut, CutId, Argmax, N, V, NC, NG,
+def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, M, Z, Cut, CutId, Argmax, N, V, NC, NG,
                 CAP, rounds, top_k, top_p, HAS_K: tl.constexpr, HAS_P: tl.constexpr, SUB: tl.constexpr,
                 GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
                 SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr, SMALL_SORT: tl.constexpr, PRE: tl.constexpr,
-                ID_BITS: tl.constexpr, PDL: tl.constexpr):
+                ID_BITS: tl.constexpr, SECOND: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     m, arg, z, chunk_max = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
@@ -425,8 +485,9 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cu
     cut_id = V.to(tl.int64)
     if HAS_K or HAS_P:
         t = tl.load(Temp + row // N)
-        bound, count = _bound_and_gather(Logits, GMax, Live, CandX, CandId, row, t, m, z, chunk_max, V, NC, NG, CAP,
-                                         top_k, top_p, HAS_K, SUB, GB, BLOCK_C, BLOCK_G, PRE)
+        bound, count, exact = _bound_and_gather(Logits, GMax, GMax2, Live, CandX, CandId, row, t, m, z, chunk_max, V,
+                                                NC, NG, CAP, top_k, top_p, SORTED, HAS_K, SUB, GB, BLOCK_C, BLOCK_G,
+                                                PRE, SECOND)
         tl.debug_barrier()  # the buffer is whole before it is read
         if (count <= SMALL_SORT) & (count <= SORTED):  # never with SORTED 0: a row has at least one candidate
             cut, cut_id, z = _sorted_cuts(CandX, CandId, row, count, m, z, V, CAP, top_k, top_p, HAS_K, HAS_P,
@@ -439,6 +500,9 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, Live, CandX, CandId, M, Z, Cu
             fits = count <= CAP
             cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, tl.where(fits, count, V), fits, V, CAP,
                                    _key(bound), _key(m), m, z, rounds, top_k, top_p, HAS_K, HAS_P, S, T)
+        if SECOND:
+            if (exact == 0) & (cut_id < V):  # the last kept of a tie at the cut may stand for its group
+                cut_id = _true_id(Logits, GMax2, row, t, cut_id, cut, bound, V, NG, SUB)
     pdl.launch_dependents(PDL)
     tl.store(M + row, m)
     tl.store(Z + row, z)
@@ -604,9 +668,12 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     gmax = torch.empty(rows, ng, **f32)
     has_k, has_p = 0 < top_k < vocab, top_p < 1
     has_cut = has_k or has_p
+    second = has_cut and config.second
+    gmax2 = torch.empty(rows if second else 1, ng if second else 1, **f32)
     on = pdl.use_pdl(logits)
-    _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, n, vocab, nc, ng, CHUNK=chunk, SUB=sub,
-                              GROUPS=has_cut, PDL=on, num_warps=warps, **pdl.launch_options(on))
+    _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, gmax2, n, vocab, nc, ng, CHUNK=chunk,
+                              SUB=sub, GROUPS=has_cut, SECOND=second, PDL=on, num_warps=warps,
+                              **pdl.launch_options(on))
     cap = config.candidates
     sort = min(config.sorted, cap) if vocab <= 1 << ID_BITS else 0
     sort_block = max(16, triton.next_power_of_2(sort))
@@ -618,12 +685,12 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     cand_id = torch.empty(rows if has_cut else 1, cap, dtype=torch.int32, device=dev)
     m, z, cut = (torch.empty(rows, **f32) for _ in range(3))
     cut_id, argmax = (torch.empty(rows, dtype=torch.int64, device=dev) for _ in range(2))
-    _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, live, cand_x, cand_id, m, z, cut, cut_id, argmax,
-                         n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p), HAS_K=has_k,
+    _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, gmax2, live, cand_x, cand_id, m, z, cut, cut_id,
+                         argmax, n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p), HAS_K=has_k,
                          HAS_P=has_p, SUB=sub, GB=max(1, config.gather // sub), S=config.probes, T=SEARCH_TILE,
                          BLOCK_C=block_c, BLOCK_G=block_g,
                          SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort, PRE=pre,
-                         ID_BITS=ID_BITS, PDL=on, num_warps=max(warps, 8), **pdl.launch_options(on))
+                         ID_BITS=ID_BITS, SECOND=second, PDL=on, num_warps=max(warps, 8), **pdl.launch_options(on))
     return tuple(a.view(bs, n) for a in (m, z, cut, cut_id, argmax))
 
 
