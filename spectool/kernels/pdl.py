@@ -41,7 +41,8 @@ def use_pdl(x: torch.Tensor) -> bool:
 
 @functools.cache
 def _capable(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    # Triton has had the launch option and the two instructions since 3.3.
+    return torch.cuda.get_device_capability(index)[0] >= 9 and hasattr(tl.extra.cuda, "gdc_wait")
 
 
 def launch_options(on: bool) -> dict:
