@@ -134,8 +134,9 @@ def sampling_case(bs: int, n: int, vocab: int, dtype: torch.dtype, g: torch.Gene
             torch.full((bs,), 0.8, device=device))
 
 
-def sampling_table(configs: list[str], g: torch.Generator) -> list[dict]:
-    """Graphed µs per sampling verify (coins kernel included) of the torch, fused and chunked verifies."""
+def sampling_table(configs: list[str], g: torch.Generator, done=None) -> list[dict]:
+    """Graphed µs per sampling verify (coins kernel included) of the torch, fused and chunked verifies;
+    ``done(rows)`` after each row, so a run stopped at a time limit keeps the rows it finished."""
     vocab, n = 128256, 16
     rows = []
     print(f"\nsampling verify in a CUDA graph (µs per iteration, N {n}, V {vocab}, coins included; "
@@ -164,6 +165,8 @@ def sampling_table(configs: list[str], g: torch.Generator) -> list[dict]:
                            "top_p": p, "cuts": cuts, "torch_graphed_us": torch_us, "fused_graphed_us": fused_us,
                            "config": name, "chunked_graphed_us": us, "same_decision": same}
                     rows.append(row)
+                    if done is not None:
+                        done(rows)
                     print(f"{row['dtype']:>9} {bs:>4} {cuts:>17} {torch_us:>9.1f} {fused_us:>9.1f} {name:>16} "
                           f"{us:>9.1f} {torch_us / us:>8.1f}x {str(same):>5}")
     return rows
@@ -195,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         warm_up_gpu()
         if args.sampling_configs or args.sampling_only:
-            results["sampling"] = sampling_table(configs, g)
+            results["sampling"] = sampling_table(configs, g, lambda rows: write({**results, "sampling": rows}))
     if args.sampling_only:
         write(results)
         return 0
