@@ -7,7 +7,7 @@
 #   python3 benchmarks/headline.py --json /some/dir                           # then the headline table
 #
 # Parts (limit on an H200, the figure of docs/BENCHMARKS.md, the JSON written to $OUT):
-#   decode        130 s  Plain decoding: 8B and 1B shapes, bs 1 and 8, deterministic mode   decode.json
+#   decode        130 s  Plain decoding: 8B and 1B shapes, bs 1 and 8, deterministic, PDL  decode.json
 #   speculative   120 s  Speculative decoding on the demo model, bs 1 and 16                speculative.json
 #   recording     120 s  Recording: on/off at the 8B shape, bs 1, every method              recording_8B.json
 #   kernels       135 s  Kernels: tree index and verify kernels, the fused GEMVs            tree_kernels.json, gemv.json
@@ -76,7 +76,7 @@ large_model() {  # the 113M target's options where a PARTS=large run left it, el
 for part in $PARTS; do : >"$LOGS/$part.log"; done
 for part in $PARTS; do
     case $part in
-        decode) run decode 130 decode --shapes 8B,1B --batches 1,8 --no-hf --deterministic --quick ;;
+        decode) run decode 130 decode --shapes 8B,1B --batches 1,8 --no-hf --deterministic --quick --no-pdl ;;
         speculative) run speculative 120 speculative --batches 1,16 --budget-s 80 ;;
         recording) run recording 120 recording --device cuda --part engine --shape 8B --batches 1 --repeats 3 \
             --max-new-tokens 96 ;;
