@@ -104,23 +104,34 @@ def test_chunked_equals_reference_with_top_k_and_top_p(bs, n, top_k, top_p, conf
     assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
 
 
+def blocks(x: torch.Tensor, size: int) -> torch.Tensor:
+    """[rows, ceil(V / size), size]: each row of ``x`` in blocks of ``size`` (the last padded with -inf)."""
+    return torch.nn.functional.pad(x, (0, -x.shape[1] % size), value=-math.inf).view(x.shape[0], -1, size)
+
+
 def block_maxima(x: torch.Tensor, size: int) -> torch.Tensor:
-    """[rows, ceil(V / size)]: the maximum of each ``size`` entries of each row of ``x`` (the last block padded)."""
-    return torch.nn.functional.pad(x, (0, -x.shape[1] % size), value=-math.inf).view(x.shape[0], -1, size).amax(-1)
+    """[rows, ceil(V / size)]: the maximum of each ``size`` entries of each row of ``x``."""
+    return blocks(x, size).amax(-1)
+
+
+def group_bound(x: torch.Tensor, top_k: int, top_p: float, sub: int) -> torch.Tensor:
+    """Each row's bound from its group maxima of ``sub`` entries (the kernel's ``_bound``), [rows]:
+    -inf where the maxima never reach the mass (every group is then live)."""
+    gmax = block_maxima(x, sub).sort(-1, descending=True).values
+    if top_k:
+        return gmax[:, top_k - 1]
+    mass = torch.exp(gmax - x.max(-1, keepdim=True).values).cumsum(-1)
+    total = torch.exp(x - x.max(-1, keepdim=True).values).sum(-1, keepdim=True)
+    at = (mass < top_p * total * 1.001).sum(-1, keepdim=True)
+    padded = torch.nn.functional.pad(gmax, (0, 1), value=-math.inf)
+    return padded.gather(1, at)[:, 0]
 
 
 def candidates_over_the_bound(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
                               sub: int) -> torch.Tensor:
     """The values at or above each row's bound from its group maxima (the kernel's candidates)."""
     x = logits.float().flatten(0, 1) / temperature
-    gmax = block_maxima(x, sub).sort(-1, descending=True).values
-    if top_k:
-        bound = gmax[:, top_k - 1]
-    else:
-        mass = torch.exp(gmax - x.max(-1, keepdim=True).values).cumsum(-1)
-        total = torch.exp(x - x.max(-1, keepdim=True).values).sum(-1, keepdim=True)
-        bound = gmax.gather(1, (mass < top_p * total * 1.001).sum(-1, keepdim=True))[:, 0]
-    return (x >= bound[:, None]).sum(-1)
+    return (x >= group_bound(x, top_k, top_p, sub)[:, None]).sum(-1)
 
 
 @pytest.mark.triton_interpreter
@@ -200,13 +211,6 @@ def test_chunked_argmax_where_two_logits_round_to_one_value():
     assert (got.target_argmax == 60).all()
 
 
-def group_tops(x: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each ``size`` entries' largest and second-largest value ([rows, groups] each)."""
-    tiles = torch.nn.functional.pad(x, (0, -x.shape[1] % size), value=-math.inf).view(x.shape[0], -1, size)
-    top2 = tiles.topk(2, dim=-1).values
-    return top2[..., 0], top2[..., 1]
-
-
 @pytest.mark.triton_interpreter
 @pytest.mark.parametrize("top_k, top_p", [(50, 1.0), (20, 0.8), (0, 0.9)])
 def test_second_values_leave_single_candidate_groups_unread(top_k, top_p):
@@ -215,11 +219,10 @@ def test_second_values_leave_single_candidate_groups_unread(top_k, top_p):
     logits = lifted(tree, torch.randn(bs, n, VOCAB, generator=g) * 4, g)
     # The path is taken: live groups holding one candidate (their maximum) and some holding more.
     x = logits.flatten(0, 1) / 0.8
-    top, second = group_tops(x, SECOND.sub)
-    bound = top.sort(-1, descending=True).values[:, top_k - 1] if top_k else None
-    if bound is not None:
-        live = top >= bound[:, None]
-        assert (live & (second < bound[:, None])).any() and (live & (second >= bound[:, None])).any()
+    top, second = blocks(x, SECOND.sub).topk(2, dim=-1).values.unbind(-1)
+    bound = group_bound(x, top_k, top_p, SECOND.sub)[:, None]
+    live = top >= bound
+    assert (live & (second < bound)).any() and (live & (second >= bound)).any()
     assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), SECOND)
 
 
