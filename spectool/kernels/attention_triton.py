@@ -223,9 +223,7 @@ def cached_attention_triton(
         mask, mask_strides = q, (0, 0, 0)  # never read: HAS_MASK is False
 
     sm_scale_log2 = (1.0 / math.sqrt(D)) * 1.4426950408889634
-    # One query row only (a decode step at batch 1): the projections around it are then always the
-    # PDL-launched GEMVs. Between cuBLAS's (more rows) PDL made the H200's 8B step at batch 8 slower.
-    on = pdl.use_pdl(q) and B * T == 1
+    on = pdl.use_pdl_one_row(q, B * T)
     _attn_split_kernel[(B * Hkv, m_blocks, num_splits)](
         q, k_cache, v_cache, slots, starts, mask, out_part, lse_part,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides,

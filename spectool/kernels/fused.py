@@ -154,7 +154,7 @@ def _launch_rope(q, k, v, cos, sin, slots, starts, q_out, k_out, v_out, write_kv
                  fp_fusion: bool = True) -> None:
     B, T, Hq, D = q.shape
     Hkv = k.shape[2]
-    on = pdl.use_pdl(q) and B * T == 1  # as the attention's (kernels/attention_triton.py)
+    on = pdl.use_pdl_one_row(q, B * T)
     _rope_kernel[(B * T,)](
         q, k, v, cos, sin, slots, starts, q_out, k_out, v_out,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *cos.stride()[:2], *sin.stride()[:2],

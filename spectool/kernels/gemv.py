@@ -310,8 +310,7 @@ def launch_row_gemv(x: torch.Tensor, residual: torch.Tensor | None, weight: torc
         weight.stride(0), eps,
         PROLOGUE=_PROLOGUE_ID[prologue], HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         EXACT_NORM=exact_norm, BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=stages, PDL=on,
-        num_warps=warps,
-        **pdl.launch_options(on))
+        num_warps=warps, **pdl.launch_options(on))
 
 
 def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

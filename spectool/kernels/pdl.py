@@ -45,6 +45,13 @@ def _capable(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9 and hasattr(tl.extra.cuda, "gdc_wait")
 
 
+def use_pdl_one_row(x: torch.Tensor, rows: int) -> bool:
+    """``use_pdl`` for the kernels between a step's projections (RoPE, attention): only for one query
+    row, a batch-1 decode step, whose projections are always the PDL-launched GEMVs. Between
+    cuBLAS's projections (more rows) PDL made the H200's 8B step at batch 8 slower."""
+    return rows == 1 and use_pdl(x)
+
+
 def launch_options(on: bool) -> dict:
     """The launch keyword that turns PDL on for one Triton launch (none when off)."""
     return {"launch_pdl": True} if on else {}
