@@ -341,21 +341,15 @@ def verify_sampling_chunked(
     ``target_rows`` holds each node's distribution instead (:func:`target_probs_at`).
     ``config``: the launch shape, one of ``CONFIGS`` there by name or a ``LaunchConfig`` (None: the
     one ``default_config`` picks for the batch's rows)."""
-    from spectool.kernels.verify_sampling_chunked import (
-        CONFIGS,
-        default_config,
-        sampling_decide_chunked,
-        sampling_rows_chunked,
-    )
+    from spectool.kernels.verify_sampling_chunked import CONFIGS, default_config, sampling_chunked
 
     temperature = _kernel_sampling_inputs(tree, logits, temperature, top_k, top_p, coins)
     if isinstance(config, str) and config not in CONFIGS:
         raise ValueError(f"unknown launch config {config!r}; one of {sorted(CONFIGS)}")
     if not isinstance(config, LaunchConfig):
         config = CONFIGS[config or default_config(logits.shape[0] * logits.shape[1])]
-    rows = sampling_rows_chunked(logits, temperature, top_k, top_p, config)
-    status, path, length, bonus, bonus_cdf, child_probs, coins_out = sampling_decide_chunked(
-        logits, temperature, rows, tree.tokens, tree.parents, tree.depth, tree.valid, tree.mask, coins,
+    rows, (status, path, length, bonus, bonus_cdf, child_probs, coins_out) = sampling_chunked(
+        logits, temperature, top_k, top_p, tree.tokens, tree.parents, tree.depth, tree.valid, tree.mask, coins,
         tree.max_depth + 1, config)
     return VerifyResult(status=status, accept_path=path, accept_length=length, bonus=bonus, coins=coins_out,
                         target_argmax=rows[4], child_probs=child_probs, bonus_cdf=bonus_cdf, target_rows=rows)

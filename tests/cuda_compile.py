@@ -4,8 +4,10 @@
 plain module-level global read in a kernel, a variable whose type changes between the branches
 of a runtime ``if``). ``compiling_for_cuda()`` replaces every launch with Triton's real
 compilation for an sm_90 target (front end, optimisers, ptxas), inferring each argument's type
-from the launch's values, and records what it compiled; nothing runs, so the wrapper's outputs
-stay uninitialised. Triton's wheel brings ptxas, so this needs no CUDA driver.
+from the launch's values and specialising it as the JIT does on a GPU (a pointer aligned to 16
+bytes, an int divisible by 16: the hints that decide vectorised loads), and records what it
+compiled; nothing runs, so the wrapper's outputs stay uninitialised. Triton's wheel brings
+ptxas, so this needs no CUDA driver.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 _POINTER = {torch.float64: "*fp64", torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
             torch.int64: "*i64", torch.int32: "*i32", torch.int16: "*i16", torch.int8: "*i8", torch.uint8: "*u8",
             torch.bool: "*i1"}
+_DIVISIBLE = [["tt.divisibility", 16]]
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl", "enable_fp_fusion")
 
 
@@ -56,7 +59,7 @@ def compiling_for_cuda(capability: int = 90) -> Iterator[Compiled]:
         options = {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        signature, constants = {}, {}
+        signature, constants, attrs = {}, {}, {}
         for i, param in enumerate(self.params):
             value = bound.arguments[param.name]
             if param.is_constexpr or value is None:
@@ -64,13 +67,17 @@ def compiling_for_cuda(capability: int = 90) -> Iterator[Compiled]:
                 constants[(i,)] = value
             elif isinstance(value, torch.Tensor):
                 signature[param.name] = _POINTER[value.dtype]
+                if value.data_ptr() % 16 == 0:
+                    attrs[(i,)] = _DIVISIBLE
             else:
                 signature[param.name] = _scalar_type(value)
+                if not isinstance(value, bool | float) and value % 16 == 0:
+                    attrs[(i,)] = _DIVISIBLE
         key = (self.fn.__qualname__, tuple(signature.items()), tuple((k, repr(v)) for k, v in constants.items()),
-               tuple(options.items()))
+               tuple(attrs), tuple(options.items()))
         if key not in seen:
             seen.add(key)
-            kernel = triton.compile(ASTSource(self, signature, constants), target=target, options=options)
+            kernel = triton.compile(ASTSource(self, signature, constants, attrs), target=target, options=options)
             compiled.append(self.fn.__qualname__)
             compiled.ptx[self.fn.__qualname__] = kernel.asm["ptx"]
 

@@ -54,6 +54,20 @@ def test_second_value_launch_shapes_compile_for_cuda():
     assert "_cut_kernel" in compiled
 
 
+def test_last_program_launch_shapes_compile_for_cuda():
+    # The launch shapes whose last row program decides and last residual program draws the bonus
+    # (timed against the engine's by benchmarks/tree_kernels.py --sampling-configs).
+    tree, logits, temps, coins = sampling_inputs(torch.float32)
+    with compiling_for_cuda() as compiled:
+        for (top_k, top_p), config in ((cut, c) for cut in CUTS for c in (f"{FEW_ROWS_CONFIG}-fused",
+                                                                          f"{DEFAULT_CONFIG}-m2-fused")):
+            verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
+    assert set(compiled) == {"_stats_kernel", "_cut_kernel", "_residual_kernel"}
+    # The count that picks the last program is one atomic with release and acquire at GPU scope.
+    for name in ("_cut_kernel", "_residual_kernel"):
+        assert compiled.ptx[name].count("atom.global.gpu.acq_rel.add") == 1
+
+
 def test_fused_sampling_verify_compiles_for_cuda():
     tree, logits, temps, coins = sampling_inputs(torch.float32)
     with compiling_for_cuda() as compiled:

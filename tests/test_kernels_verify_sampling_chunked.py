@@ -50,6 +50,8 @@ WHOLE_SORT = dataclasses.replace(FINE, prefilter=0)
 # FINE with each group's second value kept: the groups under the bound's second value give their
 # maximum alone, and only the others are read.
 SECOND = dataclasses.replace(FINE, second=True)
+# The decision made by the last row program of each request and the bonus by its last residual program.
+FUSED, FUSED_WIDE = (dataclasses.replace(c, fused=True) for c in (SMALL, WIDE))
 
 
 def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
@@ -273,6 +275,17 @@ def test_chunked_rejects_an_unknown_launch_config():
     tree, g = random_batch(1, 3, 10, 0)
     with pytest.raises(ValueError, match="unknown launch config"):
         verify_sampling_chunked(tree, torch.randn(1, 3, 10), 1.0, 0, 1.0, torch.rand(1, 3), "fastest")
+
+
+@pytest.mark.triton_interpreter
+@pytest.mark.parametrize("bs, n, top_k, top_p, config", [(1, 16, 0, 1.0, FUSED), (5, 9, 50, 0.9, FUSED),
+                                                         (3, 4, 7, 0.6, FUSED_WIDE), (2, 64, 0, 0.9, FUSED_WIDE)])
+def test_decision_and_bonus_by_the_last_program_equal_the_reference(bs, n, top_k, top_p, config):
+    tree, g = random_batch(bs, n, 40, bs + n)
+    logits = lifted(tree, torch.randn(bs, n, VOCAB, generator=g) * 2, g)
+    assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
+    check_residual_ends(lambda *args: assert_same_decision(*args, FUSED), bs=bs, n=min(n, 6), vocab=VOCAB,
+                        token=700, decide_peaked=lambda *args: assert_same_decision(*args, FUSED_WIDE))
 
 
 @pytest.mark.triton_interpreter

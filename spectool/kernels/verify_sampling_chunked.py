@@ -25,13 +25,17 @@ normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_
    smallest key whose mass strictly above it is below ``top_p`` of the top-k mass; the reference
    sorts stably, so equal values keep token-id order and only the first of a tie whose mass before
    them is below ``top_p`` are kept, the last of them the cut id.
-4. ``_decide_kernel``, one program per request: the tree decision (``_tree_decision``, the same as
+3. ``_decide_kernel``, one program per request: the tree decision (``_tree_decision``, the same as
    the one-program-per-request verify's), the last accepted node and the coin left for its residual.
    ``_residual_kernel``, per (request, chunk): the mass of that node's residual (its children's
    tokens zeroed) in each group of ``G`` tokens, float64; a chunk that holds none of the children's
    tokens skips the test for them.
-5. ``_bonus_kernel``, one program per request: the group that holds the coin, then the residual's
+4. ``_bonus_kernel``, one program per request: the group that holds the coin, then the residual's
    inverse CDF within that one group, in vocabulary order (float64, as the reference's cumsum).
+
+With ``LaunchConfig.fused`` the decision and the bonus take no launch of their own: the last of a
+request's row programs in ``_cut_kernel`` to finish makes its decision, and the last of its residual
+programs its bonus (``_last_of``: a per-request count, zeroed by ``_stats_kernel``).
 
 No host sync, and the same launch sequence for every cut; on Hopper each kernel launches with PDL
 (``spectool.kernels.pdl``), so the next one's programs are resident when it ends. The launch shape is one of ``CONFIGS``
@@ -72,6 +76,9 @@ class LaunchConfig:
     # The stats pass also keeps each group's second-largest value; a live group whose second value is
     # below the bound holds one candidate, its maximum, and only the other live groups are read.
     second: bool = False
+    # The last row program of a request to finish makes its tree decision, and the last residual
+    # program of a request its bonus (``_last_of``), instead of a kernel each: two launches fewer.
+    fused: bool = False
 
 
 CONFIGS = {
@@ -96,6 +103,11 @@ CONFIGS = {
     # hold more than one candidate.
     "c1024-p16-w4-g128-m2": LaunchConfig(1024, 128, 16, 4, second=True),
     "c2048-p16-w4-g128-m2": LaunchConfig(2048, 128, 16, 4, second=True),
+    # The default shapes with the decision and the bonus made by the last program of the kernel before.
+    "c1024-p16-w4-g128-fused": LaunchConfig(1024, 128, 16, 4, fused=True),
+    "c2048-p16-w4-g128-fused": LaunchConfig(2048, 128, 16, 4, fused=True),
+    "c1024-p16-w4-g128-m2-fused": LaunchConfig(1024, 128, 16, 4, second=True, fused=True),
+    "c2048-p16-w4-g128-m2-fused": LaunchConfig(2048, 128, 16, 4, second=True, fused=True),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, float32, graphed, coins
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
@@ -138,11 +150,17 @@ def _value(key):
 
 
 @triton.jit
-def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, N, V, NC, NG, CHUNK: tl.constexpr, SUB: tl.constexpr,
-                  GROUPS: tl.constexpr, SECOND: tl.constexpr, PDL: tl.constexpr):
+def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, NG, CHUNK: tl.constexpr,
+                  SUB: tl.constexpr, GROUPS: tl.constexpr, SECOND: tl.constexpr, FUSED: tl.constexpr,
+                  PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
+    if FUSED:
+        # The counts ``_last_of`` takes, zeroed here (the kernels after wait for this one to end),
+        # so that a call needs neither a memset launch nor state kept between calls.
+        if (c == 0) & (row % N == 0):
+            tl.store(Arrived + (row // N) * 2 + tl.arange(0, 2), tl.zeros((2,), tl.int32))
     t = tl.load(Temp + row // N)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     raw = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
@@ -473,11 +491,22 @@ def _sorted_cuts(CandX, CandId, row, count, m, z, V, CAP, top_k, top_p, HAS_K: t
 
 
 @triton.jit
+def _last_of(Arrived, programs):
+    """Whether this program is the last of ``programs`` to report at ``Arrived`` (one count per request).
+    The count goes up once every thread's stores are made (the barrier) with release and acquire
+    at GPU scope, so the last program to arrive sees every other's stores."""
+    tl.debug_barrier()
+    return tl.atomic_add(Arrived, 1, sem="acq_rel", scope="gpu") == programs - 1
+
+
+@triton.jit
 def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, M, Z, Cut, CutId, Argmax, N, V, NC, NG,
-                CAP, rounds, top_k, top_p, HAS_K: tl.constexpr, HAS_P: tl.constexpr, SUB: tl.constexpr,
-                GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
-                SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr, SMALL_SORT: tl.constexpr, PRE: tl.constexpr,
-                ID_BITS: tl.constexpr, SECOND: tl.constexpr, PDL: tl.constexpr):
+                CAP, rounds, top_k, top_p, Arrived, Tokens, Parents, Depth, Valid, Mask, Coins, Status, Path,
+                AcceptLength, ChildProbs, CoinsOut, Last, U, W, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+                SUB: tl.constexpr, GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr,
+                BLOCK_G: tl.constexpr, SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr, SMALL_SORT: tl.constexpr,
+                PRE: tl.constexpr, ID_BITS: tl.constexpr, SECOND: tl.constexpr, FUSED: tl.constexpr,
+                BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     m, arg, z, chunk_max = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
@@ -509,6 +538,11 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, M
     tl.store(Cut + row, cut)
     tl.store(CutId + row, cut_id)
     tl.store(Argmax + row, arg)
+    if FUSED:
+        b = row // N
+        if _last_of(Arrived + b * 2, N):
+            _decide(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins, Status, Path,
+                    AcceptLength, ChildProbs, CoinsOut, Last, U, b, N, V, W, BLOCK)
 
 
 @triton.jit
@@ -560,11 +594,10 @@ def _residual_tile(Logits, row, offs, m, z, cut, cut_id, children, t, V, HAS_CHI
 
 
 @triton.jit
-def _decide_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins,
-                   Status, Path, AcceptLength, ChildProbs, CoinsOut, Last, U, N, V, W, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr):
-    pdl.wait(PDL)
-    b = tl.program_id(0).to(tl.int64)
+def _decide(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins, Status, Path, AcceptLength,
+            ChildProbs, CoinsOut, Last, U, b, N, V, W, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """Request ``b``'s tree decision from its rows' five numbers, stored: the outputs, and the last
+    accepted node and its coin for the residual."""
     _, status, path, length, coins_out, child_probs, last, u, _ = _decision(
         Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins, b, N, V, W, BLOCK)
     nodes = tl.arange(0, BLOCK)
@@ -576,6 +609,15 @@ def _decide_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid
     tl.store(ChildProbs + b * N + nodes, child_probs, mask=nodes < N)
     tl.store(Last + b, last.to(tl.int64))
     tl.store(U + b, u)
+
+
+@triton.jit
+def _decide_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins,
+                   Status, Path, AcceptLength, ChildProbs, CoinsOut, Last, U, N, V, W, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr):
+    pdl.wait(PDL)
+    _decide(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins, Status, Path, AcceptLength,
+            ChildProbs, CoinsOut, Last, U, tl.program_id(0).to(tl.int64), N, V, W, BLOCK, PDL)
 
 
 @triton.jit
@@ -601,7 +643,8 @@ def _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b, N, B
 
 @triton.jit
 def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, ResGroups, N, V, NG,
-                     CHUNK: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                     Arrived, Argmax, U, Bonus, BonusCdf, NC, CHUNK: tl.constexpr, G: tl.constexpr,
+                     BLOCK: tl.constexpr, BLOCK_G: tl.constexpr, FUSED: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -613,16 +656,17 @@ def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Las
     r = _residual_tile(Logits, row, lo + tl.arange(0, CHUNK), m, z, cut, cut_id, children, t, V, has_child, BLOCK)
     pdl.launch_dependents(PDL)
     tl.store(ResGroups + b * NG + lo // G + tl.arange(0, CHUNK // G), tl.sum(tl.reshape(r, (CHUNK // G, G)), axis=1))
+    if FUSED:
+        if _last_of(Arrived + b * 2 + 1, NC):
+            _bonus(Logits, M, Z, Cut, CutId, Argmax, U, ResGroups, Bonus, BonusCdf, b, t, row, children, m, z, cut,
+                   cut_id, V, NG, G, BLOCK, BLOCK_G)
 
 
 @triton.jit
-def _bonus_kernel(Logits, Temp, M, Z, Cut, CutId, Argmax, Tokens, Parents, Valid, Last, U, ResGroups, Bonus,
-                  BonusCdf, N, V, NG, G: tl.constexpr, BLOCK: tl.constexpr, BLOCK_G: tl.constexpr,
-                  PDL: tl.constexpr):
-    pdl.wait(PDL)
-    b = tl.program_id(0).to(tl.int64)
-    t, row, children, m, z, cut, cut_id = _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b,
-                                                         N, BLOCK)
+def _bonus(Logits, M, Z, Cut, CutId, Argmax, U, ResGroups, Bonus, BonusCdf, b, t, row, children, m, z, cut, cut_id,
+           V, NG, G: tl.constexpr, BLOCK: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False):
+    """Request ``b``'s bonus token and its CDF interval from its residual's group masses, stored
+    (``row``, ``children`` and the row's numbers as ``_residual_node`` gives them)."""
     u = tl.load(U + b)
     j = tl.arange(0, BLOCK_G)
     sums = tl.load(ResGroups + b * NG + j, mask=j < NG, other=0.0)
@@ -647,10 +691,26 @@ def _bonus_kernel(Logits, Temp, M, Z, Cut, CutId, Argmax, Tokens, Parents, Valid
     tl.store(BonusCdf + b * 2 + 1, tl.where(has_mass, p, 0.0).to(tl.float32))
 
 
-def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int, top_p: float,
-                          config: LaunchConfig) -> tuple[torch.Tensor, ...]:
-    """Each node's distribution as ``(m, z, cut, cut_id, argmax)``, [B, N] each (float32 for the first
-    three, int64): see the module docstring. ``temperature`` is [B] float32."""
+@triton.jit
+def _bonus_kernel(Logits, Temp, M, Z, Cut, CutId, Argmax, Tokens, Parents, Valid, Last, U, ResGroups, Bonus,
+                  BonusCdf, N, V, NG, G: tl.constexpr, BLOCK: tl.constexpr, BLOCK_G: tl.constexpr,
+                  PDL: tl.constexpr):
+    pdl.wait(PDL)
+    b = tl.program_id(0).to(tl.int64)
+    t, row, children, m, z, cut, cut_id = _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b,
+                                                         N, BLOCK)
+    _bonus(Logits, M, Z, Cut, CutId, Argmax, U, ResGroups, Bonus, BonusCdf, b, t, row, children, m, z, cut, cut_id,
+           V, NG, G, BLOCK, BLOCK_G, PDL)
+
+
+def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int, top_p: float, tokens: torch.Tensor,
+                     parents: torch.Tensor, depth: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor,
+                     coins: torch.Tensor, width: int, config: LaunchConfig) -> tuple[tuple, tuple]:
+    """The whole sampling verify, every kernel of the module docstring. ``temperature`` is [B]
+    float32. Returns ``(rows, decision)``: ``rows`` each node's distribution as ``(m, z, cut, cut_id,
+    argmax)``, [B, N] each (float32 for the first three, int64); ``decision`` ``(status int8 [B, N],
+    accept_path int64 [B, width], accept_length int64 [B], bonus int64 [B], bonus_cdf float32 [B, 2],
+    child_probs float32 [B, N], coins float32 [B, N])`` as ``spectool.verify.verify_sampling``."""
     bs, n, vocab = logits.shape
     dev = logits.device
     rows = bs * n
@@ -670,10 +730,13 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     has_cut = has_k or has_p
     second = has_cut and config.second
     gmax2 = torch.empty(rows if second else 1, ng if second else 1, **f32)
+    # Per request: how many of its row programs, then of its residual programs, have finished.
+    arrived = torch.empty(max(bs, 1), 2, dtype=torch.int32, device=dev)
     on = pdl.use_pdl(logits)
-    _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, gmax2, n, vocab, nc, ng, CHUNK=chunk,
-                              SUB=sub, GROUPS=has_cut, SECOND=second, PDL=on, num_warps=warps,
-                              **pdl.launch_options(on))
+    launch = dict(PDL=on, **pdl.launch_options(on))
+    _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, gmax2, arrived, n, vocab, nc, ng,
+                              CHUNK=chunk, SUB=sub, GROUPS=has_cut, SECOND=second, FUSED=config.fused,
+                              num_warps=warps, **launch)
     cap = config.candidates
     sort = min(config.sorted, cap) if vocab <= 1 << ID_BITS else 0
     sort_block = max(16, triton.next_power_of_2(sort))
@@ -685,50 +748,37 @@ def sampling_rows_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k
     cand_id = torch.empty(rows if has_cut else 1, cap, dtype=torch.int32, device=dev)
     m, z, cut = (torch.empty(rows, **f32) for _ in range(3))
     cut_id, argmax = (torch.empty(rows, dtype=torch.int64, device=dev) for _ in range(2))
-    _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, gmax2, live, cand_x, cand_id, m, z, cut, cut_id,
-                         argmax, n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p), HAS_K=has_k,
-                         HAS_P=has_p, SUB=sub, GB=max(1, config.gather // sub), S=config.probes, T=SEARCH_TILE,
-                         BLOCK_C=block_c, BLOCK_G=block_g,
-                         SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort, PRE=pre,
-                         ID_BITS=ID_BITS, SECOND=second, PDL=on, num_warps=max(warps, 8), **pdl.launch_options(on))
-    return tuple(a.view(bs, n) for a in (m, z, cut, cut_id, argmax))
 
-
-def sampling_decide_chunked(logits: torch.Tensor, temperature: torch.Tensor, rows: tuple, tokens: torch.Tensor,
-                            parents: torch.Tensor, depth: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor,
-                            coins: torch.Tensor, width: int, config: LaunchConfig):
-    """The tree decision and bonus from each node's ``rows`` (:func:`sampling_rows_chunked`). Returns
-    ``(status int8 [B, N], accept_path int64 [B, width], accept_length int64 [B], bonus int64 [B],
-    bonus_cdf float32 [B, 2], child_probs float32 [B, N], coins float32 [B, N])`` as
-    ``spectool.verify.verify_sampling``."""
-    bs, n, vocab = logits.shape
-    dev = logits.device
-    m, z, cut, cut_id, argmax = (a.contiguous() for a in rows)
     status, path, length, bonus, bonus_cdf, child_probs, coins_out = decision_outputs(bs, n, width, dev)
+    block = max(16, triton.next_power_of_2(max(n, width)))
+    # The bonus's inverse CDF reads one group of G tokens: the cut rounds' tile size, less for wide trees.
+    group = min(chunk, max(16, config.sub * 16 // block))
+    res_ng = nc * (chunk // group)
+    res_groups = torch.empty(bs, res_ng, dtype=torch.float64, device=dev)
+    last = torch.empty(bs, dtype=torch.int64, device=dev)
+    u = torch.empty(bs, dtype=torch.float64, device=dev)
+    tree = (tokens.contiguous(), parents.contiguous(), depth.contiguous(), valid.contiguous().view(torch.uint8),
+            mask.contiguous().view(torch.uint8), coins.float().contiguous())
+    decide_warps = max(warps, 4 if block <= 64 else 8)
+    _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, gmax2, live, cand_x, cand_id, m, z, cut, cut_id,
+                         argmax, n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p), arrived, *tree,
+                         status, path, length, child_probs, coins_out, last, u, width, HAS_K=has_k, HAS_P=has_p,
+                         SUB=sub, GB=max(1, config.gather // sub), S=config.probes, T=SEARCH_TILE, BLOCK_C=block_c,
+                         BLOCK_G=block_g, SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort, PRE=pre,
+                         ID_BITS=ID_BITS, SECOND=second, FUSED=config.fused, BLOCK=block,
+                         num_warps=max(warps, 8, decide_warps), **launch)
     if bs:
-        chunk = min(config.chunk, triton.next_power_of_2(vocab))
-        nc = triton.cdiv(vocab, chunk)
-        block = max(16, triton.next_power_of_2(max(n, width)))
-        # The bonus kernel's inverse CDF reads one group of G tokens: the cut rounds' tile size, less
-        # for wide trees.
-        group = min(chunk, max(16, config.sub * 16 // block))
-        ng = nc * (chunk // group)
-        res_groups = torch.empty(bs, ng, dtype=torch.float64, device=dev)
-        last = torch.empty(bs, dtype=torch.int64, device=dev)
-        u = torch.empty(bs, dtype=torch.float64, device=dev)
-        tree = (tokens.contiguous(), parents.contiguous(), depth.contiguous(), valid.contiguous().view(torch.uint8),
-                mask.contiguous().view(torch.uint8), coins.float().contiguous())
-        logits, temperature = logits.contiguous(), temperature.float().contiguous()
-        warps = max(config.warps, 4 if block <= 64 else 8)
-        on = pdl.use_pdl(logits)
-        _decide_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, *tree, status, path, length, child_probs,
-                              coins_out, last, u, n, vocab, width, BLOCK=block, PDL=on, num_warps=warps,
-                              **pdl.launch_options(on))
+        if not config.fused:
+            _decide_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, *tree, status, path, length, child_probs,
+                                  coins_out, last, u, n, vocab, width, BLOCK=block, num_warps=decide_warps, **launch)
+        block_res = max(2, triton.next_power_of_2(res_ng))
         _residual_kernel[(bs, nc)](logits, temperature, m, z, cut, cut_id, tree[0], tree[1], tree[3], last, res_groups,
-                                   n, vocab, ng, CHUNK=chunk, G=group, BLOCK=block, PDL=on, num_warps=warps,
-                                   **pdl.launch_options(on))
-        _bonus_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, argmax, tree[0], tree[1], tree[3], last, u,
-                             res_groups, bonus, bonus_cdf, n, vocab, ng, G=group, BLOCK=block,
-                             BLOCK_G=max(2, triton.next_power_of_2(ng)), PDL=on, num_warps=warps,
-                             **pdl.launch_options(on))
-    return status, path, length, bonus, bonus_cdf, child_probs, coins_out
+                                   n, vocab, res_ng, arrived, argmax, u, bonus, bonus_cdf, nc, CHUNK=chunk, G=group,
+                                   BLOCK=block, BLOCK_G=block_res, FUSED=config.fused, num_warps=decide_warps,
+                                   **launch)
+        if not config.fused:
+            _bonus_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, argmax, tree[0], tree[1], tree[3], last, u,
+                                 res_groups, bonus, bonus_cdf, n, vocab, res_ng, G=group, BLOCK=block,
+                                 BLOCK_G=block_res, num_warps=decide_warps, **launch)
+    rows_out = tuple(a.view(bs, n) for a in (m, z, cut, cut_id, argmax))
+    return rows_out, (status, path, length, bonus, bonus_cdf, child_probs, coins_out)
