@@ -30,12 +30,14 @@ times the same shapes whole on one device (TP 1) unless ``--no-tp1``, and prints
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -225,9 +227,34 @@ def transformers_decode(shape: str, batch: int, prompt_len: int, new_tokens: int
             torch.cuda.empty_cache()
 
 
+@contextlib.contextmanager
+def switched(module, name: str, value) -> Iterator[None]:
+    """``module.name = value`` inside the block, restored after it (also when it raises)."""
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+def variant(on: bool, model: Transformer, cache: KVCache, prompt: torch.Tensor, new_tokens: int, graphed: bool,
+            faults: dict, switch: tuple | None = None, **kw) -> tuple[float | None, torch.Tensor | None]:
+    """If ``on``, the same graphs again with ``module.name = value`` (``switch``) while they run:
+    ``spectool_decode``'s seconds and tokens, its faults added to ``faults``; else (None, None)."""
+    if not on:
+        return None, None
+    with switched(*switch) if switch else contextlib.nullcontext():
+        seconds, tokens, more = spectool_decode(model, cache, prompt, new_tokens, graphs=graphed, **kw)
+    for k, v in more.items():
+        faults[k] += v
+    return seconds, tokens
+
+
 def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, hf_tokens: int,
               device: torch.device, bandwidth: float, with_hf: bool, unfused: bool = False,
-              deterministic: bool = False, tp: TensorParallel | None = None, no_pdl: bool = False) -> list[dict]:
+              deterministic: bool = False, tp: TensorParallel | None = None, no_pdl: bool = False,
+              no_rope_fusion: bool = False) -> list[dict]:
     """The rows of one shape; under ``tp`` this rank's shard of it (same seed on every rank, so the
     prompts agree) and the TP-N floor of one GPU reading its shard."""
     torch.manual_seed(0)
@@ -242,28 +269,16 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
             torch.cuda.reset_peak_memory_stats()
         cache = KVCache.for_model(model.local_config, batch, prompt_len + new_tokens + 64, dtype, device)
         prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), device=device)
+        graphed = device.type == "cuda"
         eager_s, eager_tokens, _ = spectool_decode(model, cache, prompt, new_tokens, graphs=False)
-        graph_s, graph_tokens, faults = spectool_decode(model, cache, prompt, new_tokens,
-                                                        graphs=device.type == "cuda")
-        unfused_s = None
-        if unfused:  # the same graphs without the fused one-row GEMVs (kernels/gemv.py)
-            ops.FUSED_GEMV = False
-            unfused_s, _, unfused_faults = spectool_decode(model, cache, prompt, new_tokens,
-                                                           graphs=device.type == "cuda")
-            ops.FUSED_GEMV = True
-            faults = {k: v + unfused_faults[k] for k, v in faults.items()}
-        no_pdl_s = None
-        if no_pdl:  # the same graphs with every kernel launched without PDL (kernels/pdl.py)
-            pdl.ENABLED = False
-            no_pdl_s, no_pdl_tokens, no_pdl_faults = spectool_decode(model, cache, prompt, new_tokens,
-                                                                     graphs=device.type == "cuda")
-            pdl.ENABLED = True
-            faults = {k: v + no_pdl_faults[k] for k, v in faults.items()}
-        det_s = None
-        if deterministic:  # the same graphs with deterministic mode's batch-invariant kernels
-            det_s, _, det_faults = spectool_decode(model, cache, prompt, new_tokens, graphs=device.type == "cuda",
-                                                   deterministic=True)
-            faults = {k: v + det_faults[k] for k, v in faults.items()}
+        graph_s, graph_tokens, faults = spectool_decode(model, cache, prompt, new_tokens, graphs=graphed)
+        run = (model, cache, prompt, new_tokens, graphed, faults)
+        # Without the fused one-row GEMVs (kernels/gemv.py); with every kernel launched without PDL
+        # (kernels/pdl.py); with RoPE in its own kernel before the attention; in deterministic mode.
+        unfused_s, _ = variant(unfused, *run, switch=(ops, "FUSED_GEMV", False))
+        no_pdl_s, no_pdl_tokens = variant(no_pdl, *run, switch=(pdl, "ENABLED", False))
+        no_rope_s, no_rope_tokens = variant(no_rope_fusion, *run, switch=(ops, "FUSED_ROPE_ATTENTION", False))
+        det_s, _ = variant(deterministic, *run, deterministic=True)
         peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
         del cache
         row = {
@@ -277,6 +292,10 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
             "spectool_graphs_no_pdl_tok_s": None if no_pdl_s is None else batch * new_tokens / no_pdl_s,
             "pdl_vs_no_pdl": None if no_pdl_s is None else no_pdl_s / graph_s,
             "no_pdl_same_tokens": None if no_pdl_s is None else bool(torch.equal(no_pdl_tokens, graph_tokens)),
+            "spectool_graphs_no_rope_fusion_tok_s": None if no_rope_s is None else batch * new_tokens / no_rope_s,
+            "rope_fusion_gain": None if no_rope_s is None else no_rope_s / graph_s,
+            "no_rope_fusion_same_tokens": (None if no_rope_s is None
+                                           else bool(torch.equal(no_rope_tokens, graph_tokens))),
             "deterministic_vs_default": None if det_s is None else graph_s / det_s,
             "eager_graph_same_tokens": bool(torch.equal(eager_tokens, graph_tokens)),
             "peak_gpu_gb": peak, **faults,
@@ -287,6 +306,7 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
             row["spectool_graphs_tok_s"] = row["spectool_graphs_unfused_tok_s"] = None
             row["spectool_graphs_deterministic_tok_s"] = row["deterministic_vs_default"] = None
             row["spectool_graphs_no_pdl_tok_s"] = row["pdl_vs_no_pdl"] = None
+            row["spectool_graphs_no_rope_fusion_tok_s"] = row["rope_fusion_gain"] = None
         row["graphs_pct_floor"] = (None if row["refused"]
                                    else 100 * row["spectool_graphs_tok_s"] / row["floor_tok_s"])
         rows.append(row)
@@ -319,7 +339,8 @@ def measure(args: argparse.Namespace, device: torch.device, tp: TensorParallel |
         batches = [int(b) for b in args.batches.split(",")]
         rows += run_shape(shape, batches, args.prompt, new_tokens, hf_tokens, device, bandwidth,
                           with_hf=not args.no_hf and tp is None, unfused=args.unfused,
-                          deterministic=args.deterministic, tp=tp, no_pdl=args.no_pdl)
+                          deterministic=args.deterministic, tp=tp, no_pdl=args.no_pdl,
+                          no_rope_fusion=args.no_rope_fusion)
     return rows
 
 
@@ -345,6 +366,8 @@ def report(rows: list[dict], args: argparse.Namespace, device: torch.device, arg
               + (f"  unfused graphs {r['spectool_graphs_unfused_tok_s']:.0f}" if args.unfused else "")
               + (f"  without PDL {r['spectool_graphs_no_pdl_tok_s']:.0f} (PDL {r['pdl_vs_no_pdl']:.3f}x, "
                  f"same tokens {r['no_pdl_same_tokens']})" if args.no_pdl else "")
+              + (f"  RoPE apart {r['spectool_graphs_no_rope_fusion_tok_s']:.0f} (fused {r['rope_fusion_gain']:.3f}x, "
+                 f"same tokens {r['no_rope_fusion_same_tokens']})" if args.no_rope_fusion else "")
               + (f"  deterministic graphs {r['spectool_graphs_deterministic_tok_s']:.0f} "
                  f"({100 * r['deterministic_vs_default']:.1f} % of default)" if args.deterministic else ""))
     whole = {(r["shape"], r["batch"]): r for r in rows if r["tp"] == 1 and not r["refused"]}
@@ -384,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-pdl", action="store_true",
                     help="also time the same graphs with every kernel launched without programmatic dependent "
                          "launch (spectool/kernels/pdl.py), and PDL's gain")
+    ap.add_argument("--no-rope-fusion", action="store_true",
+                    help="also time the same graphs with RoPE and the cache write in their own kernel before the "
+                         "attention (spectool/kernels/attention_triton.py takes them in a decode step), and the gain")
     ap.add_argument("--deterministic", action="store_true",
                     help="also time the graphs in deterministic mode (batch-invariant kernels)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

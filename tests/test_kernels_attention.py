@@ -74,6 +74,67 @@ def test_matches_reference(B, T, Hq, Hkv, D, max_seq, with_mask, splits, dtype, 
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 
 
+ROPE_CASES = [  # B, Hq, Hkv, D, max_seq, num_splits
+    (1, 8, 2, 64, 300, None),   # a batch-1 decode step, GQA 4
+    (3, 4, 4, 32, 100, 3),      # MHA, several rows
+    (2, 6, 2, 40, 90, 2),       # head_dim not a power of two (the halves straddle no block edge)
+    (2, 16, 2, 16, 70, 64),     # GQA 8, more splits than live blocks
+]
+
+
+@in_interpreter
+@pytest.mark.parametrize("B,Hq,Hkv,D,max_seq,splits", ROPE_CASES)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+def test_rope_in_attention_matches_rope_write_then_attention(B, Hq, Hkv, D, max_seq, splits, dtype, tol):
+    # Oracle: the torch references of the two kernels it replaces, RoPE + cache write, then attention.
+    # The cache entry at starts[b] holds NaN before the call: the kernel must take the new token from
+    # its registers, never from the cache it writes in the same launch.
+    gen = torch.Generator().manual_seed(B * 100 + D)
+    q, kc, vc, slots, starts = make_case(B, 1, Hq, Hkv, D, max_seq, dtype, gen)
+    qkv = torch.randn(B, 1, Hq + 2 * Hkv, D, generator=gen).to(dtype)  # a fused projection's output
+    q, k, v = qkv[:, :, :Hq], qkv[:, :, Hq:Hq + Hkv], qkv[:, :, Hq + Hkv:]
+    angle = torch.rand(B, 1, D // 2, generator=gen) * 6.3
+    cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    for b in range(B):
+        kc[slots[b], :, starts[b]] = vc[slots[b], :, starts[b]] = float("nan")
+    ref_kc, ref_vc = kc.clone(), vc.clone()
+    ref = attn.rope_cached_attention_reference(q, k, v, cos, sin, ref_kc, ref_vc, slots, starts)
+    out = attn.rope_cached_attention_triton(q, k, v, cos, sin, kc, vc, slots, starts, num_splits=splits)
+    assert out.shape == (B, 1, Hq, D) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+    # The rotated k and the v are written where the reference writes them, and nothing else moves.
+    torch.testing.assert_close(kc, ref_kc, atol=tol, rtol=tol, equal_nan=True)
+    assert torch.equal(vc.nan_to_num(), ref_vc.nan_to_num())
+
+
+@in_interpreter
+def test_rope_in_attention_drops_writes_past_the_cache():
+    # A padding row of a graph bucket may start at max_seq_len: its new token is not written.
+    gen = torch.Generator().manual_seed(4)
+    B, Hq, Hkv, D, max_seq = 2, 4, 2, 32, 40
+    q, kc, vc, slots, _ = make_case(B, 1, Hq, Hkv, D, max_seq, torch.float32, gen)
+    starts = torch.tensor([7, max_seq])
+    k, v = torch.randn(B, 1, Hkv, D, generator=gen), torch.randn(B, 1, Hkv, D, generator=gen)
+    cos, sin = torch.ones(B, 1, D // 2), torch.zeros(B, 1, D // 2)
+    before = kc.clone(), vc.clone()
+    attn.rope_cached_attention_triton(q, k, v, cos, sin, kc, vc, slots, starts)
+    assert torch.equal(kc[slots[0], :, 7], k[0, 0]) and torch.equal(vc[slots[0], :, 7], v[0, 0])
+    kc[slots[0], :, 7], vc[slots[0], :, 7] = before[0][slots[0], :, 7], before[1][slots[0], :, 7]
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+
+
+@in_interpreter
+def test_rope_in_attention_checks_its_arguments():
+    gen = torch.Generator().manual_seed(5)
+    q, kc, vc, slots, starts = make_case(2, 1, 4, 2, 16, 40, torch.float32, gen)
+    k = v = torch.randn(2, 1, 2, 16, generator=gen)
+    cos = sin = torch.randn(2, 1, 8, generator=gen)
+    with pytest.raises(ValueError, match="one new token"):
+        attn.rope_cached_attention_triton(q.expand(2, 2, 4, 16), k, v, cos, sin, kc, vc, slots, starts)
+    with pytest.raises(ValueError, match="cos/sin"):
+        attn.rope_cached_attention_triton(q, k, v, cos[..., :4], sin[..., :4], kc, vc, slots, starts)
+
+
 @in_interpreter
 def test_slots_and_starts_may_be_columns_of_a_table():
     # Multi-layer EAGLE passes each layer's starts as one column of a [B, layers] table: a row's

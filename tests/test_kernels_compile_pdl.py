@@ -69,6 +69,11 @@ def test_rope_and_attention_kernels_compile_with_pdl(pdl_on):
     assert compiled == ["_rope_kernel", "_attn_split_kernel", "_attn_merge_kernel"]
     for name in compiled:
         assert_pdl(compiled, name)
+    with compiling_for_cuda() as compiled:  # a decode step's: RoPE and the cache write in the split kernel
+        attention_triton.rope_cached_attention_triton(q, k, v, cos, sin, k_cache, v_cache, slots, starts)
+    assert compiled == ["_attn_split_kernel", "_attn_merge_kernel"]
+    for name in compiled:
+        assert_pdl(compiled, name)
 
 
 def test_pdl_is_off_without_a_hopper_gpu():

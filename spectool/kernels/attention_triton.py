@@ -19,6 +19,10 @@ Why it looks like this (decode is memory bound, see docs/INTERNALS.md, "Why it i
   empty partial.
 * GQA: one program serves all ``G = Hq / Hkv`` query heads of a kv head (rows of the
   tile are (head, query) pairs), so each K/V block is read from memory once.
+* A decode step (one new token per row) takes RoPE and the cache write in the split kernel
+  (``rope_cached_attention_triton``): each program rotates its q heads and the new k itself,
+  uses the new k and v from registers at index ``starts[b]`` and one program per kv head writes
+  them to the cache. A layer then has one launch fewer than with a RoPE kernel before the split.
 """
 
 from __future__ import annotations
@@ -32,18 +36,30 @@ from spectool.kernels.triton_import import tl, triton
 
 
 @triton.jit
+def _rotate(X, partner, d_ok, cos, sin, lo_half):
+    """RoPE of the head vectors at ``X`` (rotate-half layout; ``X + partner`` is each element's partner
+    in the other half), in float32: each half written as ``_rope_kernel`` writes it, so it rounds alike."""
+    x = tl.load(X, mask=d_ok, other=0.0).to(tl.float32)
+    p = tl.load(X + partner, mask=d_ok, other=0.0).to(tl.float32)
+    return tl.where(lo_half, x * cos - p * sin, x * cos + p * sin)
+
+
+@triton.jit
 def _attn_split_kernel(
-    Q, K, V, Slots, Starts, Mask, OutPart, LsePart,
+    Q, K, V, Slots, Starts, Mask, OutPart, LsePart, KNew, VNew, Cos, Sin,
     sq_b, sq_t, sq_h, sq_d,
     sk_b, sk_h, sk_n, sk_d,
     sv_b, sv_h, sv_n, sv_d,
     sm_b, sm_q, sm_k,
-    T, NUM_KV_HEADS, sm_scale_log2,
+    snk_b, snk_h, snv_b, snv_h, sc_b, ss_b,
+    T, NUM_KV_HEADS, MAX_SEQ_LEN, sm_scale_log2,
     NUM_SPLITS,  # not a constexpr: it follows the query count, and a new prompt length must not recompile
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HAS_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_MASK: tl.constexpr, ROPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    # ROPE (T == 1, no mask): Q and KNew / VNew are the projection's q, k and v before RoPE; the new
+    # token's k and v are not in the cache yet (module docstring).
     pdl.wait(PDL)
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -70,18 +86,37 @@ def _attn_split_kernel(
     d_ok = offs_d < HEAD_DIM
 
     q_ptrs = Q + b * sq_b + t[:, None] * sq_t + head[:, None] * sq_h + offs_d[None, :] * sq_d
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-
     k_base = K + slot * sk_b + kvh * sk_h
     v_base = V + slot * sv_b + kvh * sv_h
+    if ROPE:
+        half: tl.constexpr = HEAD_DIM // 2
+        lo_half = offs_d < half
+        partner = tl.where(lo_half, half, -half)
+        at = tl.where(lo_half, offs_d, offs_d - half)
+        cos = tl.load(Cos + b * sc_b + at, mask=d_ok, other=0.0).to(tl.float32)
+        sin = tl.load(Sin + b * ss_b + at, mask=d_ok, other=0.0).to(tl.float32)
+        qd_ok = row_ok[:, None] & d_ok[None, :]
+        q = _rotate(q_ptrs, partner[None, :] * sq_d, qd_ok, cos[None, :], sin[None, :], lo_half[None, :])
+        q = q.to(Q.dtype.element_ty)
+        k_new = _rotate(KNew + b * snk_b + kvh * snk_h + offs_d, partner, d_ok, cos, sin, lo_half)
+        k_new = k_new.to(K.dtype.element_ty)
+        v_new = tl.load(VNew + b * snv_b + kvh * snv_h + offs_d, mask=d_ok, other=0.0).to(V.dtype.element_ty)
+    else:
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
+        cached = n_ok
+        if ROPE:  # the new token's cache entry is written by this launch: taken from registers instead
+            cached = n_ok & (offs_n < start)
         k = tl.load(k_base + offs_n[None, :] * sk_n + offs_d[:, None] * sk_d,
-                    mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+                    mask=cached[None, :] & d_ok[:, None], other=0.0)
+        if ROPE:
+            k = tl.where((offs_n == start)[None, :], k_new[:, None], k)
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * sm_scale_log2  # [BLOCK_M, BLOCK_N], log2 units
 
         # Visibility: the prefix always; new token k by the tree mask (or causally).
@@ -104,7 +139,9 @@ def _attn_split_kernel(
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + offs_n[:, None] * sv_n + offs_d[None, :] * sv_d,
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+                    mask=cached[:, None] & d_ok[None, :], other=0.0)
+        if ROPE:
+            v = tl.where((offs_n == start)[:, None], v_new[None, :], v)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -116,6 +153,11 @@ def _attn_split_kernel(
     part = ((b * NUM_KV_HEADS * GROUP + head) * T + t) * NUM_SPLITS + pid_s
     tl.store(OutPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
     tl.store(LsePart + part, lse, mask=row_ok)
+    if ROPE:
+        if (pid_m == 0) & (pid_s == 0):  # one program per kv head writes the new token
+            new_ok = d_ok & ((offs_d * 0 + start) < MAX_SEQ_LEN)  # never past the cache's end: padding rows
+            tl.store(k_base + start * sk_n + offs_d * sk_d, k_new, mask=new_ok)
+            tl.store(v_base + start * sv_n + offs_d * sv_d, v_new, mask=new_ok)
 
 
 @triton.jit
@@ -202,6 +244,51 @@ def cached_attention_triton(
         [B, T, Hq, D] attention output in q's dtype.
     """
     check_attention_args(q, k_cache, v_cache, slots, starts, tree_mask)
+    return _launch(q, k_cache, v_cache, slots, starts, tree_mask, num_splits, None)
+
+
+def rope_cached_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    starts: torch.Tensor,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """A decode step's attention with RoPE and the cache write in it: ``rope_write_kv_triton`` then
+    ``cached_attention_triton`` (no mask) in the kernels of the second alone.
+
+    Args:
+        q: [B, 1, Hq, D] queries before RoPE; k, v: [B, 1, Hkv, D] the new token's key and value
+            before RoPE (views into a fused qkv output are fine; contiguous in D).
+        cos, sin: [B, 1, D/2] for the new token's position.
+        k_cache, v_cache: [max_batch, Hkv, max_seq_len, D]; the new k (rotated) and v are written at
+            ``[slots[b], :, starts[b]]`` (dropped past max_seq_len, as padding rows' are).
+        slots, starts, num_splits: as ``cached_attention_triton``.
+
+    Returns:
+        [B, 1, Hq, D] attention output in q's dtype.
+    """
+    check_attention_args(q, k_cache, v_cache, slots, starts, None)
+    B, T, Hq, D = q.shape
+    if T != 1 or k.shape != (B, 1, k_cache.shape[1], D) or v.shape != k.shape:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must be one new "
+                         f"token per row with the cache's {k_cache.shape[1]} kv heads")
+    if D % 2 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("head_dim must be even and k, v contiguous in head_dim")
+    if cos.shape != (B, 1, D // 2) or sin.shape != cos.shape or cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError(f"cos/sin must be [{B}, 1, {D // 2}], got {tuple(cos.shape)}, {tuple(sin.shape)}")
+    return _launch(q, k_cache, v_cache, slots, starts, None, num_splits, (k, v, cos, sin))
+
+
+def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+            starts: torch.Tensor, tree_mask: torch.Tensor | None, num_splits: int | None,
+            rope: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+    """The split and merge launches (arguments checked); ``rope``: (k, v, cos, sin) of the new token."""
     slots, starts = slots.contiguous(), starts.contiguous()  # the kernel reads them at stride 1
     B, T, Hq, D = q.shape
     _, Hkv, max_seq_len, _ = k_cache.shape
@@ -221,14 +308,21 @@ def cached_attention_triton(
         mask_strides = mask.stride()
     else:
         mask, mask_strides = q, (0, 0, 0)  # never read: HAS_MASK is False
+    if rope is not None:
+        k_new, v_new, cos, sin = rope
+        rope_strides = (k_new.stride(0), k_new.stride(2), v_new.stride(0), v_new.stride(2), cos.stride(0),
+                        sin.stride(0))
+    else:
+        k_new = v_new = cos = sin = q  # never read: ROPE is False
+        rope_strides = (0,) * 6
 
     sm_scale_log2 = (1.0 / math.sqrt(D)) * 1.4426950408889634
     on = pdl.use_pdl_one_row(q, B * T)
     _attn_split_kernel[(B * Hkv, m_blocks, num_splits)](
-        q, k_cache, v_cache, slots, starts, mask, out_part, lse_part,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides,
-        T, Hkv, sm_scale_log2, num_splits,
-        GROUP=group, HEAD_DIM=D, HAS_MASK=tree_mask is not None,
+        q, k_cache, v_cache, slots, starts, mask, out_part, lse_part, k_new, v_new, cos, sin,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides, *rope_strides,
+        T, Hkv, max_seq_len, sm_scale_log2, num_splits,
+        GROUP=group, HEAD_DIM=D, HAS_MASK=tree_mask is not None, ROPE=rope is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 models stay exact
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, PDL=on, num_warps=4, num_stages=2,
         **pdl.launch_options(on),
@@ -265,3 +359,14 @@ def cached_attention_reference(
         scores = scores.masked_fill(~visible.to(scores.device), float("-inf"))
         out[b] = torch.einsum("htn,hnd->thd", scores.softmax(-1), v).to(q.dtype)
     return out
+
+
+def rope_cached_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                                    sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                    slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """Plain-torch reference of :func:`rope_cached_attention_triton`: RoPE and the cache write, then
+    attention."""
+    from spectool.kernels.fused import rope_write_kv_reference
+
+    q = rope_write_kv_reference(q, k, v, cos, sin, k_cache, v_cache, slots, starts)
+    return cached_attention_reference(q, k_cache, v_cache, slots, starts)

@@ -94,8 +94,7 @@ class Attention(nn.Module):
                            attn_mask=None if tree_mask is None else tree_mask[:, None],
                            is_causal=tree_mask is None).transpose(1, 2)
         else:
-            q = ops.rope_write_kv(q, k, v, cos, sin, kv[0], kv[1], slots, starts)  # one launch on CUDA
-            out = ops.cached_attention(q, kv[0], kv[1], slots, starts, tree_mask, kv_len)
+            out = ops.rope_cached_attention(q, k, v, cos, sin, kv[0], kv[1], slots, starts, tree_mask, kv_len)
         out = ops.linear(out.reshape(B, T, -1), self.o_proj.weight)
         return out if self.tp is None else self.tp.all_reduce(out)
 

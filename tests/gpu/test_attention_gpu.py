@@ -109,3 +109,40 @@ def test_prefill_attention_from_index_0_matches_reference(dtype, tol):
     ref = attn.cached_attention_reference(q, kc, vc, slots, starts)
     out = ops.cached_attention(q, kc, vc, slots, starts, None, T)
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,D", [(1, 32, 8, 128), (1, 32, 8, 64), (8, 32, 8, 64), (3, 12, 4, 80)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_in_attention_gives_the_bits_of_rope_then_attention(B, Hq, Hkv, D, dtype):
+    # A decode step's attention with RoPE and the cache write inside it against the two launches it
+    # replaces (the RoPE kernel, then the attention): the same output and cache, bit for bit, eager and
+    # in a CUDA graph; and close to the torch references.
+    gen = torch.Generator().manual_seed(B + D)
+    max_seq = 1500
+    kc = torch.randn(8, Hkv, max_seq, D, generator=gen).to(dtype).cuda()
+    vc = torch.randn(8, Hkv, max_seq, D, generator=gen).to(dtype).cuda()
+    qkv = torch.randn(B, 1, Hq + 2 * Hkv, D, generator=gen).to(dtype).cuda()
+    q, k, v = qkv[:, :, :Hq], qkv[:, :, Hq:Hq + Hkv], qkv[:, :, Hq + Hkv:]
+    angle = torch.rand(B, 1, D // 2, generator=gen) * 6.3
+    cos, sin = angle.cos().to(dtype).cuda(), angle.sin().to(dtype).cuda()
+    slots = torch.randperm(8, generator=gen)[:B].cuda()
+    starts = torch.randint(0, max_seq - 1, (B,), generator=gen).cuda()
+    apart_k, apart_v = kc.clone(), vc.clone()
+    q_rot = fused.rope_write_kv_triton(q, k, v, cos, sin, apart_k, apart_v, slots, starts)
+    apart = attn.cached_attention_triton(q_rot, apart_k, apart_v, slots, starts)
+    ref_k, ref_v = kc.clone(), vc.clone()
+    ref = attn.rope_cached_attention_reference(q, k, v, cos, sin, ref_k, ref_v, slots, starts)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(apart.float(), ref.float(), atol=tol, rtol=tol)
+    eager_k, eager_v = kc.clone(), vc.clone()
+    eager = attn.rope_cached_attention_triton(q, k, v, cos, sin, eager_k, eager_v, slots, starts)
+    graph_k, graph_v = kc.clone(), vc.clone()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed = attn.rope_cached_attention_triton(q, k, v, cos, sin, graph_k, graph_v, slots, starts)
+    graph.replay()
+    torch.cuda.synchronize()
+    for out, k_cache, v_cache in ((eager, eager_k, eager_v), (graphed, graph_k, graph_v)):
+        assert torch.equal(out, apart)
+        assert torch.equal(k_cache, apart_k) and torch.equal(v_cache, apart_v)
