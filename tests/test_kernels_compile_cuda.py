@@ -68,17 +68,6 @@ def test_last_program_launch_shapes_compile_for_cuda():
         assert compiled.ptx[name].count("atom.global.gpu.acq_rel.add") == 1
 
 
-def test_one_reduction_launch_shapes_compile_for_cuda():
-    # The launch shapes whose stats pass makes a chunk's numbers in one reduction (timed against the
-    # engine's by benchmarks/tree_kernels.py --sampling-configs).
-    tree, logits, temps, coins = sampling_inputs(torch.float32)
-    with compiling_for_cuda() as compiled:
-        for (top_k, top_p), config in ((cut, c) for cut in CUTS for c in (f"{FEW_ROWS_CONFIG}-1p",
-                                                                          f"{DEFAULT_CONFIG}-m2-1p-fused")):
-            verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
-    assert "_stats_kernel" in compiled
-
-
 def test_fused_sampling_verify_compiles_for_cuda():
     tree, logits, temps, coins = sampling_inputs(torch.float32)
     with compiling_for_cuda() as compiled:

@@ -52,9 +52,6 @@ WHOLE_SORT = dataclasses.replace(FINE, prefilter=0)
 SECOND = dataclasses.replace(FINE, second=True)
 # The decision made by the last row program of each request and the bonus by its last residual program.
 FUSED, FUSED_WIDE = (dataclasses.replace(c, fused=True) for c in (SMALL, WIDE))
-# A chunk's maximum, its first index, its second value and its mass in one reduction.
-ONE_PASS = dataclasses.replace(SECOND, one_pass=True)
-ONE_PASS_FUSED = dataclasses.replace(SMALL, second=True, fused=True, one_pass=True)
 
 
 def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
@@ -289,30 +286,6 @@ def test_decision_and_bonus_by_the_last_program_equal_the_reference(bs, n, top_k
     assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
     check_residual_ends(lambda *args: assert_same_decision(*args, FUSED), bs=bs, n=min(n, 6), vocab=VOCAB,
                         token=700, decide_peaked=lambda *args: assert_same_decision(*args, FUSED_WIDE))
-
-
-@pytest.mark.triton_interpreter
-@pytest.mark.parametrize("top_k, top_p, config", [(0, 1.0, ONE_PASS), (50, 0.9, ONE_PASS), (20, 0.8, ONE_PASS_FUSED),
-                                                  (0, 0.9, ONE_PASS_FUSED)])
-def test_chunk_statistics_in_one_reduction_equal_the_reference(top_k, top_p, config):
-    bs, n = 3, 6
-    tree, g = random_batch(bs, n, 40, top_k + 2)
-    coins = torch.rand(bs, n, generator=g)
-    logits = lifted(tree, torch.randn(bs, n, VOCAB, generator=g) * 4, g)
-    assert_same_decision(tree, logits, 0.8, top_k, top_p, coins, config)
-    # Whole chunks of -inf (their mass is 0, not NaN) and a maximum that occurs twice in a group.
-    logits[0, :, :700] = -math.inf
-    logits[1, :, 300] = logits[1, :, 301] = logits[1].max() + 1
-    assert_same_decision(tree, logits, 0.8, top_k, top_p, coins, config)
-    # Two logits over all others that round to one value at temperature 0.7: the first is the argmax.
-    logits[2].clamp_(max=10)
-    a = torch.linspace(14, 15, 4000)
-    b = torch.nextafter(a, torch.tensor(math.inf))
-    pair = ((a / 0.7) == (b / 0.7)).nonzero()[0, 0]
-    logits[2, :, 60], logits[2, :, 100] = a[pair], b[pair]
-    got = verify_sampling_chunked(tree, logits, torch.full((bs,), 0.7), top_k, top_p, coins, config)
-    assert (got.target_argmax[2] == 60).all()
-    assert_same_decision(tree, logits, 0.7, top_k, top_p, coins, config)
 
 
 @pytest.mark.triton_interpreter

@@ -79,9 +79,6 @@ class LaunchConfig:
     # The last row program of a request to finish makes its tree decision, and the last residual
     # program of a request its bonus (``_last_of``), instead of a kernel each: two launches fewer.
     fused: bool = False
-    # The stats pass makes each chunk's maximum, its first index, its second value and its mass in
-    # one reduction (``_top_and_mass``), where a reduction after another waits for the one before.
-    one_pass: bool = False
 
 
 CONFIGS = {
@@ -111,11 +108,6 @@ CONFIGS = {
     "c2048-p16-w4-g128-fused": LaunchConfig(2048, 128, 16, 4, fused=True),
     "c1024-p16-w4-g128-m2-fused": LaunchConfig(1024, 128, 16, 4, second=True, fused=True),
     "c2048-p16-w4-g128-m2-fused": LaunchConfig(2048, 128, 16, 4, second=True, fused=True),
-    # The default shapes with the stats of a chunk in one reduction.
-    "c1024-p16-w4-g128-1p": LaunchConfig(1024, 128, 16, 4, one_pass=True),
-    "c2048-p16-w4-g128-1p": LaunchConfig(2048, 128, 16, 4, one_pass=True),
-    "c1024-p16-w4-g128-m2-1p-fused": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, one_pass=True),
-    "c2048-p16-w4-g128-m2-1p-fused": LaunchConfig(2048, 128, 16, 4, second=True, fused=True, one_pass=True),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, float32, graphed, coins
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
@@ -158,42 +150,9 @@ def _value(key):
 
 
 @triton.jit
-def _combine_top_and_mass(m1, i1, s1, y1, e1, m2, i2, s2, y2, e2):
-    """Two parts' (maximum, its first index, second-largest value (the maximum again where it occurs
-    twice), scaled maximum ``y``, sum of exp(scaled value - y)) as one part's."""
-    m = tl.maximum(m1, m2)
-    i = tl.where(m1 > m2, i1, tl.where(m2 > m1, i2, tl.minimum(i1, i2)))
-    second = tl.where(m1 == m2, m1, tl.where(m1 > m2, tl.maximum(s1, m2), tl.maximum(m1, s2)))
-    y = tl.maximum(y1, y2)
-    # A part whose scaled maximum is y keeps its sum (all -inf: 0, where exp(-inf - -inf) is NaN).
-    e = (tl.where(y1 == y, e1, e1 * tl.exp(y1 - y)) + tl.where(y2 == y, e2, e2 * tl.exp(y2 - y)))
-    return m, i, second, y, e
-
-
-@triton.jit
-def _top_and_mass(raw, offs, inv_t, axis: tl.constexpr):
-    """``_combine_top_and_mass``'s five numbers of ``raw`` (its token ids ``offs``) along ``axis``, in one
-    reduction: with the stats reduced one after another, each waited for the one before."""
-    y = raw * inv_t
-    no_second = tl.full(raw.shape, -float("inf"), tl.float32)
-    return tl.reduce((raw, offs, no_second, y, (raw > -float("inf")).to(tl.float32)), axis, _combine_top_and_mass)
-
-
-@triton.jit
-def _first_top(raw, offs, top, i, maybe_near, t):
-    """The first index of the scaled maximum, from the first index ``i`` of the raw maximum ``top``:
-    a smaller raw within a few ulps may round to the same scaled value (only where ``maybe_near``)."""
-    if maybe_near:
-        best = _scaled(top, t)
-        near = (raw < top) & (raw >= top - tl.maximum(tl.abs(top) * 2**-20, 1e-30))
-        i = tl.minimum(i, tl.min(tl.min(tl.where(near & (_scaled(raw, t) == best), offs, 2**31 - 1), axis=1), axis=0))
-    return i
-
-
-@triton.jit
 def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, NG, CHUNK: tl.constexpr,
                   SUB: tl.constexpr, GROUPS: tl.constexpr, SECOND: tl.constexpr, FUSED: tl.constexpr,
-                  ONE_PASS: tl.constexpr, PDL: tl.constexpr):
+                  PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -203,54 +162,35 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, N
         if (c == 0) & (row % N == 0):
             tl.store(Arrived + (row // N) * 2 + tl.arange(0, 2), tl.zeros((2,), tl.int32))
     t = tl.load(Temp + row // N)
-    if ONE_PASS:
-        # The chunk as [groups, SUB]: a group's numbers within its warp, then the chunk's from them.
-        offs = c * CHUNK + tl.arange(0, CHUNK // SUB)[:, None] * SUB + tl.arange(0, SUB)[None, :]
-        raw = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
-        gm, gi, g2, gy, ge = _top_and_mass(raw, offs, 1.0 / t, 1)
-        top, i, second, y, e = tl.reduce((gm, gi, g2, gy, ge), 0, _combine_top_and_mass)
-        best = _scaled(top, t)
-        i = _first_top(raw, offs, top, i, second >= top - tl.maximum(tl.abs(top) * 2**-20, 1e-30), t)
-        s = tl.where(best > -float("inf"), e * tl.exp(y - best), 0.0)
-        pdl.launch_dependents(PDL)
-        tl.store(Max + row * NC + c, best)
-        tl.store(Arg + row * NC + c, i.to(tl.int64))
-        tl.store(Sum + row * NC + c, s)
-        if GROUPS:
-            at = row * NG + c * (CHUNK // SUB) + tl.arange(0, CHUNK // SUB)
-            tl.store(GMax + at, _scaled(gm, t))
-            if SECOND:
-                tl.store(GMax2 + at, _scaled(g2, t))
-    else:
-        offs = c * CHUNK + tl.arange(0, CHUNK)
-        raw = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
-        # x = raw / t rounded as torch rounds it is a long instruction sequence, and this pass reads every
-        # logit: division by t > 0 keeps the order, so the maxima are divided once, and the sum (a float
-        # sum, compared within its rounding) takes the reciprocal's product.
-        top = tl.max(raw, axis=0)
-        best = _scaled(top, t)
-        # The first index of the maximum (a plain min: cheaper than max's index-tracking reduction):
-        # the first raw == top, unless a smaller raw within a few ulps rounds to the same x.
-        i = tl.min(tl.where(raw == top, offs, 2**31 - 1), axis=0)
-        near = (raw < top) & (raw >= top - tl.maximum(tl.abs(top) * 2**-20, 1e-30))
-        if tl.sum(near.to(tl.int32), axis=0) > 0:
-            i = tl.minimum(i, tl.min(tl.where(near & (_scaled(raw, t) == best), offs, 2**31 - 1), axis=0))
-        # A chunk may be all -inf: its sum is then 0, not exp(-inf - -inf).
-        s = tl.sum(tl.exp(raw * (1.0 / t) - tl.where(best > -float("inf"), best, 0.0)), axis=0)
-        pdl.launch_dependents(PDL)
-        tl.store(Max + row * NC + c, best)
-        tl.store(Arg + row * NC + c, tl.where(i < 2**31 - 1, i, c * CHUNK).to(tl.int64))
-        tl.store(Sum + row * NC + c, s)
-        if GROUPS:  # only the cut rounds skip groups
-            tile = tl.reshape(raw, (CHUNK // SUB, SUB))
-            group_top = tl.max(tile, axis=1)
-            at = row * NG + c * (CHUNK // SUB) + tl.arange(0, CHUNK // SUB)
-            tl.store(GMax + at, _scaled(group_top, t))
-            if SECOND:  # the second-largest value: the maximum again where it occurs twice
-                is_top = tile == group_top[:, None]
-                rest = tl.max(tl.where(is_top, -float("inf"), tile), axis=1)
-                second = tl.where(tl.sum(is_top.to(tl.int32), axis=1) > 1, group_top, rest)
-                tl.store(GMax2 + at, _scaled(second, t))
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    raw = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
+    # x = raw / t rounded as torch rounds it is a long instruction sequence, and this pass reads every
+    # logit: division by t > 0 keeps the order, so the maxima are divided once, and the sum (a float
+    # sum, compared within its rounding) takes the reciprocal's product.
+    top = tl.max(raw, axis=0)
+    best = _scaled(top, t)
+    # The first index of the maximum (a plain min: cheaper than max's index-tracking reduction):
+    # the first raw == top, unless a smaller raw within a few ulps rounds to the same x.
+    i = tl.min(tl.where(raw == top, offs, 2**31 - 1), axis=0)
+    near = (raw < top) & (raw >= top - tl.maximum(tl.abs(top) * 2**-20, 1e-30))
+    if tl.sum(near.to(tl.int32), axis=0) > 0:
+        i = tl.minimum(i, tl.min(tl.where(near & (_scaled(raw, t) == best), offs, 2**31 - 1), axis=0))
+    # A chunk may be all -inf: its sum is then 0, not exp(-inf - -inf).
+    s = tl.sum(tl.exp(raw * (1.0 / t) - tl.where(best > -float("inf"), best, 0.0)), axis=0)
+    pdl.launch_dependents(PDL)
+    tl.store(Max + row * NC + c, best)
+    tl.store(Arg + row * NC + c, tl.where(i < 2**31 - 1, i, c * CHUNK).to(tl.int64))
+    tl.store(Sum + row * NC + c, s)
+    if GROUPS:  # only the cut rounds skip groups
+        tile = tl.reshape(raw, (CHUNK // SUB, SUB))
+        group_top = tl.max(tile, axis=1)
+        at = row * NG + c * (CHUNK // SUB) + tl.arange(0, CHUNK // SUB)
+        tl.store(GMax + at, _scaled(group_top, t))
+        if SECOND:  # the second-largest value: the maximum again where it occurs twice
+            is_top = tile == group_top[:, None]
+            rest = tl.max(tl.where(is_top, -float("inf"), tile), axis=1)
+            second = tl.where(tl.sum(is_top.to(tl.int32), axis=1) > 1, group_top, rest)
+            tl.store(GMax2 + at, _scaled(second, t))
 
 
 @triton.jit
@@ -796,7 +736,7 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     launch = dict(PDL=on, **pdl.launch_options(on))
     _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, gmax2, arrived, n, vocab, nc, ng,
                               CHUNK=chunk, SUB=sub, GROUPS=has_cut, SECOND=second, FUSED=config.fused,
-                              ONE_PASS=config.one_pass, num_warps=warps, **launch)
+                              num_warps=warps, **launch)
     cap = config.candidates
     sort = min(config.sorted, cap) if vocab <= 1 << ID_BITS else 0
     sort_block = max(16, triton.next_power_of_2(sort))
