@@ -134,7 +134,7 @@ def sampling_case(bs: int, n: int, vocab: int, dtype: torch.dtype, g: torch.Gene
             torch.full((bs,), 0.8, device=device))
 
 
-def sampling_table(configs: list[str], g: torch.Generator, done=None) -> list[dict]:
+def sampling_table(configs: list[str], g: torch.Generator, done=None, batches: tuple[int, ...] = (1, 64)) -> list[dict]:
     """Graphed µs per sampling verify (coins kernel included) of the torch, fused and chunked verifies;
     ``done(rows)`` after each row, so a run stopped at a time limit keeps the rows it finished."""
     vocab, n = 128256, 16
@@ -144,7 +144,7 @@ def sampling_table(configs: list[str], g: torch.Generator, done=None) -> list[di
     print(f"{'dtype':>9} {'bs':>4} {'cuts':>17} {'torch':>9} {'fused':>9} {'config':>16} {'chunked':>9} "
           f"{'vs torch':>9} {'same':>5}")
     for dtype in (torch.float32, torch.bfloat16):
-        for bs in (1, 64):
+        for bs in batches:
             tree, logits, seed, nonces, temps = sampling_case(bs, n, vocab, dtype, g)
             coins = sampling_coins(seed, nonces, tree.seq_lens, n)
             for k, p in ((0, 1.0), (50, 0.9), (0, 0.9)):
@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampling-configs", default=None,
                         help="also the chunked sampling verify table over these launch shapes: default, sweep "
                              "or names joined by commas")
+    parser.add_argument("--sampling-batches", default="1,64",
+                        help="batch sizes of the sampling verify table, joined by commas")
     parser.add_argument("--sampling-only", action="store_true",
                         help="only the chunked sampling verify table (default launch shape unless given)")
     args = parser.parse_args(argv)
@@ -198,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         warm_up_gpu()
         if args.sampling_configs or args.sampling_only:
-            results["sampling"] = sampling_table(configs, g, lambda rows: write({**results, "sampling": rows}))
+            batches = tuple(int(b) for b in args.sampling_batches.split(","))
+            results["sampling"] = sampling_table(configs, g, lambda rows: write({**results, "sampling": rows}), batches)
     if args.sampling_only:
         write(results)
         return 0

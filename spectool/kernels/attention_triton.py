@@ -32,16 +32,16 @@ import math
 import torch
 
 from spectool.kernels import pdl
+from spectool.kernels.fused import rope_write_kv_reference, rotate_half
 from spectool.kernels.triton_import import tl, triton
 
 
 @triton.jit
-def _rotate(X, partner, d_ok, cos, sin, lo_half):
+def _rotate(X, partner, d_ok, cos, signed_sin):
     """RoPE of the head vectors at ``X`` (rotate-half layout; ``X + partner`` is each element's partner
-    in the other half), in float32: each half written as ``_rope_kernel`` writes it, so it rounds alike."""
+    in the other half) in float32, as ``_rope_kernel`` rotates them (``rotate_half``), to the bit."""
     x = tl.load(X, mask=d_ok, other=0.0).to(tl.float32)
-    p = tl.load(X + partner, mask=d_ok, other=0.0).to(tl.float32)
-    return tl.where(lo_half, x * cos - p * sin, x * cos + p * sin)
+    return rotate_half(x, tl.load(X + partner, mask=d_ok, other=0.0).to(tl.float32), cos, signed_sin, True)
 
 
 @triton.jit
@@ -95,10 +95,10 @@ def _attn_split_kernel(
         at = tl.where(lo_half, offs_d, offs_d - half)
         cos = tl.load(Cos + b * sc_b + at, mask=d_ok, other=0.0).to(tl.float32)
         sin = tl.load(Sin + b * ss_b + at, mask=d_ok, other=0.0).to(tl.float32)
+        sin = tl.where(lo_half, -sin, sin)
         qd_ok = row_ok[:, None] & d_ok[None, :]
-        q = _rotate(q_ptrs, partner[None, :] * sq_d, qd_ok, cos[None, :], sin[None, :], lo_half[None, :])
-        q = q.to(Q.dtype.element_ty)
-        k_new = _rotate(KNew + b * snk_b + kvh * snk_h + offs_d, partner, d_ok, cos, sin, lo_half)
+        q = _rotate(q_ptrs, partner[None, :] * sq_d, qd_ok, cos[None, :], sin[None, :]).to(Q.dtype.element_ty)
+        k_new = _rotate(KNew + b * snk_b + kvh * snk_h + offs_d, partner, d_ok, cos, sin)
         k_new = k_new.to(K.dtype.element_ty)
         v_new = tl.load(VNew + b * snv_b + kvh * snv_h + offs_d, mask=d_ok, other=0.0).to(V.dtype.element_ty)
     else:
@@ -366,7 +366,5 @@ def rope_cached_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.T
                                     slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
     """Plain-torch reference of :func:`rope_cached_attention_triton`: RoPE and the cache write, then
     attention."""
-    from spectool.kernels.fused import rope_write_kv_reference
-
     q = rope_write_kv_reference(q, k, v, cos, sin, k_cache, v_cache, slots, starts)
     return cached_attention_reference(q, k_cache, v_cache, slots, starts)

@@ -88,13 +88,25 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None, weigh
 
 
 @triton.jit
+def rotate_half(x, partner, cos, signed_sin, FMA: tl.constexpr):
+    """One half of RoPE's rotation in float32: ``x * cos + partner * signed_sin`` (``-sin`` for the
+    first half, ``sin`` for the second). With FMA the first product is fused into the add (one
+    rounding fewer), spelt out so that every kernel that rotates rounds alike whatever its compiler
+    contracts; without it each operation rounds as written (deterministic mode, whose kernels launch
+    without FMA contraction)."""
+    if FMA:
+        return tl.fma(x, cos, partner * signed_sin)
+    return x * cos + partner * signed_sin
+
+
+@triton.jit
 def _rope_kernel(
     Q, K, V, Cos, Sin, Slots, Starts, QOut, KOut, VOut,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sc_b, sc_t, ss_b, ss_t,
     sqo_b, sqo_t, sqo_h, sko_b, sko_h, sko_n, svo_b, svo_h, svo_n,
     T, MAX_SEQ_LEN,
     HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, WRITE_KV: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, FMA: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl.wait(PDL)
     pid = tl.program_id(0)  # one program per (row, new token): all heads at once
@@ -113,8 +125,8 @@ def _rope_kernel(
     q2 = tl.load(qp + HALF, mask=m, other=0.0).to(tl.float32)
     pdl.launch_dependents(PDL)
     qo = QOut + b * sqo_b + t * sqo_t + hq[:, None] * sqo_h + offs[None, :]
-    tl.store(qo, (q1 * cos - q2 * sin).to(QOut.dtype.element_ty), mask=m)
-    tl.store(qo + HALF, (q2 * cos + q1 * sin).to(QOut.dtype.element_ty), mask=m)
+    tl.store(qo, rotate_half(q1, q2, cos, -sin, FMA).to(QOut.dtype.element_ty), mask=m)
+    tl.store(qo + HALF, rotate_half(q2, q1, cos, sin, FMA).to(QOut.dtype.element_ty), mask=m)
 
     # k rotated; with WRITE_KV, k and v go straight to the cache slot at starts[b] + t
     # (never past its end: padding rows), else k to a [B, Hkv, T, D] output.
@@ -131,8 +143,8 @@ def _rope_kernel(
         row = b.to(tl.int64)
         idx = t
     ko = KOut + row * sko_b + hk[:, None] * sko_h + idx * sko_n + offs[None, :]
-    tl.store(ko, (k1 * cos - k2 * sin).to(KOut.dtype.element_ty), mask=m)
-    tl.store(ko + HALF, (k2 * cos + k1 * sin).to(KOut.dtype.element_ty), mask=m)
+    tl.store(ko, rotate_half(k1, k2, cos, -sin, FMA).to(KOut.dtype.element_ty), mask=m)
+    tl.store(ko + HALF, rotate_half(k2, k1, cos, sin, FMA).to(KOut.dtype.element_ty), mask=m)
     if WRITE_KV:
         vp = V + b * sv_b + t * sv_t + hk[:, None] * sv_h + offs[None, :]
         vo = VOut + row * svo_b + hk[:, None] * svo_h + idx * svo_n + offs[None, :]
@@ -161,8 +173,8 @@ def _launch_rope(q, k, v, cos, sin, slots, starts, q_out, k_out, v_out, write_kv
         *q_out.stride()[:3], *k_out.stride()[:3], *v_out.stride()[:3],
         T, k_out.shape[2],
         HQ=Hq, HKV=Hkv, HALF=D // 2, WRITE_KV=write_kv, BLOCK_HQ=triton.next_power_of_2(Hq),
-        BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_HALF=triton.next_power_of_2(D // 2), PDL=on, num_warps=4,
-        enable_fp_fusion=fp_fusion, **pdl.launch_options(on))
+        BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_HALF=triton.next_power_of_2(D // 2), FMA=fp_fusion, PDL=on,
+        num_warps=4, enable_fp_fusion=fp_fusion, **pdl.launch_options(on))
 
 
 def rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
