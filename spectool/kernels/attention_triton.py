@@ -22,7 +22,9 @@ Why it looks like this (decode is memory bound, see docs/INTERNALS.md, "Why it i
 * A decode step (one new token per row) takes RoPE and the cache write in the split kernel
   (``rope_cached_attention_triton``): each program rotates its q heads and the new k itself,
   uses the new k and v from registers at index ``starts[b]`` and one program per kv head writes
-  them to the cache. A layer then has one launch fewer than with a RoPE kernel before the split.
+  them to the cache; with the cache's arrival counts the last split program of each (row, kv
+  head) to finish merges the partials (kernels/arrival.py). A layer then launches one kernel for
+  its attention where it launched three (RoPE, split, merge).
 """
 
 from __future__ import annotations
