@@ -32,7 +32,7 @@ import math
 import torch
 
 from spectool.kernels import pdl
-from spectool.kernels.fused import rope_write_kv_reference, rotate_half
+from spectool.kernels.fused import _check_rope_args, rope_write_kv_reference, rotate_half
 from spectool.kernels.triton_import import tl, triton
 
 
@@ -274,14 +274,11 @@ def rope_cached_attention_triton(
         [B, 1, Hq, D] attention output in q's dtype.
     """
     check_attention_args(q, k_cache, v_cache, slots, starts, None)
-    B, T, Hq, D = q.shape
-    if T != 1 or k.shape != (B, 1, k_cache.shape[1], D) or v.shape != k.shape:
+    B, T, _, D = q.shape
+    if T != 1 or k.shape != (B, 1, k_cache.shape[1], D) or v.shape != k.shape or v.stride(-1) != 1:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must be one new "
-                         f"token per row with the cache's {k_cache.shape[1]} kv heads")
-    if D % 2 or k.stride(-1) != 1 or v.stride(-1) != 1:
-        raise ValueError("head_dim must be even and k, v contiguous in head_dim")
-    if cos.shape != (B, 1, D // 2) or sin.shape != cos.shape or cos.stride(-1) != 1 or sin.stride(-1) != 1:
-        raise ValueError(f"cos/sin must be [{B}, 1, {D // 2}], got {tuple(cos.shape)}, {tuple(sin.shape)}")
+                         f"token per row with the cache's {k_cache.shape[1]} kv heads, v contiguous in D")
+    _check_rope_args(q, k, cos, sin)
     return _launch(q, k_cache, v_cache, slots, starts, None, num_splits, (k, v, cos, sin))
 
 
