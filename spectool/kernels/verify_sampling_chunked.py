@@ -80,6 +80,9 @@ class LaunchConfig:
     # The last row program of a request to finish makes its tree decision, and the last residual
     # program of a request its bonus (``last_of``), instead of a kernel each: two launches fewer.
     fused: bool = False
+    # The stats pass loads its chunk as a [groups, group size] tile, so the group maxima need no
+    # reshape of a flat tile.
+    tile2d: bool = False
 
 
 CONFIGS = {
@@ -109,6 +112,11 @@ CONFIGS = {
     "c2048-p16-w4-g128-fused": LaunchConfig(2048, 128, 16, 4, fused=True),
     "c1024-p16-w4-g128-m2-fused": LaunchConfig(1024, 128, 16, 4, second=True, fused=True),
     "c2048-p16-w4-g128-m2-fused": LaunchConfig(2048, 128, 16, 4, second=True, fused=True),
+    # The shapes above with the stats pass's chunk loaded as a [groups, group size] tile.
+    "c1024-p16-w4-g128-t2": LaunchConfig(1024, 128, 16, 4, tile2d=True),
+    "c2048-p16-w4-g128-t2": LaunchConfig(2048, 128, 16, 4, tile2d=True),
+    "c1024-p16-w4-g128-m2-fused-t2": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, tile2d=True),
+    "c2048-p16-w4-g128-m2-fused-t2": LaunchConfig(2048, 128, 16, 4, second=True, fused=True, tile2d=True),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, float32, graphed, coins
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
@@ -153,7 +161,7 @@ def _value(key):
 @triton.jit
 def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, NG, CHUNK: tl.constexpr,
                   SUB: tl.constexpr, GROUPS: tl.constexpr, SECOND: tl.constexpr, FUSED: tl.constexpr,
-                  PDL: tl.constexpr):
+                  TILE2D: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -163,28 +171,40 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, N
         if (c == 0) & (row % N == 0):
             tl.store(Arrived + (row // N) * 2 + tl.arange(0, 2), tl.zeros((2,), tl.int32))
     t = tl.load(Temp + row // N)
-    offs = c * CHUNK + tl.arange(0, CHUNK)
+    if TILE2D:
+        # The chunk as [groups, SUB]: the group maxima (and second values) reduce along the rows of
+        # the tile as loaded, where a reshape of a flat tile may move it through shared memory.
+        offs = c * CHUNK + (tl.arange(0, CHUNK // SUB)[:, None] * SUB + tl.arange(0, SUB)[None, :])
+    else:
+        offs = c * CHUNK + tl.arange(0, CHUNK)
     raw = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
+    if TILE2D:
+        group_top = tl.max(raw, axis=1)
+        top = tl.max(group_top, axis=0)
+    else:
+        top = tl.max(raw, axis=0)
     # x = raw / t rounded as torch rounds it is a long instruction sequence, and this pass reads every
     # logit: division by t > 0 keeps the order, so the maxima are divided once, and the sum (a float
     # sum, compared within its rounding) takes the reciprocal's product.
-    top = tl.max(raw, axis=0)
     best = _scaled(top, t)
     # The first index of the maximum (a plain min: cheaper than max's index-tracking reduction):
     # the first raw == top, unless a smaller raw within a few ulps rounds to the same x.
-    i = tl.min(tl.where(raw == top, offs, 2**31 - 1), axis=0)
+    i = _min_all(tl.where(raw == top, offs, 2**31 - 1), TILE2D)
     near = (raw < top) & (raw >= top - tl.maximum(tl.abs(top) * 2**-20, 1e-30))
-    if tl.sum(near.to(tl.int32), axis=0) > 0:
-        i = tl.minimum(i, tl.min(tl.where(near & (_scaled(raw, t) == best), offs, 2**31 - 1), axis=0))
+    if _sum_all(near.to(tl.int32), TILE2D) > 0:
+        i = tl.minimum(i, _min_all(tl.where(near & (_scaled(raw, t) == best), offs, 2**31 - 1), TILE2D))
     # A chunk may be all -inf: its sum is then 0, not exp(-inf - -inf).
-    s = tl.sum(tl.exp(raw * (1.0 / t) - tl.where(best > -float("inf"), best, 0.0)), axis=0)
+    s = _sum_all(tl.exp(raw * (1.0 / t) - tl.where(best > -float("inf"), best, 0.0)), TILE2D)
     pdl.launch_dependents(PDL)
     tl.store(Max + row * NC + c, best)
     tl.store(Arg + row * NC + c, tl.where(i < 2**31 - 1, i, c * CHUNK).to(tl.int64))
     tl.store(Sum + row * NC + c, s)
     if GROUPS:  # only the cut rounds skip groups
-        tile = tl.reshape(raw, (CHUNK // SUB, SUB))
-        group_top = tl.max(tile, axis=1)
+        if TILE2D:
+            tile = raw
+        else:
+            tile = tl.reshape(raw, (CHUNK // SUB, SUB))
+            group_top = tl.max(tile, axis=1)
         at = row * NG + c * (CHUNK // SUB) + tl.arange(0, CHUNK // SUB)
         tl.store(GMax + at, _scaled(group_top, t))
         if SECOND:  # the second-largest value: the maximum again where it occurs twice
@@ -192,6 +212,26 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, N
             rest = tl.max(tl.where(is_top, -float("inf"), tile), axis=1)
             second = tl.where(tl.sum(is_top.to(tl.int32), axis=1) > 1, group_top, rest)
             tl.store(GMax2 + at, _scaled(second, t))
+
+
+@triton.jit
+def _min_all(x, TILE2D: tl.constexpr):
+    """The minimum of a flat or a 2-D tile."""
+    if TILE2D:
+        r = tl.min(tl.min(x, axis=1), axis=0)
+    else:
+        r = tl.min(x, axis=0)
+    return r
+
+
+@triton.jit
+def _sum_all(x, TILE2D: tl.constexpr):
+    """The sum of a flat or a 2-D tile."""
+    if TILE2D:
+        r = tl.sum(tl.sum(x, axis=1), axis=0)
+    else:
+        r = tl.sum(x, axis=0)
+    return r
 
 
 @triton.jit
@@ -728,6 +768,7 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     launch = dict(PDL=on, **pdl.launch_options(on))
     _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, gmax2, arrived, n, vocab, nc, ng,
                               CHUNK=chunk, SUB=sub, GROUPS=has_cut, SECOND=second, FUSED=config.fused,
+                              TILE2D=config.tile2d,
                               num_warps=warps, **launch)
     cap = config.candidates
     sort = min(config.sorted, cap) if vocab <= 1 << ID_BITS else 0
