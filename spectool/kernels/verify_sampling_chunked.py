@@ -410,15 +410,18 @@ def _search(Logits, CandX, CandId, row, t, count, fits, V, CAP, lo, hi, m, limit
     for _round in range(rounds):
         if lo < hi:
             thr = _probes(lo, hi, S)
-            tot = tl.zeros([S], tl.float32)
+            # Each thread sums its own entries over the tiles and the threads' sums meet once a round:
+            # a reduction across the program per tile cost more than the tile's arithmetic.
+            acc = tl.zeros([T, S], tl.float32)
             for start in range(0, count, T):
                 x, _ids, ok = _tile(Logits, CandX, CandId, row, t, start, count, fits, V, CAP, T)
                 k = _key(x)
                 if TOP_P:
                     e = tl.where(ok, tl.exp(x - m), 0.0)
-                    tot += tl.sum(tl.where(k[:, None] > thr[None, :], e[:, None], 0.0), axis=0)
+                    acc += tl.where(k[:, None] > thr[None, :], e[:, None], 0.0)
                 else:
-                    tot += tl.sum(((k[:, None] >= thr[None, :]) & ok[:, None]).to(tl.float32), axis=0)
+                    acc += ((k[:, None] >= thr[None, :]) & ok[:, None]).to(tl.float32)
+            tot = tl.sum(acc, axis=0)
             if TOP_P:
                 below = tot < limit
                 new_lo = tl.max(tl.where(below, lo, thr + 1), axis=0)
@@ -438,18 +441,18 @@ def _search(Logits, CandX, CandId, row, t, count, fits, V, CAP, lo, hi, m, limit
 def _measure(Logits, CandX, CandId, row, t, count, fits, V, CAP, cut, m, TOP_P: tl.constexpr, T: tl.constexpr):
     """The mass kept by a cut (top-k: at or above its key; top-p: strictly above it) and how many
     values equal it."""
-    mass = 0.0
-    ties = 0.0
-    for start in range(0, count, T):
+    mass = tl.zeros([T], tl.float32)
+    ties = tl.zeros([T], tl.float32)
+    for start in range(0, count, T):  # summed per thread, as in _search
         x, _ids, ok = _tile(Logits, CandX, CandId, row, t, start, count, fits, V, CAP, T)
         k = _key(x)
         e = tl.where(ok, tl.exp(x - m), 0.0)
         if TOP_P:
-            mass += tl.sum(tl.where(k > cut, e, 0.0), axis=0)
+            mass += tl.where(k > cut, e, 0.0)
         else:
-            mass += tl.sum(tl.where(k >= cut, e, 0.0), axis=0)
-        ties += tl.sum(((k == cut) & ok).to(tl.float32), axis=0)
-    return mass, ties
+            mass += tl.where(k >= cut, e, 0.0)
+        ties += ((k == cut) & ok).to(tl.float32)
+    return tl.sum(mass, axis=0), tl.sum(ties, axis=0)
 
 
 @triton.jit
