@@ -48,8 +48,8 @@ def test_second_value_launch_shapes_compile_for_cuda():
     # benchmarks/tree_kernels.py --sampling-configs), for the cuts that take their path.
     tree, logits, temps, coins = sampling_inputs(torch.float32)
     with compiling_for_cuda() as compiled:
-        for (top_k, top_p), config in ((cut, c) for cut in CUTS[1:] for c in (f"{FEW_ROWS_CONFIG}-m2",
-                                                                             f"{DEFAULT_CONFIG}-m2")):
+        for (top_k, top_p), config in ((cut, c) for cut in CUTS[1:] for c in ("c1024-p16-w4-g128-m2",
+                                                                             "c2048-p16-w4-g128-m2")):
             verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
     assert "_cut_kernel" in compiled
 
@@ -59,8 +59,8 @@ def test_last_program_launch_shapes_compile_for_cuda():
     # (timed against the engine's by benchmarks/tree_kernels.py --sampling-configs).
     tree, logits, temps, coins = sampling_inputs(torch.float32)
     with compiling_for_cuda() as compiled:
-        for (top_k, top_p), config in ((cut, c) for cut in CUTS for c in (f"{FEW_ROWS_CONFIG}-fused",
-                                                                          f"{DEFAULT_CONFIG}-m2-fused")):
+        for (top_k, top_p), config in ((cut, c) for cut in CUTS for c in ("c1024-p16-w4-g128-fused",
+                                                                          "c2048-p16-w4-g128-m2-fused")):
             verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
     assert set(compiled) == {"_stats_kernel", "_cut_kernel", "_residual_kernel"}
     # The count that picks the last program is one atomic with release and acquire at GPU scope.

@@ -197,6 +197,22 @@ def test_chunked_ties_at_both_cuts(candidates, sort):
 
 
 @pytest.mark.triton_interpreter
+def test_top_p_over_a_flat_row_searches_a_copy_of_the_narrowed_range():
+    bs, n, vocab = 2, 4, VOCAB
+    tree, g = random_batch(bs, n, vocab, 12)
+    coins = torch.rand(bs, n, generator=g)
+    # Integer logits 0..5: top-p 0.9 cuts inside the tie at 3 (about 200 tokens) and keeps its first
+    # ids. Its candidates (every value at or above the bound from the group maxima) overflow a
+    # buffer of 256, but the first search rounds over the row narrow the range to the tie, which
+    # fits: the rest of the search, the kept mass and the last kept id of the tie come from its copy.
+    coarse = torch.randint(0, 6, (bs, n, vocab), generator=g).float()
+    config = dataclasses.replace(FINE, candidates=256, sorted=0)
+    counts = candidates_over_the_bound(coarse, 1.0, 0, 0.9, config.sub)
+    assert (counts > config.candidates).all() and ((coarse == 3).sum(-1) <= config.candidates).all()
+    assert_same_decision(tree, coarse, 1.0, 0, 0.9, coins, config)
+
+
+@pytest.mark.triton_interpreter
 def test_chunked_argmax_where_two_logits_round_to_one_value():
     # At temperature 0.7 adjacent float32 logits often divide to the same value: the reference's
     # argmax is then the first of the two, here the smaller logit, at the lower id (both in one chunk).

@@ -128,6 +128,7 @@ DEFAULT_CONFIG = "c2048-p16-w4-g128"
 FEW_ROWS_CONFIG = "c1024-p16-w4-g128"
 FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
 SEARCH_TILE = 512  # values a cut round reads at once
+GATHER_TILE = 2048  # values the copy of a narrowed top-p range reads at once (a scan across the program each)
 
 
 def default_config(rows: int) -> str:
@@ -470,9 +471,63 @@ def _nth_tie(Logits, CandX, CandId, row, t, count, fits, V, CAP, key, nth, T: tl
 
 
 @triton.jit
-def _cuts(Logits, CandX, CandId, row, t, count, fits, V, CAP, lo, hi, m, z, rounds, top_k, top_p,
+def _narrow(Logits, row, t, V, CAP, lo, hi, m, limit, rounds, S: tl.constexpr, T: tl.constexpr):
+    """Top-p's search rounds (``_search``'s, ``limit`` top_p x the row's mass) over the whole row, each
+    also counting the values above its thresholds, until the keys [lo, hi] still open hold at most
+    ``CAP`` values (or ``rounds`` have run). Returns lo, hi, how many values they hold and the mass of
+    those above hi."""
+    n_ge_lo = V.to(tl.int32)  # at most: the count at or above the first lo is not known
+    n_gt_hi = tl.zeros((), tl.int32)  # hi starts at the row's maximum
+    above = tl.zeros((), tl.float32)
+    for _round in range(rounds):
+        if (n_ge_lo - n_gt_hi > CAP) & (lo < hi):
+            thr = _probes(lo, hi, S)
+            mass = tl.zeros([T, S], tl.float32)  # per thread, as in _search
+            many = tl.zeros([T, S], tl.int32)
+            for start in range(0, V, T):
+                j = start + tl.arange(0, T)
+                x = _scaled(tl.load(Logits + row * V + j, mask=j < V, other=-float("inf")), t)
+                over = _key(x)[:, None] > thr[None, :]  # never a -inf past V: every threshold is above lo
+                mass += tl.where(over, tl.exp(x - m)[:, None], 0.0)
+                many += over.to(tl.int32)
+            tot = tl.sum(mass, axis=0)
+            cnt = tl.sum(many, axis=0)
+            below = tot < limit
+            new_lo = tl.max(tl.where(below, lo, thr + 1), axis=0)
+            new_hi = tl.min(tl.where(below, thr, hi), axis=0)
+            # hi moves to a threshold and lo to one past a threshold: their counts are that threshold's.
+            if new_hi < hi:
+                n_gt_hi = tl.sum(tl.where(thr == new_hi, cnt, 0), axis=0)
+                above = tl.sum(tl.where(thr == new_hi, tot, 0.0), axis=0)
+            if new_lo > lo:
+                n_ge_lo = tl.sum(tl.where(thr + 1 == new_lo, cnt, 0), axis=0)
+            lo = new_lo
+            hi = new_hi
+    return lo, hi, n_ge_lo - n_gt_hi, above
+
+
+@triton.jit
+def _gather_range(Logits, CandX, CandId, row, t, V, CAP, lo, hi, T: tl.constexpr):
+    """Copies the row's values whose keys lie in [lo, hi] (x and token id, ids ascending) into its
+    candidate buffer, at most ``CAP`` of them; returns how many there are."""
+    count = tl.zeros((), tl.int32)
+    for start in range(0, V, T):
+        j = start + tl.arange(0, T)
+        x = _scaled(tl.load(Logits + row * V + j, mask=j < V, other=-float("inf")), t)
+        k = _key(x)
+        keep = (j < V) & (k >= lo) & (k <= hi)
+        at = count + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        tl.store(CandX + row * CAP + at, x, mask=keep & (at < CAP))
+        tl.store(CandId + row * CAP + at, j, mask=keep & (at < CAP))
+        count += tl.sum(keep.to(tl.int32), axis=0)
+    return count
+
+
+@triton.jit
+def _cuts(Logits, CandX, CandId, row, t, count, fits, V, CAP, lo, hi, m, z, base, rounds, top_k, top_p,
           HAS_K: tl.constexpr, HAS_P: tl.constexpr, S: tl.constexpr, T: tl.constexpr):
-    """The row's cut value, cut id and kept mass, searched in ``count`` entries (``_tile``) from [lo, hi]."""
+    """The row's cut value, cut id and kept mass, searched in ``count`` entries (``_tile``) from [lo, hi];
+    ``base`` is the mass above hi that those entries leave out (top-p alone, ``_narrow``)."""
     src = (Logits, CandX, CandId, row, t, count, fits, V, CAP)
     cut = -float("inf")
     cut_id = V.to(tl.int64)
@@ -484,9 +539,10 @@ def _cuts(Logits, CandX, CandId, row, t, count, fits, V, CAP, lo, hi, m, z, roun
         z = zk
         lo = k_key
     if HAS_P:
-        p_key = _search(*src, lo, hi, m, top_p * zk, rounds, True, S, T)
+        p_key = _search(*src, lo, hi, m, top_p * zk - base, rounds, True, S, T)
         cut = _value(p_key)
         above, ties = _measure(*src, p_key, m, True, T)
+        above += base
         e = tl.exp(cut - m)
         # The reference sorts stably, so equal values keep token-id order, and keeps the r-th of the
         # tie (from 0) while the mass before it, above + r * e, is below top_p of the top-k mass.
@@ -538,8 +594,9 @@ def _sorted_cuts(CandX, CandId, row, count, m, z, V, CAP, top_k, top_p, HAS_K: t
 def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, M, Z, Cut, CutId, Argmax, N, V, NC, NG,
                 CAP, rounds, top_k, top_p, Arrived, Tokens, Parents, Depth, Valid, Mask, Coins, Status, Path,
                 AcceptLength, ChildProbs, CoinsOut, Last, U, W, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
-                SUB: tl.constexpr, GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr,
-                BLOCK_G: tl.constexpr, SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr, SMALL_SORT: tl.constexpr,
+                SUB: tl.constexpr, GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, GT: tl.constexpr,
+                BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr, SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr,
+                SMALL_SORT: tl.constexpr,
                 PRE: tl.constexpr, ID_BITS: tl.constexpr, SECOND: tl.constexpr, FUSED: tl.constexpr,
                 BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
@@ -562,8 +619,22 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, M
         else:
             # Too many candidates (a wide tie, or top-p over a flat row): the whole row is searched.
             fits = count <= CAP
+            lo = _key(bound)
+            hi = _key(m)
+            base = tl.zeros((), tl.float32)
+            if HAS_P:
+                if not HAS_K:
+                    if not fits:
+                        # Top-p over a flat row: the search's first rounds run over the whole row until
+                        # the keys still open hold few enough values to copy, the rest over the copy.
+                        lo, hi, n_in, base = _narrow(Logits, row, t, V, CAP, lo, hi, m, top_p * z, rounds, S, T)
+                        fits = n_in <= CAP
+                        if fits:
+                            count = _gather_range(Logits, CandX, CandId, row, t, V, CAP, lo, hi, GT)
+                        else:
+                            base = tl.zeros((), tl.float32)
             cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, tl.where(fits, count, V), fits, V, CAP,
-                                   _key(bound), _key(m), m, z, rounds, top_k, top_p, HAS_K, HAS_P, S, T)
+                                   lo, hi, m, z, base, rounds, top_k, top_p, HAS_K, HAS_P, S, T)
         if SECOND:
             if (exact == 0) & (cut_id < V):  # the last kept of a tie at the cut may stand for its group
                 cut_id = _true_id(Logits, GMax2, row, t, cut_id, cut, bound, V, NG, SUB)
@@ -799,9 +870,9 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, gmax2, live, cand_x, cand_id, m, z, cut, cut_id,
                          argmax, n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p), arrived, *tree,
                          status, path, length, child_probs, coins_out, last, u, width, HAS_K=has_k, HAS_P=has_p,
-                         SUB=sub, GB=max(1, config.gather // sub), S=config.probes, T=SEARCH_TILE, BLOCK_C=block_c,
-                         BLOCK_G=block_g, SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort, PRE=pre,
-                         ID_BITS=ID_BITS, SECOND=second, FUSED=config.fused, BLOCK=block,
+                         SUB=sub, GB=max(1, config.gather // sub), S=config.probes, T=SEARCH_TILE, GT=GATHER_TILE,
+                         BLOCK_C=block_c, BLOCK_G=block_g, SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort,
+                         PRE=pre, ID_BITS=ID_BITS, SECOND=second, FUSED=config.fused, BLOCK=block,
                          num_warps=max(warps, 8, decide_warps), **launch)
     if bs:
         if not config.fused:
