@@ -627,6 +627,11 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, M
                     if not fits:
                         # Top-p over a flat row: the search's first rounds run over the whole row until
                         # the keys still open hold few enough values to copy, the rest over the copy.
+                        # They start at v where V values at or below v would weigh less than 1 - top_p of
+                        # the mass (with a margin over rounding): the mass above v reaches top_p, so the
+                        # cut is above v.
+                        floor = m + tl.log((1.0 - top_p) * z / V) - 0.01
+                        lo = tl.maximum(lo, _key(floor))
                         lo, hi, n_in, base = _narrow(Logits, row, t, V, CAP, lo, hi, m, top_p * z, rounds, S, T)
                         fits = n_in <= CAP
                         if fits:
