@@ -16,7 +16,9 @@ normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_
    or above it lie in the groups whose maxima reach it, a few times k groups for top-k: they are
    copied, with their token ids in order, into a buffer of ``candidates`` entries, and both cuts are
    searched there (``_gather``). Past the buffer (a wide tie at the cut, or top-p over a flat row)
-   the whole row is searched instead, so any logits get the exact cut. With ``LaunchConfig.second``
+   the whole row is searched instead, so any logits get the exact cut; for top-p alone its first
+   rounds also count the values in the range still open (``_narrow``), and once those fit the
+   buffer they are copied there (``_gather_range``) and the search goes on over the copy. With ``LaunchConfig.second``
    the stats pass also keeps each group's second-largest value, and a live group whose second
    value is below the bound gives its maximum alone, unread (``_gather_second``). Each search runs
    over the floats' ordered integer keys with ``probes`` thresholds a round, a fixed number of
