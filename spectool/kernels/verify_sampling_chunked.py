@@ -129,7 +129,10 @@ CONFIGS = {
 DEFAULT_CONFIG = "c2048-p16-w4-g128"
 FEW_ROWS_CONFIG = "c1024-p16-w4-g128"
 FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
-SEARCH_TILE = 512  # values a cut round reads at once
+# Values a cut round reads at once. Its per-thread sums are [SEARCH_TILE, probes] float32: at 512 the
+# cut kernel compiled for sm_90 spilled to the stack at top-k + top-p, at 256 it stays within 128
+# registers a thread for every cut, as before the per-thread sums.
+SEARCH_TILE = 256
 GATHER_TILE = 2048  # values the copy of a narrowed top-p range reads at once (a scan across the program each)
 
 
