@@ -25,10 +25,10 @@ from spectool.verify import (  # noqa: E402
 )
 
 
-def case_at_128k(bs: int, dtype: torch.dtype, temperature: float):
+def case_at_128k(bs: int, dtype: torch.dtype, temperature: float, scale: float = 4.0):
     tree, g = random_batch(bs, 16, 128256, 0)
     tree = on_cuda(tree)
-    logits = (torch.randn(bs, 16, 128256, generator=g) * 4).to("cuda", dtype)
+    logits = (torch.randn(bs, 16, 128256, generator=g) * scale).to("cuda", dtype)
     coins = torch.rand(bs, 16, generator=g).cuda()
     return tree, logits, coins, torch.full((bs,), temperature, device="cuda")
 
@@ -76,7 +76,18 @@ def near_the_top_p_cut(logits: torch.Tensor, temps: torch.Tensor, top_k: int, to
     (torch.float32, 1.0, 0, 1.0), (torch.float32, 0.7, 50, 0.9), (torch.float32, 1.0, 0, 0.8),
     (torch.bfloat16, 1.0, 0, 1.0), (torch.bfloat16, 0.7, 50, 0.9), (torch.float32, 0.7, 50, 1.0)])
 def test_chunked_equals_reference_at_128k(config, bs, dtype, temperature, top_k, top_p):
-    tree, logits, coins, temps = case_at_128k(bs, dtype, temperature)
+    assert_chunked_as_reference(*case_at_128k(bs, dtype, temperature), top_k, top_p, config)
+
+
+@pytest.mark.parametrize("config", ["c1024-p16-w4-g128", "c2048-p16-w4-g128"])
+@pytest.mark.parametrize("bs", [1, 16])
+def test_chunked_top_p_over_a_flat_row_equals_reference_at_128k(config, bs):
+    # The sampling benchmark's logits: top-p 0.9 keeps about 14,000 tokens of each row, far more than
+    # the candidate buffer, so the cut search narrows the range over the row and searches its copy.
+    assert_chunked_as_reference(*case_at_128k(bs, torch.float32, 0.8, scale=2.0), 0, 0.9, config)
+
+
+def assert_chunked_as_reference(tree, logits, coins, temps, top_k, top_p, config):
     want = verify_sampling(tree, logits, temps, top_k, top_p, coins=coins)
     got = verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
     assert_decision(got, want)
