@@ -289,12 +289,18 @@ def _gather(Logits, Live, CandX, CandId, row, t, live, gid, bound, V, NG, CAP, c
             offs = tl.reshape(group[:, None] * SUB + tl.arange(0, SUB)[None, :], (GB * SUB,))
             ok = tl.reshape(tl.broadcast_to((gi < nlive)[:, None], (GB, SUB)), (GB * SUB,)) & (offs < V)
             x = _scaled(tl.load(Logits + row * V + offs, mask=ok, other=-float("inf")), t)
-            keep = ok & (x >= bound)
-            at = count + tl.cumsum(keep.to(tl.int32), axis=0) - 1
-            tl.store(CandX + row * CAP + at, x, mask=keep & (at < CAP))
-            tl.store(CandId + row * CAP + at, offs, mask=keep & (at < CAP))
-            count += tl.sum(keep.to(tl.int32), axis=0)
+            count = _append(CandX, CandId, row, CAP, count, x, offs, ok & (x >= bound))
     return count
+
+
+@triton.jit
+def _append(CandX, CandId, row, CAP, count, x, ids, keep):
+    """Appends the values ``x`` where ``keep`` (with their token ids, in order) to the row's candidate
+    buffer after its first ``count`` entries, none past CAP; returns the count with them."""
+    at = count + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+    tl.store(CandX + row * CAP + at, x, mask=keep & (at < CAP))
+    tl.store(CandId + row * CAP + at, ids, mask=keep & (at < CAP))
+    return count + tl.sum(keep.to(tl.int32), axis=0)
 
 
 @triton.jit
@@ -406,6 +412,14 @@ def _probes(lo, hi, S: tl.constexpr):
 
 
 @triton.jit
+def _top_p_round(tot, thr, lo, hi, limit):
+    """Top-p's keys [lo, hi] after a round whose thresholds ``thr`` have ``tot`` of mass strictly above
+    them: the cut is the smallest key whose mass above is below ``limit``."""
+    below = tot < limit
+    return tl.max(tl.where(below, lo, thr + 1), axis=0), tl.min(tl.where(below, thr, hi), axis=0)
+
+
+@triton.jit
 def _search(Logits, CandX, CandId, row, t, count, fits, V, CAP, lo, hi, m, limit, rounds, TOP_P: tl.constexpr,
             S: tl.constexpr, T: tl.constexpr):
     """The cut's key in [lo, hi], ``S`` thresholds a round. Top-k (``limit`` k): the largest key with at
@@ -428,9 +442,7 @@ def _search(Logits, CandX, CandId, row, t, count, fits, V, CAP, lo, hi, m, limit
                     acc += ((k[:, None] >= thr[None, :]) & ok[:, None]).to(tl.float32)
             tot = tl.sum(acc, axis=0)
             if TOP_P:
-                below = tot < limit
-                new_lo = tl.max(tl.where(below, lo, thr + 1), axis=0)
-                hi = tl.min(tl.where(below, thr, hi), axis=0)
+                new_lo, hi = _top_p_round(tot, thr, lo, hi, limit)
             else:
                 enough = tot >= limit
                 new_lo = tl.max(tl.where(enough, thr, lo), axis=0)
@@ -475,11 +487,14 @@ def _nth_tie(Logits, CandX, CandId, row, t, count, fits, V, CAP, key, nth, T: tl
 
 
 @triton.jit
-def _narrow(Logits, row, t, V, CAP, lo, hi, m, limit, rounds, S: tl.constexpr, T: tl.constexpr):
-    """Top-p's search rounds (``_search``'s, ``limit`` top_p x the row's mass) over the whole row, each
-    also counting the values above its thresholds, until the keys [lo, hi] still open hold at most
-    ``CAP`` values (or ``rounds`` have run). Returns lo, hi, how many values they hold and the mass of
-    those above hi."""
+def _narrow(Logits, CandX, CandId, row, t, V, CAP, lo, hi, m, z, top_p, rounds, S: tl.constexpr, T: tl.constexpr):
+    """Top-p's search rounds (``_search``'s, the limit top_p x the row's mass ``z``) over the whole row,
+    each also counting the values above its thresholds, until the keys [lo, hi] still open hold at
+    most ``CAP`` values (or ``rounds`` have run). Returns lo, hi, whether those values fit the buffer
+    and, where they do, the mass of the values above hi (else 0: the whole row is searched)."""
+    # The rounds start at v where V values at or below v would weigh less than 1 - top_p of the mass
+    # (with a margin over rounding): the mass above v reaches top_p, so the cut is above v.
+    lo = tl.maximum(lo, _key(m + tl.log((1.0 - top_p) * z / V) - 0.01))
     n_ge_lo = V.to(tl.int32)  # at most: the count at or above the first lo is not known
     n_gt_hi = tl.zeros((), tl.int32)  # hi starts at the row's maximum
     above = tl.zeros((), tl.float32)
@@ -489,16 +504,13 @@ def _narrow(Logits, row, t, V, CAP, lo, hi, m, limit, rounds, S: tl.constexpr, T
             mass = tl.zeros([T, S], tl.float32)  # per thread, as in _search
             many = tl.zeros([T, S], tl.int32)
             for start in range(0, V, T):
-                j = start + tl.arange(0, T)
-                x = _scaled(tl.load(Logits + row * V + j, mask=j < V, other=-float("inf")), t)
+                x, _ids, _ok = _tile(Logits, CandX, CandId, row, t, start, V, False, V, CAP, T)
                 over = _key(x)[:, None] > thr[None, :]  # never a -inf past V: every threshold is above lo
                 mass += tl.where(over, tl.exp(x - m)[:, None], 0.0)
                 many += over.to(tl.int32)
             tot = tl.sum(mass, axis=0)
             cnt = tl.sum(many, axis=0)
-            below = tot < limit
-            new_lo = tl.max(tl.where(below, lo, thr + 1), axis=0)
-            new_hi = tl.min(tl.where(below, thr, hi), axis=0)
+            new_lo, new_hi = _top_p_round(tot, thr, lo, hi, top_p * z)
             # hi moves to a threshold and lo to one past a threshold: their counts are that threshold's.
             if new_hi < hi:
                 n_gt_hi = tl.sum(tl.where(thr == new_hi, cnt, 0), axis=0)
@@ -507,7 +519,8 @@ def _narrow(Logits, row, t, V, CAP, lo, hi, m, limit, rounds, S: tl.constexpr, T
                 n_ge_lo = tl.sum(tl.where(thr + 1 == new_lo, cnt, 0), axis=0)
             lo = new_lo
             hi = new_hi
-    return lo, hi, n_ge_lo - n_gt_hi, above
+    fits = n_ge_lo - n_gt_hi <= CAP
+    return lo, hi, fits, tl.where(fits, above, 0.0)
 
 
 @triton.jit
@@ -516,14 +529,9 @@ def _gather_range(Logits, CandX, CandId, row, t, V, CAP, lo, hi, T: tl.constexpr
     candidate buffer, at most ``CAP`` of them; returns how many there are."""
     count = tl.zeros((), tl.int32)
     for start in range(0, V, T):
-        j = start + tl.arange(0, T)
-        x = _scaled(tl.load(Logits + row * V + j, mask=j < V, other=-float("inf")), t)
+        x, ids, ok = _tile(Logits, CandX, CandId, row, t, start, V, False, V, CAP, T)
         k = _key(x)
-        keep = (j < V) & (k >= lo) & (k <= hi)
-        at = count + tl.cumsum(keep.to(tl.int32), axis=0) - 1
-        tl.store(CandX + row * CAP + at, x, mask=keep & (at < CAP))
-        tl.store(CandId + row * CAP + at, j, mask=keep & (at < CAP))
-        count += tl.sum(keep.to(tl.int32), axis=0)
+        count = _append(CandX, CandId, row, CAP, count, x, ids, ok & (k >= lo) & (k <= hi))
     return count
 
 
@@ -640,17 +648,10 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, M
                     if not fits:
                         # Top-p over a flat row: the search's first rounds run over the whole row until
                         # the keys still open hold few enough values to copy, the rest over the copy.
-                        # They start at v where V values at or below v would weigh less than 1 - top_p of
-                        # the mass (with a margin over rounding): the mass above v reaches top_p, so the
-                        # cut is above v.
-                        floor = m + tl.log((1.0 - top_p) * z / V) - 0.01
-                        lo = tl.maximum(lo, _key(floor))
-                        lo, hi, n_in, base = _narrow(Logits, row, t, V, CAP, lo, hi, m, top_p * z, rounds, S, T)
-                        fits = n_in <= CAP
+                        lo, hi, fits, base = _narrow(Logits, CandX, CandId, row, t, V, CAP, lo, hi, m, z, top_p,
+                                                     rounds, S, T)
                         if fits:
                             count = _gather_range(Logits, CandX, CandId, row, t, V, CAP, lo, hi, GT)
-                        else:
-                            base = tl.zeros((), tl.float32)
             cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, tl.where(fits, count, V), fits, V, CAP,
                                    lo, hi, m, z, base, rounds, top_k, top_p, HAS_K, HAS_P, S, T)
         if SECOND:
