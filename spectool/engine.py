@@ -691,6 +691,7 @@ class Engine:
         # a host round trip and its own launches while the GPU idled); the N-gram trie after it.
         learns_on_host = self.drafter is not None and self.drafter.host_accepted
         groups = self._prefill_groups(reqs)
+        launched = []
         for g, group in enumerate(groups):
             lens = [len(r.prompt) for r in group]
             t, graphed = self.prefill_length(len(group), max(lens))
@@ -711,11 +712,16 @@ class Engine:
             if self.drafter is not None and not learns_on_host:
                 with self._drafting():
                     self.drafter.on_prefill(prefill)
-            for req, first, n in zip(group, res.bonus.tolist(), lens):
+            launched.append((group, prefill))
+        # One host read of every group's first tokens, once the last group is launched: a read per
+        # group kept each next group's launch waiting until the GPU had finished the one before.
+        firsts = iter(torch.cat([prefill.first for _, prefill in launched]).tolist())
+        for group, prefill in launched:
+            for req, first, n in zip(group, firsts, prefill.lens):
                 req.output.append(first)
                 req.history.append(first)
                 req.seq_len = n
-            stats.prefill_tokens += sum(lens)
+            stats.prefill_tokens += sum(prefill.lens)
             stats.generated_tokens += len(group)
             if learns_on_host:
                 self.drafter.on_prefill(prefill)

@@ -70,8 +70,10 @@ class Prefill:
     the padding's), None when it reads none; ``graphed``: whether the target ran the group in a
     prefill graph (a drafter's own prefill of the same shape can too). ``histories`` are the
     requests' own lists: the prompt, and the first token once the engine has read it on the host.
-    ``last_group``: no other group of these admitted requests follows this one. The tensors are a
-    prefill graph's outputs, rewritten by its next replay: read them in the call.
+    ``last_group``: no other group of these admitted requests follows this one. ``hidden`` is a
+    prefill graph's output, rewritten by its next replay: a drafter on the device reads it in the
+    call. A drafter that learns on the host (``host_accepted``) is called once every group is
+    launched and the first tokens are read, with the histories complete.
     """
 
     request_ids: list[int]
