@@ -74,12 +74,6 @@ def test_rope_and_attention_kernels_compile_with_pdl(pdl_on):
     assert compiled == ["_attn_split_kernel", "_attn_merge_kernel"]
     for name in compiled:
         assert_pdl(compiled, name)
-    arrivals = torch.zeros(b, hkv, dtype=torch.int32)
-    with compiling_for_cuda() as compiled:  # and the merge by the last split program of a kv head
-        attention_triton.rope_cached_attention_triton(q, k, v, cos, sin, k_cache, v_cache, slots, starts, arrivals)
-    assert compiled == ["_attn_split_kernel"]
-    assert_pdl(compiled, "_attn_split_kernel")
-    assert compiled.ptx["_attn_split_kernel"].count("atom.global.gpu.acq_rel.add") == 1
 
 
 def test_pdl_is_off_without_a_hopper_gpu():

@@ -22,9 +22,7 @@ Why it looks like this (decode is memory bound, see docs/INTERNALS.md, "Why it i
 * A decode step (one new token per row) takes RoPE and the cache write in the split kernel
   (``rope_cached_attention_triton``): each program rotates its q heads and the new k itself,
   uses the new k and v from registers at index ``starts[b]`` and one program per kv head writes
-  them to the cache; with the cache's arrival counts the last split program of each (row, kv
-  head) to finish merges the partials (kernels/arrival.py). A layer then launches one kernel for
-  its attention where it launched three (RoPE, split, merge).
+  them to the cache. A layer then has one launch fewer than with a RoPE kernel before the split.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ import math
 import torch
 
 from spectool.kernels import pdl
-from spectool.kernels.arrival import last_of
 from spectool.kernels.fused import _check_rope_args, rope_write_kv_reference, rotate_half
 from spectool.kernels.triton_import import tl, triton
 
@@ -49,22 +46,20 @@ def _rotate(X, partner, d_ok, cos, signed_sin):
 
 @triton.jit
 def _attn_split_kernel(
-    Q, K, V, Slots, Starts, Mask, OutPart, LsePart, KNew, VNew, Cos, Sin, Out, Arrived,
+    Q, K, V, Slots, Starts, Mask, OutPart, LsePart, KNew, VNew, Cos, Sin,
     sq_b, sq_t, sq_h, sq_d,
     sk_b, sk_h, sk_n, sk_d,
     sv_b, sv_h, sv_n, sv_d,
     sm_b, sm_q, sm_k,
-    snk_b, snk_h, snv_b, snv_h, sc_b, ss_b, so_b, so_h, so_d,
+    snk_b, snk_h, snv_b, snv_h, sc_b, ss_b,
     T, NUM_KV_HEADS, MAX_SEQ_LEN, sm_scale_log2,
     NUM_SPLITS,  # not a constexpr: it follows the query count, and a new prompt length must not recompile
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HAS_MASK: tl.constexpr, ROPE: tl.constexpr, MERGE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
+    HAS_MASK: tl.constexpr, ROPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     # ROPE (T == 1, no mask): Q and KNew / VNew are the projection's q, k and v before RoPE; the new
-    # token's k and v are not in the cache yet. MERGE (ROPE, one row tile): the last split program of
-    # each (row, kv head) merges the partials into Out (module docstring).
+    # token's k and v are not in the cache yet (module docstring).
     pdl.wait(PDL)
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -163,30 +158,6 @@ def _attn_split_kernel(
             new_ok = d_ok & ((offs_d * 0 + start) < MAX_SEQ_LEN)  # never past the cache's end: padding rows
             tl.store(k_base + start * sk_n + offs_d * sk_d, k_new, mask=new_ok)
             tl.store(v_base + start * sv_n + offs_d * sv_d, v_new, mask=new_ok)
-    if MERGE:
-        if last_of(Arrived + pid_bh, NUM_SPLITS):
-            for j in range(GROUP):  # the tile's query heads
-                h = kvh * GROUP + j
-                merged = _merge(OutPart, LsePart, b * NUM_KV_HEADS * GROUP + h, NUM_SPLITS, HEAD_DIM, BLOCK_S,
-                                BLOCK_D)
-                tl.store(Out + b * so_b + h * so_h + offs_d * so_d, merged.to(Out.dtype.element_ty), mask=d_ok)
-            tl.store(Arrived + pid_bh, 0)  # for the next launch
-
-
-@triton.jit
-def _merge(OutPart, LsePart, pid, NUM_SPLITS, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-           BLOCK_D: tl.constexpr):
-    """One (row, head, query)'s output (float32 [BLOCK_D]) from its splits' partials, weighted by
-    their log2-sum-exp; ``pid`` = ((b * heads) + head) * T + t."""
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_ok = offs_s < NUM_SPLITS
-    lse = tl.load(LsePart + pid * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))
-    m = tl.max(lse, 0)
-    w = tl.math.exp2(lse - m)  # every row sees at least itself, so m is finite
-    parts = tl.load(OutPart + (pid * NUM_SPLITS + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
-                    mask=s_ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
-    return tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
 
 
 @triton.jit
@@ -201,11 +172,18 @@ def _attn_merge_kernel(
     t = pid % T
     head = (pid // T) % NUM_HEADS
     b = pid // (T * NUM_HEADS)
+    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    out = _merge(OutPart, LsePart, pid, NUM_SPLITS, HEAD_DIM, BLOCK_S, BLOCK_D)
+    s_ok = offs_s < NUM_SPLITS
+    d_ok = offs_d < HEAD_DIM
+    lse = tl.load(LsePart + pid * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.math.exp2(lse - m)  # every row sees at least itself, so m is finite
+    parts = tl.load(OutPart + (pid * NUM_SPLITS + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
+                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    out = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
     pdl.launch_dependents(PDL)
-    tl.store(Out + b * so_b + t * so_t + head * so_h + offs_d * so_d, out.to(Out.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
+    tl.store(Out + b * so_b + t * so_t + head * so_h + offs_d * so_d, out.to(Out.dtype.element_ty), mask=d_ok)
 
 
 def _sm_count(device: torch.device) -> int:
@@ -279,12 +257,10 @@ def rope_cached_attention_triton(
     v_cache: torch.Tensor,
     slots: torch.Tensor,
     starts: torch.Tensor,
-    arrivals: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """A decode step's attention with RoPE and the cache write in it: ``rope_write_kv_triton`` then
-    ``cached_attention_triton`` (no mask) in the kernels of the second alone, or with ``arrivals`` in
-    its split kernel alone.
+    ``cached_attention_triton`` (no mask) in the kernels of the second alone.
 
     Args:
         q: [B, 1, Hq, D] queries before RoPE; k, v: [B, 1, Hkv, D] the new token's key and value
@@ -293,10 +269,6 @@ def rope_cached_attention_triton(
         k_cache, v_cache: [max_batch, Hkv, max_seq_len, D]; the new k (rotated) and v are written at
             ``[slots[b], :, starts[b]]`` (dropped past max_seq_len, as padding rows' are).
         slots, starts, num_splits: as ``cached_attention_triton``.
-        arrivals: int32 counts, at least B * Hkv of them, reading 0 (``KVCache.arrivals``): the last
-            split program of each (row, kv head) to finish merges the partials (``arrival.last_of``)
-            and puts its count back to 0, where a merge kernel would follow. Calls that may run at
-            the same time must not share them.
 
     Returns:
         [B, 1, Hq, D] attention output in q's dtype.
@@ -307,17 +279,13 @@ def rope_cached_attention_triton(
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must be one new "
                          f"token per row with the cache's {k_cache.shape[1]} kv heads, v contiguous in D")
     _check_rope_args(q, k, cos, sin)
-    if arrivals is not None and (arrivals.dtype != torch.int32 or not arrivals.is_contiguous()
-                                 or arrivals.numel() < B * k_cache.shape[1]):
-        raise ValueError(f"arrivals must be contiguous int32 with at least {B * k_cache.shape[1]} counts")
-    return _launch(q, k_cache, v_cache, slots, starts, None, num_splits, (k, v, cos, sin), arrivals)
+    return _launch(q, k_cache, v_cache, slots, starts, None, num_splits, (k, v, cos, sin))
 
 
 def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
             starts: torch.Tensor, tree_mask: torch.Tensor | None, num_splits: int | None,
-            rope: tuple[torch.Tensor, ...] | None, arrivals: torch.Tensor | None = None) -> torch.Tensor:
-    """The split and merge launches (arguments checked); ``rope``: (k, v, cos, sin) of the new token;
-    ``arrivals``: the split kernel merges (one row tile per (row, kv head) only)."""
+            rope: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+    """The split and merge launches (arguments checked); ``rope``: (k, v, cos, sin) of the new token."""
     slots, starts = slots.contiguous(), starts.contiguous()  # the kernel reads them at stride 1
     B, T, Hq, D = q.shape
     _, Hkv, max_seq_len, _ = k_cache.shape
@@ -328,7 +296,6 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots
     m_blocks = triton.cdiv(group * T, block_m)
     if num_splits is None:
         num_splits = choose_num_splits(B, Hkv, m_blocks, max_seq_len, block_n, _sm_count(q.device))
-    merge = arrivals is not None and m_blocks == 1
 
     out_part = torch.empty(B * Hq * T * num_splits * D, device=q.device, dtype=torch.float32)
     lse_part = torch.empty(B * Hq * T * num_splits, device=q.device, dtype=torch.float32)
@@ -348,22 +315,18 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots
 
     sm_scale_log2 = (1.0 / math.sqrt(D)) * 1.4426950408889634
     on = pdl.use_pdl_one_row(q, B * T)
-    block_s = triton.next_power_of_2(num_splits)
     _attn_split_kernel[(B * Hkv, m_blocks, num_splits)](
-        q, k_cache, v_cache, slots, starts, mask, out_part, lse_part, k_new, v_new, cos, sin, out,
-        arrivals if merge else slots, *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides,
-        *rope_strides, out.stride(0), out.stride(2), out.stride(3),
+        q, k_cache, v_cache, slots, starts, mask, out_part, lse_part, k_new, v_new, cos, sin,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides, *rope_strides,
         T, Hkv, max_seq_len, sm_scale_log2, num_splits,
-        GROUP=group, HEAD_DIM=D, HAS_MASK=tree_mask is not None, ROPE=rope is not None, MERGE=merge,
+        GROUP=group, HEAD_DIM=D, HAS_MASK=tree_mask is not None, ROPE=rope is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # float32 models stay exact
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_S=block_s, BLOCK_D=block_d, PDL=on, num_warps=4, num_stages=2,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, PDL=on, num_warps=4, num_stages=2,
         **pdl.launch_options(on),
     )
-    if merge:
-        return out
     _attn_merge_kernel[(B * Hq * T,)](
         out_part, lse_part, out, *out.stride(), T, Hq, num_splits,
-        HEAD_DIM=D, BLOCK_S=block_s,
+        HEAD_DIM=D, BLOCK_S=triton.next_power_of_2(num_splits),
         BLOCK_D=block_d, PDL=on, num_warps=4 if block_d >= 128 else 2, **pdl.launch_options(on),
     )
     return out

@@ -234,27 +234,21 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
 
 # benchmarks/decode.py --no-rope-fusion turns this off to time RoPE's own kernel in the same run.
 FUSED_ROPE_ATTENTION = True
-# benchmarks/decode.py --no-merge-fusion turns this off to time the merge kernel in the same run.
-FUSED_ATTENTION_MERGE = True
 
 
 def rope_cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                           sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                          starts: torch.Tensor, tree_mask: torch.Tensor | None, kv_len: int | None,
-                          arrivals: torch.Tensor | None = None) -> torch.Tensor:
+                          starts: torch.Tensor, tree_mask: torch.Tensor | None, kv_len: int | None) -> torch.Tensor:
     """``rope_write_kv`` then ``cached_attention`` (same arguments, q/k/v before RoPE).
 
     On CUDA a decode step (one new token per row, no mask) rotates and writes the new token inside
-    the attention's split kernel, and with ``arrivals`` (the cache layer's counts) merges the splits
-    in it too (kernels/attention_triton.py): two launches fewer per layer. The deterministic mode
-    keeps its batch-invariant kernels, which round every T alike.
+    the attention's own kernels (kernels/attention_triton.py): one launch fewer per layer. The
+    deterministic mode keeps its batch-invariant kernels, which round every T alike.
     """
     if (FUSED_ROPE_ATTENTION and q.shape[1] == 1 and tree_mask is None and _triton(q) and not _DETERMINISTIC.get()
             and k.stride(-1) == 1 and v.stride(-1) == 1):
         from spectool.kernels.attention_triton import rope_cached_attention_triton
-        if not FUSED_ATTENTION_MERGE or (arrivals is not None and arrivals.numel() < q.shape[0] * k_cache.shape[1]):
-            arrivals = None  # more rows than the cache has counts for: the merge kernel merges
-        return rope_cached_attention_triton(q, k, v, cos, sin, k_cache, v_cache, slots, starts, arrivals)
+        return rope_cached_attention_triton(q, k, v, cos, sin, k_cache, v_cache, slots, starts)
     q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, starts)
     return cached_attention(q, k_cache, v_cache, slots, starts, tree_mask, kv_len)
 

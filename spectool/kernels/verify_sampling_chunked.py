@@ -37,7 +37,7 @@ normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_
 
 With ``LaunchConfig.fused`` the decision and the bonus take no launch of their own: the last of a
 request's row programs in ``_cut_kernel`` to finish makes its decision, and the last of its residual
-programs its bonus (``last_of``: a per-request count, zeroed by ``_stats_kernel``).
+programs its bonus (``_last_of``: a per-request count, zeroed by ``_stats_kernel``).
 
 No host sync, and the same launch sequence for every cut; on Hopper each kernel launches with PDL
 (``spectool.kernels.pdl``), so the next one's programs are resident when it ends. The launch shape is one of ``CONFIGS``
@@ -51,7 +51,6 @@ from dataclasses import dataclass
 import torch
 
 from spectool.kernels import pdl
-from spectool.kernels.arrival import last_of
 from spectool.kernels.triton_import import tl, triton
 from spectool.kernels.verify_sampling_triton import _scaled, _tree_decision, decision_outputs
 
@@ -80,7 +79,7 @@ class LaunchConfig:
     # below the bound holds one candidate, its maximum, and only the other live groups are read.
     second: bool = False
     # The last row program of a request to finish makes its tree decision, and the last residual
-    # program of a request its bonus (``last_of``), instead of a kernel each: two launches fewer.
+    # program of a request its bonus (``_last_of``), instead of a kernel each: two launches fewer.
     fused: bool = False
     # The stats pass loads its chunk as a [groups, group size] tile, so the group maxima need no
     # reshape of a flat tile.
@@ -172,7 +171,7 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, N
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     if FUSED:
-        # The counts ``last_of`` takes, zeroed here (the kernels after wait for this one to end),
+        # The counts ``_last_of`` takes, zeroed here (the kernels after wait for this one to end),
         # so that a call needs neither a memset launch nor state kept between calls.
         if (c == 0) & (row % N == 0):
             tl.store(Arrived + (row // N) * 2 + tl.arange(0, 2), tl.zeros((2,), tl.int32))
@@ -604,6 +603,15 @@ def _sorted_cuts(CandX, CandId, row, count, m, z, V, CAP, top_k, top_p, HAS_K: t
 
 
 @triton.jit
+def _last_of(Arrived, programs):
+    """Whether this program is the last of ``programs`` to report at ``Arrived`` (one count per request).
+    The count goes up once every thread's stores are made (the barrier) with release and acquire
+    at GPU scope, so the last program to arrive sees every other's stores."""
+    tl.debug_barrier()
+    return tl.atomic_add(Arrived, 1, sem="acq_rel", scope="gpu") == programs - 1
+
+
+@triton.jit
 def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, M, Z, Cut, CutId, Argmax, N, V, NC, NG,
                 CAP, rounds, top_k, top_p, Arrived, Tokens, Parents, Depth, Valid, Mask, Coins, Status, Path,
                 AcceptLength, ChildProbs, CoinsOut, Last, U, W, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
@@ -657,7 +665,7 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, M
     tl.store(Argmax + row, arg)
     if FUSED:
         b = row // N
-        if last_of(Arrived + b * 2, N):
+        if _last_of(Arrived + b * 2, N):
             _decide(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mask, Coins, Status, Path,
                     AcceptLength, ChildProbs, CoinsOut, Last, U, b, N, V, W, BLOCK)
 
@@ -774,7 +782,7 @@ def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Las
     pdl.launch_dependents(PDL)
     tl.store(ResGroups + b * NG + lo // G + tl.arange(0, CHUNK // G), tl.sum(tl.reshape(r, (CHUNK // G, G)), axis=1))
     if FUSED:
-        if last_of(Arrived + b * 2 + 1, NC):
+        if _last_of(Arrived + b * 2 + 1, NC):
             _bonus(Logits, M, Z, Cut, CutId, Argmax, U, ResGroups, Bonus, BonusCdf, b, t, row, children, m, z, cut,
                    cut_id, V, NG, G, BLOCK, BLOCK_G)
 

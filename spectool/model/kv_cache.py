@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from spectool.model.config import ModelConfig
-
-
-class LayerCache(NamedTuple):
-    """One layer's views of a ``KVCache``."""
-
-    k: torch.Tensor  # [max_batch, kv_heads, max_seq_len, head_dim]
-    v: torch.Tensor
-    arrivals: torch.Tensor  # [max_batch, kv_heads] int32: the decode step's attention counts its programs here
 
 
 class KVCache:
     """k, v: [num_layers, max_batch, kv_heads, max_seq_len, head_dim], allocated once.
 
     A request keeps its slot (index into max_batch) for its whole life; slots are
-    reused by later requests without reallocation. ``arrivals`` [num_layers, max_batch,
-    kv_heads] int32, all 0 between forwards: a decode step's attention counts its programs
-    there per batch row and kv head, so the last one merges them (kernels/arrival.py); kept with
-    the cache because two forwards that share a cache never run at the same time.
+    reused by later requests without reallocation.
     """
 
     def __init__(self, num_layers: int, max_batch: int, num_kv_heads: int, max_seq_len: int,
@@ -37,7 +24,6 @@ class KVCache:
         shape = (num_layers, max_batch, num_kv_heads, max_seq_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.arrivals = torch.zeros(num_layers, max_batch, num_kv_heads, dtype=torch.int32, device=device)
 
     @classmethod
     def for_model(cls, cfg: ModelConfig, max_batch: int, max_seq_len: int, dtype: torch.dtype,
@@ -57,6 +43,6 @@ class KVCache:
     def max_seq_len(self) -> int:
         return self.k.shape[3]
 
-    def layer(self, i: int) -> LayerCache:
-        """Views of layer i: k, v [max_batch, kv_heads, max_seq_len, head_dim] and its arrival counts."""
-        return LayerCache(self.k[i], self.v[i], self.arrivals[i])
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of layer i: k, v [max_batch, kv_heads, max_seq_len, head_dim]."""
+        return self.k[i], self.v[i]

@@ -23,9 +23,11 @@ from torch import nn
 from spectool.kernels import ops
 from spectool.kernels.topk import row_topk
 from spectool.model.config import ModelConfig
-from spectool.model.kv_cache import KVCache, LayerCache
+from spectool.model.kv_cache import KVCache
 from spectool.model.parallel import TensorParallel, shard_config
 from spectool.model.rope import RotaryEmbedding
+
+LayerCache = tuple[torch.Tensor, torch.Tensor] | None  # one layer's (k, v) cache views, or no cache
 
 
 class RMSNorm(nn.Module):
@@ -76,7 +78,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
 
-    def forward(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerCache | None,
+    def forward(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerCache,
                 slots: torch.Tensor | None, starts: torch.Tensor | None,
                 tree_mask: torch.Tensor | None, kv_len: int | None) -> torch.Tensor:
         """Attention from the fused q/k/v projection ``qkv`` [B, T, ...] (the Block computes it,
@@ -92,8 +94,7 @@ class Attention(nn.Module):
                            attn_mask=None if tree_mask is None else tree_mask[:, None],
                            is_causal=tree_mask is None).transpose(1, 2)
         else:
-            out = ops.rope_cached_attention(q, k, v, cos, sin, kv.k, kv.v, slots, starts, tree_mask, kv_len,
-                                            kv.arrivals)
+            out = ops.rope_cached_attention(q, k, v, cos, sin, kv[0], kv[1], slots, starts, tree_mask, kv_len)
         out = ops.linear(out.reshape(B, T, -1), self.o_proj.weight)
         return out if self.tp is None else self.tp.all_reduce(out)
 
@@ -122,14 +123,14 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, tp)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerCache | None,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerCache,
                 slots: torch.Tensor | None = None, starts: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, kv_len: int | None = None) -> torch.Tensor:
         mlp_out, h = self.forward_residual(x, None, cos, sin, kv, slots, starts, tree_mask, kv_len)
         return h + mlp_out
 
     def forward_residual(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                         sin: torch.Tensor, kv: LayerCache | None, slots: torch.Tensor | None,
+                         sin: torch.Tensor, kv: LayerCache, slots: torch.Tensor | None,
                          starts: torch.Tensor | None, tree_mask: torch.Tensor | None,
                          kv_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The block with its residual stream kept apart: the input is ``x + residual`` (``x``
