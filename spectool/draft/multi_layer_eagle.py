@@ -105,14 +105,18 @@ class MultiLayerEagleDrafter:
         """Layer k on its inputs ``tokens`` [B, t] and ``hidden`` [B, t, H] at ``positions``, its cache
         written from ``start``: stores its feature at draft-cache ``index`` (chained checkpoints) and
         its draft (taken at window offset ``last``) at token index ``draft_at``. Returns
-        ``(feature, draft, its probability)``."""
+        ``(feature, draft, its probability)``, the feature [B, 1, H] at ``last`` alone where no later
+        layer reads it."""
         model = self.engine.model
+        # A layer whose feature no later layer reads is wanted at ``last`` alone (last >= 0, padded
+        # graph rows included: their inputs are 0); its other positions only write their keys and values.
+        read_on = self.features is not None and k < self.steps - 1
         feature, normed = self.checkpoint.layers[k](model.embed_tokens(tokens), hidden, positions, self.caches[k],
-                                                    slots, start, None, kv_len)
-        if self.features is not None and k < self.steps - 1:
+                                                    slots, start, None, kv_len, at=None if read_on else last)
+        if read_on:
             self.features[k][slots[:, None], index] = feature
-        # last >= 0, padded graph rows included (their inputs are 0).
-        out = normed.gather(1, last[:, None, None].expand(-1, 1, normed.shape[-1]))[:, 0]
+            normed = normed.gather(1, last[:, None, None].expand(-1, 1, normed.shape[-1]))
+        out = normed[:, 0]
         # Softmax and argmax in one launch on CUDA. NaN logits (a broken layer) count as -inf, so
         # the chain's scores stay valid; the target's verify rejects such drafts anyway.
         p, draft = (t[:, 0] for t in model.head_topk(out, 1))

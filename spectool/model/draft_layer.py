@@ -73,8 +73,9 @@ class DraftLayer(nn.Module):
     def forward(self, tok_emb: torch.Tensor, target_hidden: torch.Tensor, positions: torch.Tensor,
                 cache: KVCache | None = None, slots: torch.Tensor | None = None,
                 starts: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
-                kv_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(feature [B,T,H] before the norm, normed [B,T,H]); cache/slots/... as Transformer.forward."""
+                kv_len: int | None = None, at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(feature [B,T,H] before the norm, normed [B,T,H]); cache/slots/... as Transformer.forward.
+        With ``at`` [B] both are [B,1,H], at that position of each row (``Block.forward_residual``)."""
         if self.style.input_norms:  # both norms written into one buffer: no concatenation
             both = ops.rms_norm_pair(tok_emb, self.enorm.weight, target_hidden, self.hnorm.weight, self.enorm.eps)
         else:
@@ -82,7 +83,7 @@ class DraftLayer(nn.Module):
         x = ops.linear(both, self.eh_proj.weight, self.eh_proj.bias)  # the batch-invariant kernel in deterministic mode
         cos, sin = self.rope(positions, x.dtype)
         mlp_out, h = self.block.forward_residual(x, None, cos, sin, None if cache is None else cache.layer(0),
-                                                 slots, starts, tree_mask, kv_len)
+                                                 slots, starts, tree_mask, kv_len, at)
         if isinstance(self.norm, RMSNorm):  # the block's last residual add inside the final norm
             normed, feature = ops.add_rms_norm(mlp_out, h, self.norm.weight, self.norm.eps)
             return feature, normed

@@ -132,13 +132,19 @@ class Block(nn.Module):
     def forward_residual(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
                          sin: torch.Tensor, kv: LayerCache, slots: torch.Tensor | None,
                          starts: torch.Tensor | None, tree_mask: torch.Tensor | None,
-                         kv_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+                         kv_len: int | None, at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The block with its residual stream kept apart: the input is ``x + residual`` (``x``
         when residual is None) and the output the pair ``(mlp_out, h)`` whose sum is the
         block's output. The next block adds the pair inside its first norm (one fused
-        launch), which saves the separate residual add of every layer."""
+        launch), which saves the separate residual add of every layer.
+
+        ``at`` [B]: the one position of each row whose output is wanted ([B, 1, H] outputs); the
+        other positions only write their keys and values to ``kv``, and skip the MLP."""
         qkv, x = _norm_linear(self.input_layernorm, x, residual, self.self_attn.qkv_proj)
         attn = self.self_attn(qkv, cos, sin, kv, slots, starts, tree_mask, kv_len)
+        if at is not None:
+            rows = at[:, None, None].expand(-1, 1, attn.shape[-1])
+            attn, x = attn.gather(1, rows), x.gather(1, rows)
         gate_up, h = _norm_linear(self.post_attention_layernorm, attn, x, self.mlp.gate_up_proj)
         return self.mlp(gate_up), h
 
