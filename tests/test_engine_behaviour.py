@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 from test_engine_support import cut_prompts, demo_token_streams
 
 import spectool as st
@@ -218,6 +219,36 @@ def test_a_drafter_is_fed_each_prefill_group_as_its_kind_needs(target, demo_mode
     assert any(not last for *_, last in seen)  # some admissions had more than one group
     if method == "ngram":  # one wait per admission, in its last group's call
         assert waits == [i for i, (*_, last) in enumerate(seen) if last]
+
+
+def test_a_prefill_of_several_groups_reads_the_device_once(target, prompts, plain, monkeypatch):
+    # The first tokens of every group are read together after the last group's launch: a read per
+    # group would make each next group's launch wait for the GPU to finish the one before.
+    engine = st.Engine(target, max_batch_size=4, max_seq_len=MAX_SEQ)
+    engine.prefill_budget = 48  # several prefill groups per admission
+    reads, groups = [], []
+    tolist, prefill_groups, prefill = torch.Tensor.tolist, engine._prefill_groups, engine._prefill
+
+    def counted_tolist(self):
+        reads[-1] += 1
+        return tolist(self)
+
+    def counted_groups(reqs):
+        groups.append(prefill_groups(reqs))
+        return groups[-1]
+
+    def counted_prefill(*args):
+        reads.append(0)
+        with monkeypatch.context() as m:
+            m.setattr(torch.Tensor, "tolist", counted_tolist)
+            prefill(*args)
+
+    monkeypatch.setattr(engine, "_prefill_groups", counted_groups)
+    monkeypatch.setattr(engine, "_prefill", counted_prefill)
+    got = engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True, record=False).token_ids
+    assert got == plain
+    assert any(len(g) > 1 for g in groups)
+    assert reads == [1] * len(groups)
 
 
 def test_a_calls_time_splits_into_prefill_decode_and_between(target, demo_model_dir, prompts):
