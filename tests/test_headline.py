@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from spectool.kernels.verify_sampling_chunked import FEW_ROWS_CONFIG
+from spectool.kernels.verify_sampling_chunked import default_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "BENCHMARKS.md"
+ENGINE_SHAPE = default_config(16)  # the chunked sampling verify's launch shape for one tree of 16 nodes
 
 
 @pytest.fixture(scope="module")
@@ -128,17 +129,17 @@ def test_every_source_yields_its_rows(headline, tmp_path):
                                         {"bs": 64, "N": 64, "triton_us": nan, "speedup": nan}],
                               "verify": [{"bs": 1, "N": 16, "greedy_graphed_us": 13.94, "sampling_graphed_us": nan}],
                               "sampling": [{"dtype": "float32", "bs": 1, "N": 16, "top_k": 0, "top_p": 1.0,
-                                            "cuts": "temperature", "config": FEW_ROWS_CONFIG, "torch_graphed_us": 338.4,
+                                            "cuts": "temperature", "config": ENGINE_SHAPE, "torch_graphed_us": 338.4,
                                             "chunked_graphed_us": 56.4},
                                            {"dtype": "float32", "bs": 1, "N": 16, "top_k": 0, "top_p": 0.9,
-                                            "cuts": "top-p 0.9", "config": FEW_ROWS_CONFIG, "torch_graphed_us": 330.0,
+                                            "cuts": "top-p 0.9", "config": ENGINE_SHAPE, "torch_graphed_us": 330.0,
                                             "chunked_graphed_us": 1650.0},
                                            # Another launch shape than the engine's for these rows: not a headline.
                                            {"dtype": "float32", "bs": 1, "N": 16, "top_k": 0, "top_p": 1.0,
                                             "cuts": "temperature", "config": "c16384-p16-w16",
                                             "torch_graphed_us": 338.4, "chunked_graphed_us": 99.0},
                                            {"dtype": "bfloat16", "bs": 1, "N": 16, "top_k": 0, "top_p": 1.0,
-                                            "cuts": "temperature", "config": FEW_ROWS_CONFIG, "torch_graphed_us": 344.0,
+                                            "cuts": "temperature", "config": ENGINE_SHAPE, "torch_graphed_us": 344.0,
                                             "chunked_graphed_us": 58.8}]},
         "gemv.json": {"rows": [{"shape": "8B", "projection": "o", "N": 4096, "K": 4096, "rows": 1,
                                 "triton_default_us": 10.61, "unfused_us": 13.33},

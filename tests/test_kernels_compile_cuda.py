@@ -68,18 +68,6 @@ def test_last_program_launch_shapes_compile_for_cuda():
         assert compiled.ptx[name].count("atom.global.gpu.acq_rel.add") == 1
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_two_dimensional_stats_launch_shapes_compile_for_cuda(dtype):
-    # The launch shapes whose stats pass loads [groups, group size] tiles (timed against the
-    # engine's by benchmarks/tree_kernels.py --sampling-configs), for every cut.
-    tree, logits, temps, coins = sampling_inputs(dtype)
-    with compiling_for_cuda() as compiled:
-        for (top_k, top_p), config in ((cut, c) for cut in CUTS for c in ("c1024-p16-w4-g128-m2-fused-t2",
-                                                                          "c2048-p16-w4-g128-t2")):
-            verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
-    assert "_stats_kernel" in compiled
-
-
 def test_fused_sampling_verify_compiles_for_cuda():
     tree, logits, temps, coins = sampling_inputs(torch.float32)
     with compiling_for_cuda() as compiled:

@@ -52,8 +52,6 @@ WHOLE_SORT = dataclasses.replace(FINE, prefilter=0)
 SECOND = dataclasses.replace(FINE, second=True)
 # The decision made by the last row program of each request and the bonus by its last residual program.
 FUSED, FUSED_WIDE = (dataclasses.replace(c, fused=True) for c in (SMALL, WIDE))
-# The stats pass reading its chunks as [groups, group size] tiles, plain and with SECOND's second values.
-TILE2D, SECOND_TILE2D = (dataclasses.replace(c, tile2d=True) for c in (FINE, SECOND))
 
 
 def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
@@ -266,24 +264,6 @@ def test_second_values_with_ties_at_the_cut():
     # (and here overflow the buffer, so the whole row is searched).
     coarse = torch.randint(0, 6, (bs, n, vocab), generator=g).float()
     assert_same_decision(tree, coarse, 1.0, 30, 0.9, coins, SECOND)
-
-
-@pytest.mark.triton_interpreter
-@pytest.mark.parametrize("config", [TILE2D, SECOND_TILE2D], ids=["groups", "second-values"])
-def test_stats_pass_in_two_dimensional_tiles_decides_as_the_reference(config):
-    bs, n = 3, 6
-    tree, g = random_batch(bs, n, 40, 13)
-    coins = torch.rand(bs, n, generator=g)
-    logits = lifted(tree, torch.randn(bs, n, VOCAB, generator=g) * 4, g)
-    for top_k, top_p in [(0, 1.0), (50, 1.0), (20, 0.8), (0, 0.9)]:
-        assert_same_decision(tree, logits, 0.8, top_k, top_p, coins, config)
-    # A tie at the top spread over groups and chunks (the first index of the row's maximum), and
-    # whole masked chunks.
-    tied = torch.randn(bs, n, VOCAB, generator=g) - 8
-    tied[..., 700:] = -math.inf
-    tied[..., [5, 300, 517, 650]] = 3.0
-    assert_same_decision(tree, tied, 1.0, 0, 0.35, coins, config)
-    assert_same_decision(tree, tied, 1.0, 4, 1.0, coins, config)
 
 
 @pytest.mark.triton_interpreter

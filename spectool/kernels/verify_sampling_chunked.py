@@ -81,9 +81,6 @@ class LaunchConfig:
     # The last row program of a request to finish makes its tree decision, and the last residual
     # program of a request its bonus (``_last_of``), instead of a kernel each: two launches fewer.
     fused: bool = False
-    # The stats pass loads its chunk as a [groups, group size] tile, so the group maxima need no
-    # reshape of a flat tile.
-    tile2d: bool = False
 
 
 CONFIGS = {
@@ -113,11 +110,6 @@ CONFIGS = {
     "c2048-p16-w4-g128-fused": LaunchConfig(2048, 128, 16, 4, fused=True),
     "c1024-p16-w4-g128-m2-fused": LaunchConfig(1024, 128, 16, 4, second=True, fused=True),
     "c2048-p16-w4-g128-m2-fused": LaunchConfig(2048, 128, 16, 4, second=True, fused=True),
-    # The shapes above with the stats pass's chunk loaded as a [groups, group size] tile.
-    "c1024-p16-w4-g128-t2": LaunchConfig(1024, 128, 16, 4, tile2d=True),
-    "c2048-p16-w4-g128-t2": LaunchConfig(2048, 128, 16, 4, tile2d=True),
-    "c1024-p16-w4-g128-m2-fused-t2": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, tile2d=True),
-    "c2048-p16-w4-g128-m2-fused-t2": LaunchConfig(2048, 128, 16, 4, second=True, fused=True, tile2d=True),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, float32, graphed, coins
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
@@ -128,6 +120,12 @@ CONFIGS = {
 DEFAULT_CONFIG = "c2048-p16-w4-g128"
 FEW_ROWS_CONFIG = "c1024-p16-w4-g128"
 FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
+# One tree's rows also keep each group's second value and let the last programs decide and draw the
+# bonus: on an H100 (2026-12-06, ``--sampling-configs default,c1024-p16-w4-g128-m2-fused
+# --sampling-batches 1,16,64``) top-k 50 + top-p 0.9 at bs 1 took 38.8 µs against 41.4 (temperature:
+# 25.9 against 26.8), but at bs 16 118.0 against 111.4 (88.9 against 85.9).
+ONE_TREE_CONFIG = "c1024-p16-w4-g128-m2-fused"
+ONE_TREE_ROWS = 16  # rows up to which ONE_TREE_CONFIG is taken; bs 1 at N 16
 # Values a cut round reads at once. Its per-thread sums are [SEARCH_TILE, probes] float32: at 512 the
 # cut kernel compiled for sm_90 spilled to the stack at top-k + top-p, at 256 it stays within 128
 # registers a thread for every cut, as before the per-thread sums.
@@ -137,6 +135,8 @@ GATHER_TILE = 2048  # values the copy of a narrowed top-p range reads at once (a
 
 def default_config(rows: int) -> str:
     """The launch shape the engine takes for ``rows`` node rows (requests x nodes)."""
+    if rows <= ONE_TREE_ROWS:
+        return ONE_TREE_CONFIG
     return FEW_ROWS_CONFIG if rows <= FEW_ROWS else DEFAULT_CONFIG
 
 
@@ -166,7 +166,7 @@ def _value(key):
 @triton.jit
 def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, NG, CHUNK: tl.constexpr,
                   SUB: tl.constexpr, GROUPS: tl.constexpr, SECOND: tl.constexpr, FUSED: tl.constexpr,
-                  TILE2D: tl.constexpr, PDL: tl.constexpr):
+                  PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -176,40 +176,28 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, N
         if (c == 0) & (row % N == 0):
             tl.store(Arrived + (row // N) * 2 + tl.arange(0, 2), tl.zeros((2,), tl.int32))
     t = tl.load(Temp + row // N)
-    if TILE2D:
-        # The chunk as [groups, SUB]: the group maxima (and second values) reduce along the rows of
-        # the tile as loaded, where a reshape of a flat tile may move it through shared memory.
-        offs = c * CHUNK + (tl.arange(0, CHUNK // SUB)[:, None] * SUB + tl.arange(0, SUB)[None, :])
-    else:
-        offs = c * CHUNK + tl.arange(0, CHUNK)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
     raw = tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
-    if TILE2D:
-        group_top = tl.max(raw, axis=1)
-        top = tl.max(group_top, axis=0)
-    else:
-        top = tl.max(raw, axis=0)
     # x = raw / t rounded as torch rounds it is a long instruction sequence, and this pass reads every
     # logit: division by t > 0 keeps the order, so the maxima are divided once, and the sum (a float
     # sum, compared within its rounding) takes the reciprocal's product.
+    top = tl.max(raw, axis=0)
     best = _scaled(top, t)
     # The first index of the maximum (a plain min: cheaper than max's index-tracking reduction):
     # the first raw == top, unless a smaller raw within a few ulps rounds to the same x.
-    i = _min_all(tl.where(raw == top, offs, 2**31 - 1), TILE2D)
+    i = tl.min(tl.where(raw == top, offs, 2**31 - 1), axis=0)
     near = (raw < top) & (raw >= top - tl.maximum(tl.abs(top) * 2**-20, 1e-30))
-    if _sum_all(near.to(tl.int32), TILE2D) > 0:
-        i = tl.minimum(i, _min_all(tl.where(near & (_scaled(raw, t) == best), offs, 2**31 - 1), TILE2D))
+    if tl.sum(near.to(tl.int32), axis=0) > 0:
+        i = tl.minimum(i, tl.min(tl.where(near & (_scaled(raw, t) == best), offs, 2**31 - 1), axis=0))
     # A chunk may be all -inf: its sum is then 0, not exp(-inf - -inf).
-    s = _sum_all(tl.exp(raw * (1.0 / t) - tl.where(best > -float("inf"), best, 0.0)), TILE2D)
+    s = tl.sum(tl.exp(raw * (1.0 / t) - tl.where(best > -float("inf"), best, 0.0)), axis=0)
     pdl.launch_dependents(PDL)
     tl.store(Max + row * NC + c, best)
     tl.store(Arg + row * NC + c, tl.where(i < 2**31 - 1, i, c * CHUNK).to(tl.int64))
     tl.store(Sum + row * NC + c, s)
     if GROUPS:  # only the cut rounds skip groups
-        if TILE2D:
-            tile = raw
-        else:
-            tile = tl.reshape(raw, (CHUNK // SUB, SUB))
-            group_top = tl.max(tile, axis=1)
+        tile = tl.reshape(raw, (CHUNK // SUB, SUB))
+        group_top = tl.max(tile, axis=1)
         at = row * NG + c * (CHUNK // SUB) + tl.arange(0, CHUNK // SUB)
         tl.store(GMax + at, _scaled(group_top, t))
         if SECOND:  # the second-largest value: the maximum again where it occurs twice
@@ -217,26 +205,6 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, N
             rest = tl.max(tl.where(is_top, -float("inf"), tile), axis=1)
             second = tl.where(tl.sum(is_top.to(tl.int32), axis=1) > 1, group_top, rest)
             tl.store(GMax2 + at, _scaled(second, t))
-
-
-@triton.jit
-def _min_all(x, TILE2D: tl.constexpr):
-    """The minimum of a flat or a 2-D tile."""
-    if TILE2D:
-        r = tl.min(tl.min(x, axis=1), axis=0)
-    else:
-        r = tl.min(x, axis=0)
-    return r
-
-
-@triton.jit
-def _sum_all(x, TILE2D: tl.constexpr):
-    """The sum of a flat or a 2-D tile."""
-    if TILE2D:
-        r = tl.sum(tl.sum(x, axis=1), axis=0)
-    else:
-        r = tl.sum(x, axis=0)
-    return r
 
 
 @triton.jit
@@ -861,7 +829,6 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     launch = dict(PDL=on, **pdl.launch_options(on))
     _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, gmax2, arrived, n, vocab, nc, ng,
                               CHUNK=chunk, SUB=sub, GROUPS=has_cut, SECOND=second, FUSED=config.fused,
-                              TILE2D=config.tile2d,
                               num_warps=warps, **launch)
     cap = config.candidates
     sort = min(config.sorted, cap) if vocab <= 1 << ID_BITS else 0
