@@ -16,6 +16,7 @@ import torch
 from spectool.draft import Prefill
 from spectool.draft.eagle import EagleDrafter
 from spectool.kernels.topk import row_topk
+from spectool.model.llama import positions_at
 
 
 class DraftModelDrafter(EagleDrafter):
@@ -42,11 +43,13 @@ class DraftModelDrafter(EagleDrafter):
     def feature_size(self) -> int:
         return self.draft_target.config.hidden_size
 
-    def _run(self, tokens, hidden, positions, slots, starts, tree_mask, kv_len):
+    def _run(self, tokens, hidden, positions, slots, starts, tree_mask, kv_len, at=None):
         """The draft model's forward, written one cache index past ``starts`` (the module docstring);
-        its hidden states stand in for both the feature and the normed output."""
+        its hidden states stand in for both the feature and the normed output ([B, 1, H] at ``at``)."""
         out = self.model(tokens, positions, self.cache, slots, starts + 1, tree_mask,
                          None if kv_len is None else kv_len + 1)
+        if at is not None:
+            out = positions_at(out, at)
         return out, out
 
     def _top_children(self, normed: torch.Tensor, out=None) -> tuple[torch.Tensor, torch.Tensor]:

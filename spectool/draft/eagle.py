@@ -68,10 +68,11 @@ class EagleDrafter:
         """The layer's hidden input at the root from what the target's forward gave the drafter."""
         return hidden
 
-    def _run(self, tokens, hidden, positions, slots, starts, tree_mask, kv_len):
-        """Draft layer forward: (feature, normed). kv_len None reads lengths on the device."""
+    def _run(self, tokens, hidden, positions, slots, starts, tree_mask, kv_len, at=None):
+        """Draft layer forward: (feature, normed), [B, 1, H] at each row's position ``at`` where
+        given (the other positions only write the cache). kv_len None reads lengths on the device."""
         emb = self.engine.model.embed_tokens(tokens)
-        return self.layer(emb, hidden, positions, self.cache, slots, starts, tree_mask, kv_len)
+        return self.layer(emb, hidden, positions, self.cache, slots, starts, tree_mask, kv_len, at=at)
 
     def _top_children(self, normed: torch.Tensor, out=None) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``topk`` most probable next tokens and their probabilities, through the target's
@@ -128,10 +129,10 @@ class EagleDrafter:
         t = tokens.shape[1]
         positions = starts[:, None] + torch.arange(1, t + 1, device=self.device)
         kv_len = None if self._kv_len is None else self._kv_len + t
-        feature, normed = self._run(tokens, self._root_hidden(hidden), positions, slots, starts, None, kv_len)
-        at = last[:, None, None].expand(-1, 1, feature.shape[-1])
-        self.feature[slots] = feature.gather(1, at)[:, 0]
-        p, i = self._top_children(normed.gather(1, at)[:, 0])
+        feature, normed = self._run(tokens, self._root_hidden(hidden), positions, slots, starts, None, kv_len,
+                                    at=last)
+        self.feature[slots] = feature[:, 0]
+        p, i = self._top_children(normed[:, 0])
         self.root_p[slots], self.root_i[slots] = p, i
         return p
 

@@ -29,6 +29,7 @@ from spectool.config import MultiLayerEagleConfig
 from spectool.draft import Batch, Prefill, accepted_inputs
 from spectool.draft.tree import DraftTree, chain_tree
 from spectool.graphs import GraphRunner
+from spectool.model.llama import positions_at
 
 
 class MultiLayerEagleDrafter:
@@ -115,7 +116,7 @@ class MultiLayerEagleDrafter:
                                                     slots, start, None, kv_len, at=None if read_on else last)
         if read_on:
             self.features[k][slots[:, None], index] = feature
-            normed = normed.gather(1, last[:, None, None].expand(-1, 1, normed.shape[-1]))
+            normed = positions_at(normed, last)
         out = normed[:, 0]
         # Softmax and argmax in one launch on CUDA. NaN logits (a broken layer) count as -inf, so
         # the chain's scores stay valid; the target's verify rejects such drafts anyway.

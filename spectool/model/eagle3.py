@@ -32,7 +32,7 @@ from torch import nn
 from spectool.kernels import ops
 from spectool.model.config import ModelConfig
 from spectool.model.kv_cache import KVCache
-from spectool.model.llama import MLP, Attention, RMSNorm
+from spectool.model.llama import MLP, Attention, RMSNorm, positions_at
 from spectool.model.rope import RotaryEmbedding
 from spectool.model.weights import SafetensorsDir, gather, split
 
@@ -79,9 +79,12 @@ class Eagle3Layer(nn.Module):
     def forward(self, tok_emb: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache: KVCache | None = None, slots: torch.Tensor | None = None,
                 starts: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
-                kv_len: int | None = None, past: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                kv_len: int | None = None, past: list | None = None,
+                at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(feature [B,T,H] before the final norm, normed [B,T,H]) from the token embeddings and
         ``hidden`` (fc's output or a parent's feature); cache/slots/... as Transformer.forward.
+        With ``at`` [B] both are [B,1,H], at that position of each row; the others only write
+        their keys and values.
 
         ``past`` (training only, without a cache): the earlier draft steps' keys and values, for
         the attention of the training-time test (``_training_time_attention``); this step's are
@@ -96,6 +99,8 @@ class Eagle3Layer(nn.Module):
         else:
             attn = self.self_attn(qkv, cos, sin, None if cache is None else cache.layer(0), slots, starts,
                                   tree_mask, kv_len)
+        if at is not None:
+            attn, hidden = positions_at(attn, at), positions_at(hidden, at)
         gate_up, h = ops.rms_norm_linear(attn, hidden, self.post_attention_layernorm.weight,
                                          self.post_attention_layernorm.eps, self.mlp.gate_up_proj.weight, None)
         normed, feature = ops.add_rms_norm(self.mlp(gate_up), h, self.norm.weight, self.norm.eps)

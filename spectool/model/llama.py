@@ -143,10 +143,14 @@ class Block(nn.Module):
         qkv, x = _norm_linear(self.input_layernorm, x, residual, self.self_attn.qkv_proj)
         attn = self.self_attn(qkv, cos, sin, kv, slots, starts, tree_mask, kv_len)
         if at is not None:
-            rows = at[:, None, None].expand(-1, 1, attn.shape[-1])
-            attn, x = attn.gather(1, rows), x.gather(1, rows)
+            attn, x = positions_at(attn, at), positions_at(x, at)
         gate_up, h = _norm_linear(self.post_attention_layernorm, attn, x, self.mlp.gate_up_proj)
         return self.mlp(gate_up), h
+
+
+def positions_at(x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """[B, 1, H]: each row's position ``at[b]`` of ``x`` [B, T, H]."""
+    return x.gather(1, at[:, None, None].expand(-1, 1, x.shape[-1]))
 
 
 def _norm_linear(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor | None,
