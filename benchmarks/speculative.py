@@ -194,6 +194,9 @@ def measure(target, draft, prompts: list[list[int]], new_tokens: int, max_seq_le
             "time_to_first_token_ms": (stats["time_to_first_token_s"] or 0.0) * 1e3,
             "prefill_ms": prefill * 1e3, "warmup_s": warm["seconds"],
             "between_iterations_ms": (stats["elapsed_s"] - stats["prefill_s"] - stats["decode_s"]) * 1e3,
+            # The call's wall time outside the engine's own clock: its set-up, the results, the GPU
+            # work still queued when the last iteration returns.
+            "outside_call_ms": (wall - stats["elapsed_s"]) * 1e3,
             "warmup_captures": warm["captures"],
             "temperature": temperature, "token_ids": result.token_ids}
 
