@@ -33,6 +33,7 @@ from spectool.graphs import GraphRunner
 from spectool.kernels import ops
 from spectool.kernels.sampling import sampling_coins
 from spectool.kernels.tree_indices import triton_on_cpu
+from spectool.model.llama import positions_at
 from spectool.stats import RunStats
 from spectool.timing import PhaseTimer
 from spectool.trace.recorder import PackedRows, Recorder, pack_rows
@@ -516,8 +517,7 @@ class Engine:
         positions = torch.arange(t, device=tokens.device).expand(b, t)
         starts = torch.zeros(b, dtype=torch.long, device=tokens.device)
         hidden, feed = self._forward_hidden(tokens, positions, slots, starts, None)
-        at_last = hidden[torch.arange(b, device=tokens.device), last][:, None]
-        logits = self.model.logits(at_last, deterministic=self.deterministic, gather=False)
+        logits = self.model.logits(positions_at(hidden, last), deterministic=self.deterministic, gather=False)
         reads_hidden = self.drafter is not None and getattr(self.drafter, "reads_hidden", True)
         return (logits, feed) if reads_hidden else (logits,)
 

@@ -611,15 +611,14 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, M
             lo = _key(bound)
             hi = _key(m)
             base = tl.zeros((), tl.float32)
-            if HAS_P:
-                if not HAS_K:
-                    if not fits:
-                        # Top-p over a flat row: the search's first rounds run over the whole row until
-                        # the keys still open hold few enough values to copy, the rest over the copy.
-                        lo, hi, fits, base = _narrow(Logits, CandX, CandId, row, t, V, CAP, lo, hi, m, z, top_p,
-                                                     rounds, S, T)
-                        if fits:
-                            count = _gather_range(Logits, CandX, CandId, row, t, V, CAP, lo, hi, GT)
+            if HAS_P and not HAS_K:
+                if not fits:
+                    # Top-p over a flat row: the search's first rounds run over the whole row until the
+                    # keys still open hold few enough values to copy, the rest over the copy.
+                    lo, hi, fits, base = _narrow(Logits, CandX, CandId, row, t, V, CAP, lo, hi, m, z, top_p,
+                                                 rounds, S, T)
+                    if fits:
+                        count = _gather_range(Logits, CandX, CandId, row, t, V, CAP, lo, hi, GT)
             cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, tl.where(fits, count, V), fits, V, CAP,
                                    lo, hi, m, z, base, rounds, top_k, top_p, HAS_K, HAS_P, S, T)
         if SECOND:
