@@ -261,3 +261,16 @@ def test_a_calls_time_splits_into_prefill_decode_and_between(target, demo_model_
     assert stats.tokens_per_s * stats.decode_s == pytest.approx(gained)
     assert stats.prefill_s + stats.decode_s <= stats.elapsed_s
     assert stats.to_dict()["decode_s"] == stats.decode_s
+
+
+@pytest.mark.parametrize("method", ["none", "eagle"])
+def test_a_one_token_call_reports_its_prefill_and_no_iteration(target, demo_model_dir, prompts, plain, method):
+    # max_new_tokens=1 is the prefill alone (how benchmarks time a prefill): its stats and trace
+    # summarise no iteration instead of failing on columns that hold nothing.
+    result = make_engine(target, demo_model_dir, method).generate(prompts, max_new_tokens=1, ignore_eos=True)
+    assert result.token_ids == [p[:1] for p in plain]
+    stats = result.stats.to_dict()
+    assert (stats["iterations"], stats["records"], stats["tokens"]) == (0, 0, 0)
+    assert stats["generated_tokens"] == len(prompts) and stats["decode_s"] == 0.0
+    assert stats["mean_accept_length"] == 0.0 and stats["accept_length_histogram"] == []
+    assert result.trace.summary()["iterations"] == 0

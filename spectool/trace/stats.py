@@ -76,6 +76,9 @@ def summarize(steps: pa.Table | dict) -> dict:
     for name in ("iteration", "accept_length"):
         if name not in steps.column_names:
             raise ValueError(f"summarize needs a {name!r} column")
+    if steps.num_rows == 0:  # a call that ran no iteration (one new token: the prefill's); its columns are untyped
+        return {"records": 0, "iterations": 0, "tokens": 0, "mean_accept_length": 0.0, "accept_length_histogram": [],
+                "accept_rate_by_depth": [], "tokens_per_s": None, "phase_us": {}}
     accept = np.asarray(steps.column("accept_length").fill_null(0).to_numpy(), dtype=np.int64)
     iteration = np.asarray(steps.column("iteration").to_numpy(zero_copy_only=False))
     _, first_row = np.unique(iteration, return_index=True)  # one row per iteration for batch-wide timings
