@@ -81,6 +81,10 @@ class LaunchConfig:
     # The last row program of a request to finish makes its tree decision, and the last residual
     # program of a request its bonus (``_last_of``), instead of a kernel each: two launches fewer.
     fused: bool = False
+    # Warps of the cut kernel's row programs where top-k bounds the candidates (0: at least 8, as
+    # always for top-p alone, whose search may read the whole row): fewer warps let more of the
+    # row programs share an SM when there are many rows.
+    cut_warps: int = 0
 
 
 CONFIGS = {
@@ -110,6 +114,8 @@ CONFIGS = {
     "c2048-p16-w4-g128-fused": LaunchConfig(2048, 128, 16, 4, fused=True),
     "c1024-p16-w4-g128-m2-fused": LaunchConfig(1024, 128, 16, 4, second=True, fused=True),
     "c2048-p16-w4-g128-m2-fused": LaunchConfig(2048, 128, 16, 4, second=True, fused=True),
+    # The default many-row shape with top-k's cut programs at 4 warps.
+    "c2048-p16-w4-g128-cw4": LaunchConfig(2048, 128, 16, 4, cut_warps=4),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, float32, graphed, coins
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
@@ -117,7 +123,10 @@ CONFIGS = {
 # (top-k 50 + top-p 0.9: 41.8 against 42.4), and 244.0 against 221.7 at bs 64 (353.5 against 322.8):
 # a few rows need more, shorter programs. Groups of 128 leave fewer candidates than groups of 256
 # (``--sampling-configs`` with the g128 shapes against the plain ones).
-DEFAULT_CONFIG = "c2048-p16-w4-g128"
+# With top-k its cut programs take 4 warps instead of 8 (H100, 2026-12-06, ``--sampling-configs
+# c2048-p16-w4-g128,c2048-p16-w4-g128-cw4 --sampling-batches 64``): 320.1 against 329.5 µs at bs 64
+# with top-k 50 + top-p 0.9, the same with temperature alone.
+DEFAULT_CONFIG = "c2048-p16-w4-g128-cw4"
 FEW_ROWS_CONFIG = "c1024-p16-w4-g128"
 FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
 # One tree's rows also keep each group's second value and let the last programs decide and draw the
@@ -858,7 +867,7 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
                          SUB=sub, GB=max(1, config.gather // sub), S=config.probes, T=SEARCH_TILE, GT=GATHER_TILE,
                          BLOCK_C=block_c, BLOCK_G=block_g, SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort,
                          PRE=pre, ID_BITS=ID_BITS, SECOND=second, FUSED=config.fused, BLOCK=block,
-                         num_warps=max(warps, 8, decide_warps), **launch)
+                         num_warps=(has_k and config.cut_warps) or max(warps, 8, decide_warps), **launch)
     if bs:
         if not config.fused:
             _decide_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, *tree, status, path, length, child_probs,
