@@ -14,6 +14,7 @@ Plain decoding (``draft=None``) is the same loop with a one-node tree.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import gc
@@ -51,7 +52,9 @@ from spectool.verify import (
 # Prompt lengths a prefill is padded to on CUDA, one graph per (batch bucket, length): eagerly a
 # prefill launches some thirty kernels per layer, and on a slow host those launches take most of
 # its time (a 32-layer target of the 113M shape: 29 ms eager, 3.7 ms graphed, 2.3 ms of kernels).
-PREFILL_LENGTHS = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048)
+# From 128 to 1024 tokens they step by 64 up to 512 and by 128 after it, so prompts grouped by
+# length pad little: sixteen prompts of 432-674 tokens pad to 9,728 tokens, not 12,288.
+PREFILL_LENGTHS = (16, 32, 64, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1536, 2048)
 # Most padded tokens (batch bucket x length) a prefill graph takes: as many as an eager forward takes
 # (prefill_budget), so long prompts are prefilled in as few forwards graphed as eagerly (sixteen of 600
 # tokens in two graphs of eight).
@@ -537,7 +540,8 @@ class Engine:
         a split target, a prompt past every padded length)."""
         if not self._pads_prefill:
             return None
-        return next((n for n in self._prefill_lengths if n >= longest), None)
+        i = bisect.bisect_left(self._prefill_lengths, longest)
+        return self._prefill_lengths[i] if i < len(self._prefill_lengths) else None
 
     def _padded_lengths(self) -> tuple[int, ...]:
         """The lengths this engine pads a prefill to: PREFILL_LENGTHS up to what the cache holds and the
@@ -551,15 +555,20 @@ class Engine:
         return tuple(lengths)
 
     def _prefill_groups(self, reqs: list[_Request]) -> list[list[_Request]]:
-        """Requests in prefill groups, each one forward: prompts a padded length serves in groups that fit
-        a prefill graph (PREFILL_GRAPH_TOKENS, counted as the graph pads them), longer ones in groups
-        of ``prefill_budget`` tokens."""
+        """Requests in prefill groups, each one forward (``prefill_groups``: by length, the fewest padded
+        tokens): prompts a padded length serves in groups that fit a prefill graph
+        (PREFILL_GRAPH_TOKENS, counted as the graph pads them), longer ones in groups of
+        ``prefill_budget`` tokens."""
         def fits(rows: int, longest: int) -> bool:
             if self._padded_length(longest) is None:
                 return rows * longest <= self.prefill_budget
             return self.prefill_length(rows, longest)[1]
 
-        groups = prefill_groups([len(r.prompt) for r in reqs], self.prefill_budget, fits)
+        def padded(rows: int, longest: int) -> int:
+            t, graphed = self.prefill_length(rows, longest)
+            return (self._prefill_runner.bucket_for(rows) if graphed and self.cuda_graphs else rows) * t
+
+        groups = prefill_groups([len(r.prompt) for r in reqs], self.prefill_budget, fits, padded)
         return [[reqs[i] for i in g] for g in groups]
 
     def _verify_greedy(self, tree: DraftTree, logits: torch.Tensor) -> VerifyResult:

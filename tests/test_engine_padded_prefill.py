@@ -55,31 +55,78 @@ def test_a_padded_prefill_changes_no_token_and_no_accept_length(target, demo_mod
 def test_prompts_are_grouped_by_their_padded_size(target):
     engine = st.Engine(target, max_batch_size=16, max_seq_len=4096)
     engine._pads_prefill = True
-    # 16 prompts of 300 tokens pad to 512: all 16 in one graph (16 x 512 = PREFILL_GRAPH_TOKENS).
+    # 16 prompts of 300 tokens pad to 320: all 16 in one graph (16 x 320 < PREFILL_GRAPH_TOKENS).
     groups = engine._prefill_groups([engine._make_request(i, [1] * 300, 8) for i in range(16)])
     assert [len(g) for g in groups] == [16]
-    assert engine.prefill_length(16, 300) == (512, True)
-    # 600 tokens pad to 768: eight per graph, sixteen past a graph's tokens (eager, unpadded).
-    assert engine.prefill_length(8, 600) == (768, True) and engine.prefill_length(16, 600) == (600, False)
+    assert engine.prefill_length(16, 300) == (320, True)
+    # 600 tokens pad to 640: eight per graph, sixteen past a graph's tokens (eager, unpadded).
+    assert engine.prefill_length(8, 600) == (640, True) and engine.prefill_length(16, 600) == (600, False)
     groups = engine._prefill_groups([engine._make_request(i, [1] * 600, 8) for i in range(16)])
     assert [len(g) for g in groups] == [8, 8]
     # The demo target's 2,048 positions, less a tree after the prompt, end the lengths at 2,045.
     assert target.config.max_position_embeddings == 2048 and engine._prefill_lengths[-1] == 2045
     assert engine.prefill_length(4, 1600) == (2045, True) and engine.prefill_length(8, 1600) == (1600, False)
-    # Prompts no padded length serves are grouped by the eager budget, unpadded: 13 of 600 tokens
-    # when the lengths stop at 512.
+    # Prompts no padded length serves are grouped by the eager budget, unpadded: at most 13 of 600
+    # tokens when the lengths stop at 512, so two forwards.
     engine._prefill_lengths = tuple(t for t in PREFILL_LENGTHS if t <= 512)
     groups = engine._prefill_groups([engine._make_request(i, [1] * 600, 8) for i in range(16)])
-    assert [len(g) for g in groups] == [13, 3] and engine.prefill_budget // 600 == 13
+    assert len(groups) == 2 and max(len(g) for g in groups) <= engine.prefill_budget // 600 == 13
+    assert sorted(r.request_id for g in groups for r in g) == list(range(16))
+
+
+def partitions(items: list[int]):
+    """Every partition of ``items`` into groups (Bell(n) of them)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in partitions(rest):
+        yield [[first], *part]
+        for i in range(len(part)):
+            yield [*part[:i], [first, *part[i]], *part[i + 1:]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_prompts_are_grouped_into_the_fewest_padded_tokens(target, seed):
+    # Oracle: every partition of the prompts into groups that fit a graph, costed as the engine pads
+    # them (the batch bucket times the padded length) plus PREFILL_FORWARD_TOKENS per forward; the
+    # engine's grouping costs the least of them.
+    import random
+
+    from spectool.draft import PREFILL_FORWARD_TOKENS
+
+    rng = random.Random(seed)
+    engine = st.Engine(target, max_batch_size=8, max_seq_len=2048)
+    engine._pads_prefill = engine.cuda_graphs = True  # as on CUDA: a group's rows pad to its batch bucket
+    lengths = [rng.choice([rng.randint(10, 200), rng.randint(300, 1100)]) for _ in range(7)]
+    reqs = [engine._make_request(i, [1] * n, 8) for i, n in enumerate(lengths)]
+
+    def cost(groups: list[list[int]]) -> int | None:
+        total = 0
+        for g in groups:
+            t, graphed = engine.prefill_length(len(g), max(lengths[i] for i in g))
+            if not graphed:
+                return None
+            total += engine._prefill_runner.bucket_for(len(g)) * t + PREFILL_FORWARD_TOKENS
+        return total
+
+    got = [[r.request_id for r in g] for g in engine._prefill_groups(reqs)]
+    assert sorted(i for g in got for i in g) == list(range(7))
+    assert got == sorted(got) and all(g == sorted(g) for g in got)
+    best = min(c for part in partitions(list(range(7))) if (c := cost(part)) is not None)
+    assert cost(got) == best
+    # Mixed lengths pad less than in the order given, eight to a graph as far as they fit.
+    in_order = [list(range(i, min(i + 8, 7))) for i in range(0, 7, 8)]
+    assert cost(in_order) is None or cost(got) <= cost(in_order)
 
 
 def test_a_cache_shorter_than_a_padded_length_pads_to_its_own_length(target):
-    # A 700-token cache has no room for 768 padded tokens: a 600-token prompt pads to 700 instead
-    # of prefilling eagerly, and a 400-token one still to 512.
+    # A 700-token cache has no room for 768 padded tokens: a 680-token prompt pads to 700 instead
+    # of prefilling eagerly, and a 400-token one still to 448.
     engine = st.Engine(target, max_batch_size=4, max_seq_len=700)
     engine._pads_prefill = True
-    assert engine._prefill_lengths == (*[t for t in PREFILL_LENGTHS if t <= 512], 700)
-    assert engine.prefill_length(1, 600) == (700, True) and engine.prefill_length(4, 400) == (512, True)
+    assert engine._prefill_lengths == (*[t for t in PREFILL_LENGTHS if t <= 640], 700)
+    assert engine.prefill_length(1, 680) == (700, True) and engine.prefill_length(4, 400) == (448, True)
 
 
 def test_warmup_prefills_every_padded_length_at_every_bucket_a_graph_takes(target, monkeypatch):

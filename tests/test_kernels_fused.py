@@ -117,6 +117,29 @@ def test_rope_write_kv(dtype, tol):
 
 
 @in_interpreter
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_rope_write_kv_keeps_the_rotated_k_it_wrote(dtype, tol):
+    # A prefill's attention reads its keys from k_rot instead of the cache: they must be the cache's
+    # values exactly, in its dtype, for every row (a row run past the cache's end keeps them all).
+    gen = torch.Generator().manual_seed(9)
+    B, T, Hq, Hkv, D, max_seq = 3, 5, 4, 2, 16, 8
+    q, k, v, cos, sin = rope_inputs(B, T, Hq, Hkv, D, dtype, gen)
+    slots, starts = torch.tensor([1, 0, 2]), torch.tensor([0, 0, 6])
+    kc, vc = torch.zeros(3, Hkv, max_seq, D, dtype=dtype), torch.zeros(3, Hkv, max_seq, D, dtype=dtype)
+    ref_kc, ref_vc = kc.clone(), vc.clone()
+    k_rot, ref_k_rot = torch.full_like(k, float("nan")), torch.full_like(k, float("nan"))
+    q_rot = fused.rope_write_kv_triton(q, k, v, cos, sin, kc, vc, slots, starts, k_rot=k_rot)
+    ref_q = fused.rope_write_kv_reference(q, k, v, cos, sin, ref_kc, ref_vc, slots, starts, k_rot=ref_k_rot)
+    close(q_rot, ref_q, tol)
+    close(k_rot, ref_k_rot, tol)
+    for b in range(2):  # rows 0 and 1 fit the cache whole: k_rot is what it holds
+        assert torch.equal(k_rot[b].transpose(0, 1), kc[slots[b], :, :T])
+    assert torch.equal(k_rot[2, :2].transpose(0, 1), kc[2, :, 6:])
+    with pytest.raises(ValueError, match="k_rot"):
+        fused.rope_write_kv_triton(q, k, v, cos, sin, kc, vc, slots, starts, k_rot=k_rot[:, :2])
+
+
+@in_interpreter
 def test_rope_write_kv_reads_slots_and_starts_as_columns_of_a_table():
     # As multi-layer EAGLE passes them: one column of a [B, layers] table per layer.
     gen = torch.Generator().manual_seed(8)

@@ -101,11 +101,11 @@ def rotate_half(x, partner, cos, signed_sin, FMA: tl.constexpr):
 
 @triton.jit
 def _rope_kernel(
-    Q, K, V, Cos, Sin, Slots, Starts, QOut, KOut, VOut,
+    Q, K, V, Cos, Sin, Slots, Starts, QOut, KOut, VOut, KRot,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sc_b, sc_t, ss_b, ss_t,
-    sqo_b, sqo_t, sqo_h, sko_b, sko_h, sko_n, svo_b, svo_h, svo_n,
+    sqo_b, sqo_t, sqo_h, sko_b, sko_h, sko_n, svo_b, svo_h, svo_n, skr_b, skr_t, skr_h,
     T, MAX_SEQ_LEN,
-    HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, WRITE_KV: tl.constexpr,
+    HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, WRITE_KV: tl.constexpr, KEEP_K: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, FMA: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl.wait(PDL)
@@ -135,6 +135,12 @@ def _rope_kernel(
     kp = K + b * sk_b + t * sk_t + hk[:, None] * sk_h + offs[None, :]
     k1 = tl.load(kp, mask=m, other=0.0).to(tl.float32)
     k2 = tl.load(kp + HALF, mask=m, other=0.0).to(tl.float32)
+    k1r = rotate_half(k1, k2, cos, -sin, FMA).to(KOut.dtype.element_ty)
+    k2r = rotate_half(k2, k1, cos, sin, FMA).to(KOut.dtype.element_ty)
+    if KEEP_K:  # the rotated k as well in [B, T, Hkv, D], cast as the cache holds it
+        kr = KRot + b * skr_b + t * skr_t + hk[:, None] * skr_h + offs[None, :]
+        tl.store(kr, k1r, mask=m)
+        tl.store(kr + HALF, k2r, mask=m)
     if WRITE_KV:
         row = tl.load(Slots + b).to(tl.int64)
         idx = tl.load(Starts + b).to(tl.int64) + t
@@ -143,8 +149,8 @@ def _rope_kernel(
         row = b.to(tl.int64)
         idx = t
     ko = KOut + row * sko_b + hk[:, None] * sko_h + idx * sko_n + offs[None, :]
-    tl.store(ko, rotate_half(k1, k2, cos, -sin, FMA).to(KOut.dtype.element_ty), mask=m)
-    tl.store(ko + HALF, rotate_half(k2, k1, cos, sin, FMA).to(KOut.dtype.element_ty), mask=m)
+    tl.store(ko, k1r, mask=m)
+    tl.store(ko + HALF, k2r, mask=m)
     if WRITE_KV:
         vp = V + b * sv_b + t * sv_t + hk[:, None] * sv_h + offs[None, :]
         vo = VOut + row * svo_b + hk[:, None] * svo_h + idx * svo_n + offs[None, :]
@@ -163,16 +169,17 @@ def _check_rope_args(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
 
 
 def _launch_rope(q, k, v, cos, sin, slots, starts, q_out, k_out, v_out, write_kv: bool,
-                 fp_fusion: bool = True) -> None:
+                 fp_fusion: bool = True, k_rot: torch.Tensor | None = None) -> None:
     B, T, Hq, D = q.shape
     Hkv = k.shape[2]
     on = pdl.use_pdl_one_row(q, B * T)
+    keep = k_rot if k_rot is not None else q_out  # never written without KEEP_K
     _rope_kernel[(B * T,)](
-        q, k, v, cos, sin, slots, starts, q_out, k_out, v_out,
+        q, k, v, cos, sin, slots, starts, q_out, k_out, v_out, keep,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *cos.stride()[:2], *sin.stride()[:2],
-        *q_out.stride()[:3], *k_out.stride()[:3], *v_out.stride()[:3],
+        *q_out.stride()[:3], *k_out.stride()[:3], *v_out.stride()[:3], *keep.stride()[:3],
         T, k_out.shape[2],
-        HQ=Hq, HKV=Hkv, HALF=D // 2, WRITE_KV=write_kv, BLOCK_HQ=triton.next_power_of_2(Hq),
+        HQ=Hq, HKV=Hkv, HALF=D // 2, WRITE_KV=write_kv, KEEP_K=k_rot is not None, BLOCK_HQ=triton.next_power_of_2(Hq),
         BLOCK_HKV=triton.next_power_of_2(Hkv), BLOCK_HALF=triton.next_power_of_2(D // 2), FMA=fp_fusion, PDL=on,
         num_warps=4, enable_fp_fusion=fp_fusion, **pdl.launch_options(on))
 
@@ -193,7 +200,8 @@ def rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
 def rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                          sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         slots: torch.Tensor, starts: torch.Tensor, fp_fusion: bool = True) -> torch.Tensor:
+                         slots: torch.Tensor, starts: torch.Tensor, fp_fusion: bool = True,
+                         k_rot: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate q and k and write k, v to the cache in one launch (``ops.rope`` + ``ops.write_kv``).
 
     Args:
@@ -204,12 +212,17 @@ def rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos:
         slots, starts: [B].
         fp_fusion: let the compiler fuse multiplies and adds (False: each rounded as written, so
             the kernel's variants for other T give the same bits; deterministic mode).
+        k_rot: optional [B, T, Hkv, D] buffer (contiguous in head_dim) that also receives the
+            rotated k, cast to the cache's dtype: what the cache now holds, without reading it back.
 
     Returns:
         rotated q, [B, T, Hq, D] contiguous.
     """
     _check_rope_args(q, k, cos, sin)
     B, T = q.shape[:2]
+    if k_rot is not None and (k_rot.shape != k.shape or k_rot.stride(-1) != 1 or k_rot.dtype != k_cache.dtype):
+        raise ValueError(f"k_rot must be {tuple(k.shape)} in the cache's dtype {k_cache.dtype}, contiguous in "
+                         f"head_dim; got {tuple(k_rot.shape)} {k_rot.dtype}")
     if v.shape != k.shape or v.stride(-1) != 1:
         raise ValueError(f"v {tuple(v.shape)} must match k {tuple(k.shape)}, contiguous in head_dim")
     if k_cache.shape != v_cache.shape or k_cache.shape[1] != k.shape[2] or k_cache.shape[3] != k.shape[3]:
@@ -219,7 +232,7 @@ def rope_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos:
     q_out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     # The kernel reads slots and starts at stride 1; a column of a [B, K] table is not.
     _launch_rope(q, k, v, cos, sin, slots.contiguous(), starts.contiguous(), q_out, k_cache, v_cache,
-                 write_kv=True, fp_fusion=fp_fusion)
+                 write_kv=True, fp_fusion=fp_fusion, k_rot=k_rot)
     return q_out
 
 
@@ -239,13 +252,16 @@ def rope_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
 def rope_write_kv_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                             sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            slots: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+                            slots: torch.Tensor, starts: torch.Tensor,
+                            k_rot: torch.Tensor | None = None) -> torch.Tensor:
     """Torch reference of :func:`rope_write_kv_triton`."""
-    q_rot, k_rot = rope_reference(q, k, cos, sin)
+    q_rot, rotated = rope_reference(q, k, cos, sin)
+    if k_rot is not None:
+        k_rot.copy_(rotated.to(k_cache.dtype))
     for b in range(q.shape[0]):
         slot, start = int(slots[b]), int(starts[b])
         n = max(0, min(q.shape[1], k_cache.shape[2] - start))
-        k_cache[slot, :, start:start + n] = k_rot[b, :n].transpose(0, 1).to(k_cache.dtype)
+        k_cache[slot, :, start:start + n] = rotated[b, :n].transpose(0, 1).to(k_cache.dtype)
         v_cache[slot, :, start:start + n] = v[b, :n].transpose(0, 1).to(v_cache.dtype)
     return q_rot
 

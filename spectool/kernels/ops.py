@@ -220,15 +220,18 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                  starts: torch.Tensor) -> torch.Tensor:
-    """``rope`` then ``write_kv`` of the rotated k and v; returns the rotated q (one launch on CUDA)."""
+                  starts: torch.Tensor, k_rot: torch.Tensor | None = None) -> torch.Tensor:
+    """``rope`` then ``write_kv`` of the rotated k and v; returns the rotated q (one launch on CUDA).
+    ``k_rot`` (optional, [B, T, Hkv, D]) receives the rotated k as the cache holds it."""
     if _triton(q) and k.stride(-1) == 1 and v.stride(-1) == 1:
         from spectool.kernels.fused import rope_write_kv_triton
         # Deterministic mode: its T = 1, N and prompt-length variants must round alike (no FMA contraction).
         return rope_write_kv_triton(q, k, v, cos, sin, k_cache, v_cache, slots, starts,
-                                    fp_fusion=not _DETERMINISTIC.get())
+                                    fp_fusion=not _DETERMINISTIC.get(), k_rot=k_rot)
     q, k = rope(q, k, cos, sin)
     write_kv(k_cache, v_cache, k, v, slots, starts)
+    if k_rot is not None:
+        k_rot.copy_(k.to(k_cache.dtype))
     return q
 
 
@@ -249,8 +252,23 @@ def rope_cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos
             and k.stride(-1) == 1 and v.stride(-1) == 1):
         from spectool.kernels.attention_triton import rope_cached_attention_triton
         return rope_cached_attention_triton(q, k, v, cos, sin, k_cache, v_cache, slots, starts)
+    if _flash_prefill(q, tree_mask, kv_len):
+        # Its keys and values are the new tokens' own: the attention reads them as written, where
+        # gathering them back from the cache cost a copy per layer (a tenth of a long prefill's GPU time).
+        k_rot = torch.empty(k.shape, dtype=k_cache.dtype, device=k.device)
+        q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, starts, k_rot=k_rot)
+        return sdpa(q.transpose(1, 2), k_rot.transpose(1, 2), v.to(v_cache.dtype).transpose(1, 2),
+                    is_causal=True).transpose(1, 2)
     q = rope_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots, starts)
     return cached_attention(q, k_cache, v_cache, slots, starts, tree_mask, kv_len)
+
+
+def _flash_prefill(q: torch.Tensor, tree_mask: torch.Tensor | None, kv_len: int | None) -> bool:
+    """Whether ``cached_attention`` takes a prefill from cache index 0 to flash attention: on CUDA,
+    no mask, ``kv_len`` = T (every start 0), past the Triton kernel's T and outside deterministic mode."""
+    T = q.shape[1]
+    return (q.is_cuda and tree_mask is None and kv_len == T and not _invariant(q)
+            and not (_triton(q) and T <= TRITON_ATTENTION_MAX_T))
 
 
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -286,7 +304,7 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     L = k_cache.shape[2] if kv_len is None else kv_len
     k = k_cache[:, :, :L].index_select(0, slots)  # [B, Hkv, L, D]; faster on CPU than k_cache[slots, :, :L]
     v = v_cache[:, :, :L].index_select(0, slots)
-    if q.is_cuda and tree_mask is None and L == T:
+    if _flash_prefill(q, tree_mask, kv_len):
         # A prefill from cache index 0 (kv_len == T leaves every start at 0): plainly causal, so flash
         # attention takes it; with an explicit mask SDPA falls back to the memory-efficient kernel,
         # which on the H200 made attention most of a long prefill. (The CPU keeps the masked path:
@@ -317,14 +335,19 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Ten
     On CUDA it never takes cuDNN's backend: that one builds an execution plan for every new
     shape, about 0.3 s per layer for each prompt length not seen before, which a user's first
     calls (and every replayed request) paid. Flash and memory-efficient attention have no
-    per-shape set-up; the key/value heads are repeated for them (GQA).
+    per-shape set-up. Flash attention reads grouped key/value heads as they are (GQA); for the
+    memory-efficient kernel (a mask, float32) they are repeated.
     """
+    gqa = k.shape[1] != q.shape[1]
     if not q.is_cuda:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                              enable_gqa=k.shape[1] != q.shape[1])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=gqa)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if k.shape[1] != q.shape[1]:
+    if gqa and attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] in range(8, 257, 8):
+        # Repeating the heads cost a copy of K and V per layer, a tenth of a long prefill's GPU time.
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+    if gqa:
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):

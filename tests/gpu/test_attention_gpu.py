@@ -111,6 +111,35 @@ def test_prefill_attention_from_index_0_matches_reference(dtype, tol):
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2e-2), (torch.float32, 1e-4)])
+def test_prefill_reads_the_keys_it_wrote_as_the_cache_holds_them(dtype, tol):
+    """A prefill from index 0 attends over the rotated keys as written, without reading the cache back:
+    the same cache and the same output, to the bit, as the RoPE-and-write kernel then the attention
+    over the cache; and close to the torch reference. Padded rows and GQA included."""
+    from spectool.kernels import ops
+
+    gen = torch.Generator().manual_seed(4)
+    B, T, Hq, Hkv, D = 3, 200, 8, 2, 64
+    kc = torch.randn(4, Hkv, 512, D, generator=gen).to(dtype).cuda()
+    vc = torch.randn(4, Hkv, 512, D, generator=gen).to(dtype).cuda()
+    qkv = torch.randn(B, T, Hq + 2 * Hkv, D, generator=gen).to(dtype).cuda()
+    q, k, v = qkv[:, :, :Hq], qkv[:, :, Hq:Hq + Hkv], qkv[:, :, Hq + Hkv:]
+    angle = torch.rand(B, T, D // 2, generator=gen) * 6.3
+    cos, sin = angle.cos().to(dtype).cuda(), angle.sin().to(dtype).cuda()
+    slots = torch.tensor([2, 0, 3], device="cuda")
+    starts = torch.zeros(B, dtype=torch.long, device="cuda")
+    got_k, got_v = kc.clone(), vc.clone()
+    got = ops.rope_cached_attention(q, k, v, cos, sin, got_k, got_v, slots, starts, None, T)
+    read_k, read_v = kc.clone(), vc.clone()
+    q_rot = ops.rope_write_kv(q, k, v, cos, sin, read_k, read_v, slots, starts)
+    read = ops.cached_attention(q_rot, read_k, read_v, slots, starts, None, T)
+    assert torch.equal(got_k, read_k) and torch.equal(got_v, read_v)
+    assert torch.equal(got, read)
+    ref_k, ref_v = kc.clone(), vc.clone()
+    ref = attn.rope_cached_attention_reference(q, k, v, cos, sin, ref_k, ref_v, slots, starts)
+    torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("B,Hq,Hkv,D", [(1, 32, 8, 128), (1, 32, 8, 64), (8, 32, 8, 64), (3, 12, 4, 80)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rope_in_attention_gives_the_bits_of_rope_then_attention(B, Hq, Hkv, D, dtype):
