@@ -23,7 +23,7 @@ temperature; decode tokens/s (the tokens the iterations delivered over their tim
 ``result.stats``; the engine's own figure, which also counts what a request's last iteration
 accepted past max_new_tokens, is kept as verified_tokens_per_s) and its speedup;
 for sampled cells the speedup their accept length implies at greedy's cost per iteration;
-time to first token; the prefill's cost (a one-token call of the same prompts) and its
+time to first token; the prefill's cost (the median of five one-token calls of the same prompts) and its
 ratio to plain's; mean µs per iteration of each phase. A cell whose timed region had a
 CUDA-graph capture or an eager step is refused (printed as such, no figures).
 Prints a table; writes $OUT/speculative.json (or --out DIR). ``--budget-s`` skips the
@@ -48,6 +48,7 @@ import os
 import platform
 import random
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,7 @@ from spectool.prompts import load_prompts
 
 METHODS = ("plain", "ngram", "eagle", "multi_layer_eagle", "eagle3")
 WORKLOADS = ("completion", "editing")
+PREFILL_REPEATS = 5  # prefill-only calls per cell; their median is the cell's prefill time
 
 
 # ------------------------------------------------------------------ shared helpers
@@ -156,10 +158,11 @@ def measure(target, draft, prompts: list[list[int]], new_tokens: int, max_seq_le
     """Fresh engine decoding ``prompts`` at most ``batch`` at a time (default: all in one batch;
     the rest wait for a free slot): ``Engine.warmup()`` (timed), one untimed call on random
     prompts of the same lengths (kernels that specialise on a prefill's shape), then the timed
-    call, end to end (prefill included), and a prefill-only call of the same prompts (one new
-    token each), timed to the GPU's end, after the timed call so no trie has seen the prompts
-    before it. ``deterministic``: the engine's deterministic mode (greedy output then equals
-    plain output exactly)."""
+    call, end to end (prefill included), and the median of ``PREFILL_REPEATS`` prefill-only calls
+    of the same prompts (one new token each; a single one moved by a fifth between runs), timed to
+    the GPU's end, after the timed call so no trie has seen the prompts before it.
+    ``deterministic``: the engine's deterministic mode (greedy output then equals plain output
+    exactly)."""
     batch = batch or len(prompts)
     engine = st.Engine(target, draft=draft, max_batch_size=batch, max_seq_len=max_seq_len,
                        deterministic=deterministic)
@@ -174,10 +177,13 @@ def measure(target, draft, prompts: list[list[int]], new_tokens: int, max_seq_le
                              temperature=temperature)
     _synchronize(target.device)
     wall = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    engine.generate(prompts, max_new_tokens=1, record=False, ignore_eos=True, seed=seed, temperature=temperature)
-    _synchronize(target.device)
-    prefill = time.perf_counter() - t0
+    prefills = []
+    for _ in range(PREFILL_REPEATS):
+        t0 = time.perf_counter()
+        engine.generate(prompts, max_new_tokens=1, record=False, ignore_eos=True, seed=seed, temperature=temperature)
+        _synchronize(target.device)
+        prefills.append(time.perf_counter() - t0)
+    prefill = statistics.median(prefills)
     faults = region_faults(engine, before)
     stats = result.stats.to_dict()
     # Decode tokens/s counts the tokens the iterations delivered (every prompt's first token is the
@@ -286,8 +292,9 @@ def add_implied_speedups(rows: list[dict]) -> None:
 def print_table(rows: list[dict], args: argparse.Namespace, new_tokens: int) -> None:
     print(f"\nspeculative.py — {run_meta(args)['gpu'] or args.device}; target {args.model}; "
           f"{new_tokens} new tokens per request; e2e = end to end (prefill included), decode = iterations only; "
-          f"prefill = a one-token call of the same prompts; a cell with a graph capture or an eager step "
-          f"inside its timed region is refused" + ("; deterministic mode" if args.deterministic else ""))
+          f"prefill = the median of {PREFILL_REPEATS} one-token calls of the same prompts; "
+          f"a cell with a graph capture or an eager step inside its timed region is refused"
+          + ("; deterministic mode" if args.deterministic else ""))
     floor = rows[0]["floor_tok_s"] / rows[0]["batch"] if rows else 0.0
     print(f"TP {args.tp}: floor of plain decoding {floor:.1f} tok/s per request (each device reads its "
           f"1/{args.tp} of the target's weights per step at its copy bandwidth); %fl = decode tok/s / floor")
