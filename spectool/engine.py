@@ -559,16 +559,15 @@ class Engine:
         tokens): prompts a padded length serves in groups that fit a prefill graph
         (PREFILL_GRAPH_TOKENS, counted as the graph pads them), longer ones in groups of
         ``prefill_budget`` tokens."""
-        def fits(rows: int, longest: int) -> bool:
-            if self._padded_length(longest) is None:
-                return rows * longest <= self.prefill_budget
-            return self.prefill_length(rows, longest)[1]
-
-        def padded(rows: int, longest: int) -> int:
+        def cost(rows: int, longest: int) -> int | None:
             t, graphed = self.prefill_length(rows, longest)
-            return (self._prefill_runner.bucket_for(rows) if graphed and self.cuda_graphs else rows) * t
+            if graphed:  # a graph's rows pad to its batch bucket
+                return (self._prefill_runner.bucket_for(rows) if self.cuda_graphs else rows) * t
+            if self._padded_length(longest) is None and rows * longest <= self.prefill_budget:
+                return rows * longest
+            return None
 
-        groups = prefill_groups([len(r.prompt) for r in reqs], self.prefill_budget, fits, padded)
+        groups = prefill_groups([len(r.prompt) for r in reqs], self.prefill_budget, cost)
         return [[reqs[i] for i in g] for g in groups]
 
     def _verify_greedy(self, tree: DraftTree, logits: torch.Tensor) -> VerifyResult:

@@ -115,21 +115,20 @@ def accepted_inputs(tree_tokens: torch.Tensor, accept_path: torch.Tensor, accept
 PREFILL_FORWARD_TOKENS = 512
 
 
-def prefill_groups(lengths: list[int], budget: int, fits: Callable[[int, int], bool] | None = None,
-                   padded: Callable[[int, int], int] | None = None) -> list[list[int]]:
+def prefill_groups(lengths: list[int], budget: int,
+                   cost: Callable[[int, int], int | None] | None = None) -> list[list[int]]:
     """Indices of prompts in prefill groups, one forward each, that pad the fewest tokens in all.
 
-    A group of ``count`` prompts, the longest ``longest`` tokens, must fit (``fits(count, longest)``,
-    default ``count * longest <= budget``; a prompt no group fits is a group of its own) and costs
-    ``padded(count, longest)`` tokens (default ``count * longest``) plus ``PREFILL_FORWARD_TOKENS``.
-    Prompts are grouped in order of length, so short ones are not padded to a long one's length,
-    and the cuts are chosen by dynamic programming over group sizes of powers of two or all that are
-    left: the least cost where a group costs the same at every count up to a power of two (a graph's
-    batch buckets), close to it elsewhere. Each group lists its indices in their given order, and
-    the groups come in the order of their first index.
+    ``cost(count, longest)`` is the padded tokens of a group of ``count`` prompts, the longest
+    ``longest`` tokens, or None where no forward takes it (default ``count * longest``, None past
+    ``budget``; a prompt no group takes is a group of its own); each group adds
+    ``PREFILL_FORWARD_TOKENS``. Prompts are grouped in order of length, so short ones are not padded
+    to a long one's length, and the cuts are chosen by dynamic programming over group sizes of
+    powers of two or all that are left: the least cost where a group costs the same at every count
+    up to a power of two (a graph's batch buckets), close to it elsewhere. Each group lists its
+    indices in their given order, and the groups come in the order of their first index.
     """
-    fits = fits or (lambda count, longest: count * longest <= budget)
-    padded = padded or (lambda count, longest: count * longest)
+    cost = cost or (lambda count, longest: count * longest if count * longest <= budget else None)
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     n = len(order)
     best = [0] + [None] * n  # best[j]: the least cost of the j shortest prompts
@@ -142,11 +141,14 @@ def prefill_groups(lengths: list[int], budget: int, fits: Callable[[int, int], b
             size *= 2
         sizes.append(j)
         for count in sizes:
-            if count > 1 and not fits(count, longest):
-                break
-            cost = best[j - count] + padded(count, longest) + PREFILL_FORWARD_TOKENS
-            if best[j] is None or cost < best[j]:
-                best[j], cut[j] = cost, j - count
+            tokens = cost(count, longest)
+            if tokens is None:  # no larger group is taken either
+                if count > 1:
+                    break
+                tokens = longest
+            total = best[j - count] + tokens + PREFILL_FORWARD_TOKENS
+            if best[j] is None or total < best[j]:
+                best[j], cut[j] = total, j - count
     groups = []
     j = n
     while j:
