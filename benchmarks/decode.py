@@ -92,10 +92,13 @@ def random_target(shape: str, device: str, max_pos: int):
 
 
 def random_drafts(target, root: Path) -> Path:
-    """Random EAGLE (1 layer) and multi-layer EAGLE (4 layers) checkpoints fitting ``target``."""
+    """Random EAGLE (1 layer) and multi-layer EAGLE (4 layers, chained as ``spectool train-draft``
+    trains them by default, so every layer but the last runs over the whole prompt) checkpoints
+    fitting ``target``."""
     torch.manual_seed(1)
     for kind, layers in (("eagle", 1), ("multi_layer_eagle", 4)):
-        save_draft(DraftModel(target.config, layers, kind).to(target.dtype), root / kind)
+        draft = DraftModel(target.config, layers, kind, chained=kind == "multi_layer_eagle")
+        save_draft(draft.to(target.dtype), root / kind)
     return root
 
 
