@@ -438,13 +438,12 @@ class Engine:
         if isinstance(prompt, str):
             text, ids = prompt, self.target.encode(prompt)
         else:
-            text, ids = "", [int(t) for t in prompt]
-        if not ids:
+            text, ids = "", prompt
+        if not len(ids):
             raise ValueError(f"prompt {index} is empty")
-        vocab = self.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
+        ids, bad = _checked_ids(ids, self.config.vocab_size)
         if bad:
-            raise ValueError(f"prompt {index} has token ids outside [0, {vocab}): {bad[:5]}")
+            raise ValueError(f"prompt {index} has token ids outside [0, {self.config.vocab_size}): {bad[:5]}")
         if len(ids) + max_new_tokens > self.max_seq_len:
             raise ValueError(
                 f"prompt {index} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} it needs "
@@ -1129,6 +1128,21 @@ def _host_table(tree: DraftTree, res: VerifyResult) -> torch.Tensor:
     length = res.accept_length[:, None]
     return torch.cat([tree.seq_lens[:, None] + length + 1, res.bonus[:, None], length,
                       tree.depth.amax(dim=1, keepdim=True), path_tokens], dim=1)
+
+
+def _checked_ids(prompt, vocab: int) -> tuple[list[int], list[int]]:
+    """``(ids, bad)``: the prompt's token ids as Python ints and those outside [0, vocab). An integer
+    list, array or CPU tensor is converted and checked in one vectorised pass (a Python loop over a
+    sixteen-prompt batch of 500 tokens each took half a millisecond of every call); anything else
+    goes through ``int()`` one id at a time."""
+    try:
+        arr = np.asarray(prompt)
+    except (TypeError, ValueError, RuntimeError):  # ragged nesting, a CUDA tensor
+        arr = None
+    if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu":
+        return arr.tolist(), arr[(arr < 0) | (arr >= vocab)].tolist()
+    ids = [int(t) for t in prompt]
+    return ids, [t for t in ids if not 0 <= t < vocab]
 
 
 def graph_buckets(max_batch_size: int) -> tuple[int, ...]:

@@ -81,6 +81,22 @@ def test_bad_requests_raise_before_any_work_and_engine_stays_usable(target, demo
     assert engine.generate(prompts, max_new_tokens=max_new, record=False, ignore_eos=True).token_ids == want
 
 
+def test_prompts_as_arrays_tensors_or_tuples_decode_as_lists_do(target, prompts):
+    import numpy as np
+
+    engine = st.Engine(target, max_batch_size=2, max_seq_len=MAX_SEQ)
+    want = engine.generate(prompts[:2], max_new_tokens=4, record=False, ignore_eos=True).token_ids
+    forms = [[np.asarray(p, dtype=np.int32) for p in prompts[:2]], [torch.tensor(p) for p in prompts[:2]],
+             [tuple(p) for p in prompts[:2]], [[np.int64(t) for t in p] for p in prompts[:2]]]
+    for form in forms:
+        assert engine.generate(form, max_new_tokens=4, record=False, ignore_eos=True).token_ids == want
+    vocab = target.config.vocab_size
+    with pytest.raises(ValueError, match=rf"outside \[0, {vocab}\): \[{vocab}, -2\]"):
+        engine.generate([np.asarray([1, vocab, 2, -2], dtype=np.int64)], max_new_tokens=2, record=False)
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate([np.asarray([], dtype=np.int64)], max_new_tokens=2, record=False)
+
+
 def test_impossible_draft_configs_fail_at_construction(target, demo_model_dir, tmp_path):
     eagle, multi = demo_model_dir / "eagle", demo_model_dir / "multi_layer_eagle"
     vocab = target.config.vocab_size
