@@ -435,13 +435,10 @@ class Engine:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
     def _make_request(self, index: int, prompt, max_new_tokens: int) -> _Request:
-        if isinstance(prompt, str):
-            text, ids = prompt, self.target.encode(prompt)
-        else:
-            text, ids = "", prompt
-        if not len(ids):
+        text, given = (prompt, self.target.encode(prompt)) if isinstance(prompt, str) else ("", prompt)
+        ids, bad = _checked_ids(given, self.config.vocab_size)
+        if not ids:
             raise ValueError(f"prompt {index} is empty")
-        ids, bad = _checked_ids(ids, self.config.vocab_size)
         if bad:
             raise ValueError(f"prompt {index} has token ids outside [0, {self.config.vocab_size}): {bad[:5]}")
         if len(ids) + max_new_tokens > self.max_seq_len:

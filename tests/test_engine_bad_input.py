@@ -87,7 +87,8 @@ def test_prompts_as_arrays_tensors_or_tuples_decode_as_lists_do(target, prompts)
     engine = st.Engine(target, max_batch_size=2, max_seq_len=MAX_SEQ)
     want = engine.generate(prompts[:2], max_new_tokens=4, record=False, ignore_eos=True).token_ids
     forms = [[np.asarray(p, dtype=np.int32) for p in prompts[:2]], [torch.tensor(p) for p in prompts[:2]],
-             [tuple(p) for p in prompts[:2]], [[np.int64(t) for t in p] for p in prompts[:2]]]
+             [tuple(p) for p in prompts[:2]], [[np.int64(t) for t in p] for p in prompts[:2]],
+             [iter(p) for p in prompts[:2]]]
     for form in forms:
         assert engine.generate(form, max_new_tokens=4, record=False, ignore_eos=True).token_ids == want
     vocab = target.config.vocab_size
