@@ -30,13 +30,15 @@ Decide = Callable[[DraftTree, torch.Tensor, float, int, float, torch.Tensor], No
 
 def check_residual_ends(decide: Decide, bs: int, n: int, vocab: int, token: int,
                         decide_peaked: Decide | None = None) -> None:
-    """Coins next to 1 (the bonus is the residual's last tokens, or past its total by rounding), and
+    """Coins next to 1 (the bonus is the residual's last tokens, or past its total by rounding), with
+    and without top-k and top-p, and
     top-k 1 with the argmax `token` drafted under every node (the children hold all the mass).
     ``decide(tree, logits, temperature, top_k, top_p, coins)`` asserts the kernel decides as the
     reference; ``decide_peaked`` (default ``decide``) does so for the peaked logits."""
     tree, g = random_batch(bs, n, vocab, 21, pad_max=0)
     logits = torch.randn(bs, n, vocab, generator=g)
     decide(tree, logits, 1.0, 0, 1.0, torch.full((bs, n), 1 - 2**-24))
+    decide(tree, logits, 1.0, 20, 0.9, torch.full((bs, n), 1 - 2**-24))  # past the kept tokens' total
     argmax_tree = DraftTree.from_parents(
         torch.full((bs, n), token), tree.parents, tree.scores, tree.seq_lens, tree.valid)
     peaked = logits.clone()

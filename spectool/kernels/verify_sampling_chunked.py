@@ -7,8 +7,10 @@ its maximum ``m`` of ``x = logits / temperature``, its argmax, a cut value ``c``
 normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_t == c`` and
 ``t <= cut id``, else 0. They are found without sorting the row:
 
-1. ``_stats_kernel``, one program per (row, chunk): per chunk the maximum, its first index and the
-   sum of ``exp(x - max)``; and, with a cut, the maximum of every ``sub`` entries (the group maxima).
+1. ``_stats_kernel``, one program per (row, chunk): per chunk the maximum, its first index and,
+   without top-k, the sum of ``exp(x - max)`` (top-k's cut measures the mass it keeps from its
+   candidates, so that pass reads and compares only); and, with a cut, the maximum of every ``sub``
+   entries (the group maxima), from which the chunk's maximum is taken.
 2. ``_cut_kernel``, one program per row: the five numbers. A bound at or below the cut comes from
    the sorted group maxima (``_bound``): for top-k the k-th largest (k groups whose maxima are at or
    above v hold k values at or above v); for top-p alone the j-th largest, where the j largest maxima
@@ -31,7 +33,10 @@ normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_
    the one-program-per-request verify's), the last accepted node and the coin left for its residual.
    ``_residual_kernel``, per (request, chunk): the mass of that node's residual (its children's
    tokens zeroed) in each group of ``G`` tokens, float64; a chunk that holds none of the children's
-   tokens skips the test for them.
+   tokens skips the test for them. With top-k, where the node's candidates fit the buffer (with
+   their token ids, in order), they hold every token its cut keeps: the request's first program
+   draws the bonus from them instead (``_candidate_bonus``) and the others, and the bonus kernel,
+   do nothing, so the residual reads no row.
 4. ``_bonus_kernel``, one program per request: the group that holds the coin, then the residual's
    inverse CDF within that one group, in vocabulary order (float64, as the reference's cumsum).
 
@@ -175,7 +180,7 @@ def _value(key):
 @triton.jit
 def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, NG, CHUNK: tl.constexpr,
                   SUB: tl.constexpr, GROUPS: tl.constexpr, SECOND: tl.constexpr, FUSED: tl.constexpr,
-                  PDL: tl.constexpr):
+                  SUMS: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -190,7 +195,12 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, N
     # x = raw / t rounded as torch rounds it is a long instruction sequence, and this pass reads every
     # logit: division by t > 0 keeps the order, so the maxima are divided once, and the sum (a float
     # sum, compared within its rounding) takes the reciprocal's product.
-    top = tl.max(raw, axis=0)
+    if GROUPS:  # the chunk's maximum from its groups': the group maxima reduce within a warp
+        tile = tl.reshape(raw, (CHUNK // SUB, SUB))
+        group_top = tl.max(tile, axis=1)
+        top = tl.max(group_top, axis=0)
+    else:
+        top = tl.max(raw, axis=0)
     best = _scaled(top, t)
     # The first index of the maximum (a plain min: cheaper than max's index-tracking reduction):
     # the first raw == top, unless a smaller raw within a few ulps rounds to the same x.
@@ -198,15 +208,14 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, N
     near = (raw < top) & (raw >= top - tl.maximum(tl.abs(top) * 2**-20, 1e-30))
     if tl.sum(near.to(tl.int32), axis=0) > 0:
         i = tl.minimum(i, tl.min(tl.where(near & (_scaled(raw, t) == best), offs, 2**31 - 1), axis=0))
-    # A chunk may be all -inf: its sum is then 0, not exp(-inf - -inf).
-    s = tl.sum(tl.exp(raw * (1.0 / t) - tl.where(best > -float("inf"), best, 0.0)), axis=0)
+    if SUMS:  # a chunk may be all -inf: its sum is then 0, not exp(-inf - -inf)
+        s = tl.sum(tl.exp(raw * (1.0 / t) - tl.where(best > -float("inf"), best, 0.0)), axis=0)
     pdl.launch_dependents(PDL)
     tl.store(Max + row * NC + c, best)
     tl.store(Arg + row * NC + c, tl.where(i < 2**31 - 1, i, c * CHUNK).to(tl.int64))
-    tl.store(Sum + row * NC + c, s)
+    if SUMS:
+        tl.store(Sum + row * NC + c, s)
     if GROUPS:  # only the cut rounds skip groups
-        tile = tl.reshape(raw, (CHUNK // SUB, SUB))
-        group_top = tl.max(tile, axis=1)
         at = row * NG + c * (CHUNK // SUB) + tl.arange(0, CHUNK // SUB)
         tl.store(GMax + at, _scaled(group_top, t))
         if SECOND:  # the second-largest value: the maximum again where it occurs twice
@@ -217,15 +226,18 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, N
 
 
 @triton.jit
-def _row_stats(Max, Arg, Sum, row, NC, BLOCK_C: tl.constexpr):
-    """The row's maximum, first argmax and sum of exp(x - maximum) from its chunks', and the chunks'
-    maxima ([BLOCK_C], -inf past NC)."""
+def _row_stats(Max, Arg, Sum, row, NC, BLOCK_C: tl.constexpr, SUMS: tl.constexpr):
+    """The row's maximum, first argmax and sum of exp(x - maximum) from its chunks' (1 without
+    ``SUMS``: top-k's cut measures the mass it keeps itself), and the chunks' maxima ([BLOCK_C], -inf
+    past NC)."""
     j = tl.arange(0, BLOCK_C)
     ok = j < NC
     vals = tl.load(Max + row * NC + j, mask=ok, other=-float("inf"))
     m = tl.max(vals, axis=0)
     arg = tl.min(tl.where(ok & (vals == m), tl.load(Arg + row * NC + j, mask=ok, other=0), 2**62), axis=0)
-    z = tl.sum(tl.where(ok, tl.load(Sum + row * NC + j, mask=ok, other=0.0) * tl.exp(vals - m), 0.0), axis=0)
+    z = 1.0
+    if SUMS:
+        z = tl.sum(tl.where(ok, tl.load(Sum + row * NC + j, mask=ok, other=0.0) * tl.exp(vals - m), 0.0), axis=0)
     return m, arg, z, vals
 
 
@@ -589,8 +601,8 @@ def _last_of(Arrived, programs):
 
 
 @triton.jit
-def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, M, Z, Cut, CutId, Argmax, N, V, NC, NG,
-                CAP, rounds, top_k, top_p, Arrived, Tokens, Parents, Depth, Valid, Mask, Coins, Status, Path,
+def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, Count, M, Z, Cut, CutId, Argmax, N, V,
+                NC, NG, CAP, rounds, top_k, top_p, Arrived, Tokens, Parents, Depth, Valid, Mask, Coins, Status, Path,
                 AcceptLength, ChildProbs, CoinsOut, Last, U, W, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
                 SUB: tl.constexpr, GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, GT: tl.constexpr,
                 BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr, SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr,
@@ -599,9 +611,10 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, M
                 BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
-    m, arg, z, chunk_max = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C)
+    m, arg, z, chunk_max = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C, not HAS_K)
     cut = -float("inf")
     cut_id = V.to(tl.int64)
+    whole = -1  # the candidates that hold every value the cut keeps, in token-id order (-1: not so)
     if HAS_K or HAS_P:
         t = tl.load(Temp + row // N)
         bound, count, exact = _bound_and_gather(Logits, GMax, GMax2, Live, CandX, CandId, row, t, m, z, chunk_max, V,
@@ -633,7 +646,12 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, M
         if SECOND:
             if (exact == 0) & (cut_id < V):  # the last kept of a tie at the cut may stand for its group
                 cut_id = _true_id(Logits, GMax2, row, t, cut_id, cut, bound, V, NG, SUB)
+        if HAS_K:  # every kept value is at or above the bound, so in the buffer where it fits
+            whole = tl.where(count <= CAP, count, -1)
+            if SECOND:  # and with the token ids, in order
+                whole = tl.where(exact, whole, -1)
     pdl.launch_dependents(PDL)
+    tl.store(Count + row, whole)
     tl.store(M + row, m)
     tl.store(Z + row, z)
     tl.store(Cut + row, cut)
@@ -680,18 +698,24 @@ def _decision(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Depth, Valid, Mas
 
 
 @triton.jit
-def _residual_tile(Logits, row, offs, m, z, cut, cut_id, children, t, V, HAS_CHILD, BLOCK: tl.constexpr):
-    """The residual at ``offs`` of ``row`` (its kept probabilities given the row's five numbers, the
-    tokens of ``children`` [BLOCK] zeroed when ``HAS_CHILD``), float64."""
-    inb = offs < V
-    x = _scaled(tl.load(Logits + row * V + offs, mask=inb, other=-float("inf")), t)
-    p = tl.where(inb, _kept(x, offs, m, z, cut, cut_id), 0.0)
+def _residual_of(x, ids, ok, m, z, cut, cut_id, children, HAS_CHILD, BLOCK: tl.constexpr):
+    """The residual of tokens ``ids`` (their ``x``; 0 where not ``ok``): their kept probabilities given
+    the row's five numbers, the tokens of ``children`` [BLOCK] zeroed when ``HAS_CHILD``, float64."""
+    p = tl.where(ok, _kept(x, ids, m, z, cut, cut_id), 0.0)
     if HAS_CHILD:
         # One child at a time: a [tile, BLOCK] comparison would not fit a long tile's registers.
         for j in tl.static_range(BLOCK):
             child = tl.sum(tl.where(tl.arange(0, BLOCK) == j, children, 0), axis=0)
-            p = tl.where(offs == child, 0.0, p)
+            p = tl.where(ids == child, 0.0, p)
     return p.to(tl.float64)
+
+
+@triton.jit
+def _residual_tile(Logits, row, offs, m, z, cut, cut_id, children, t, V, HAS_CHILD, BLOCK: tl.constexpr):
+    """The residual at ``offs`` of ``row`` (``_residual_of`` its logits)."""
+    inb = offs < V
+    x = _scaled(tl.load(Logits + row * V + offs, mask=inb, other=-float("inf")), t)
+    return _residual_of(x, offs, inb, m, z, cut, cut_id, children, HAS_CHILD, BLOCK)
 
 
 @triton.jit
@@ -744,23 +768,76 @@ def _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b, N, B
 
 @triton.jit
 def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, ResGroups, N, V, NG,
-                     Arrived, Argmax, U, Bonus, BonusCdf, NC, CHUNK: tl.constexpr, G: tl.constexpr,
-                     BLOCK: tl.constexpr, BLOCK_G: tl.constexpr, FUSED: tl.constexpr, PDL: tl.constexpr):
+                     Arrived, Argmax, U, Bonus, BonusCdf, NC, CandX, CandId, Count, CAP, CHUNK: tl.constexpr,
+                     G: tl.constexpr, BLOCK: tl.constexpr, BLOCK_G: tl.constexpr, FUSED: tl.constexpr,
+                     CANDS: tl.constexpr, T: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     t, row, children, m, z, cut, cut_id = _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b,
                                                          N, BLOCK)
-    lo = c * CHUNK
-    # Most chunks hold none of the children's tokens and skip the test for them.
-    has_child = tl.sum(((children >= lo) & (children < lo + CHUNK)).to(tl.int32), axis=0) > 0
-    r = _residual_tile(Logits, row, lo + tl.arange(0, CHUNK), m, z, cut, cut_id, children, t, V, has_child, BLOCK)
-    pdl.launch_dependents(PDL)
-    tl.store(ResGroups + b * NG + lo // G + tl.arange(0, CHUNK // G), tl.sum(tl.reshape(r, (CHUNK // G, G)), axis=1))
-    if FUSED:
-        if _last_of(Arrived + b * 2 + 1, NC):
-            _bonus(Logits, M, Z, Cut, CutId, Argmax, U, ResGroups, Bonus, BonusCdf, b, t, row, children, m, z, cut,
-                   cut_id, V, NG, G, BLOCK, BLOCK_G)
+    count = -1
+    if CANDS:
+        count = tl.load(Count + row)
+    if count >= 0:  # the row's candidates hold its whole kept distribution: one program draws from them
+        pdl.launch_dependents(PDL)
+        if c == 0:
+            _candidate_bonus(CandX, CandId, Argmax, U, Bonus, BonusCdf, b, row, count, children, m, z, cut, cut_id,
+                             CAP, V, BLOCK, T)
+    else:
+        lo = c * CHUNK
+        # Most chunks hold none of the children's tokens and skip the test for them.
+        has_child = tl.sum(((children >= lo) & (children < lo + CHUNK)).to(tl.int32), axis=0) > 0
+        r = _residual_tile(Logits, row, lo + tl.arange(0, CHUNK), m, z, cut, cut_id, children, t, V, has_child,
+                           BLOCK)
+        pdl.launch_dependents(PDL)
+        tl.store(ResGroups + b * NG + lo // G + tl.arange(0, CHUNK // G),
+                 tl.sum(tl.reshape(r, (CHUNK // G, G)), axis=1))
+        if FUSED:
+            if _last_of(Arrived + b * 2 + 1, NC):
+                _bonus(Logits, M, Z, Cut, CutId, Argmax, U, ResGroups, Bonus, BonusCdf, b, t, row, children, m, z,
+                       cut, cut_id, V, NG, G, BLOCK, BLOCK_G)
+
+
+@triton.jit
+def _candidate_bonus(CandX, CandId, Argmax, U, Bonus, BonusCdf, b, row, count, children, m, z, cut, cut_id, CAP, V,
+                     BLOCK: tl.constexpr, T: tl.constexpr):
+    """``_bonus`` from the ``count`` candidates of ``row`` (ids ascending) that hold every token its cut
+    keeps: the residual's inverse CDF over them in token-id order, ``T`` a round (the tokens between
+    them have no mass, so the CDF is the vocabulary-order one)."""
+    u = tl.load(U + b)
+    total = tl.zeros((), tl.float64)
+    bonus = tl.full((), -1, tl.int64)  # the first token whose CDF passes u
+    bonus_p = tl.zeros((), tl.float64)
+    bonus_before = tl.zeros((), tl.float64)
+    last = tl.full((), -1, tl.int64)  # the last token with mass, where rounding puts u past the total
+    last_p = tl.zeros((), tl.float64)
+    for start in range(0, count, T):
+        j = start + tl.arange(0, T)
+        ok = j < count
+        x = tl.load(CandX + row * CAP + j, mask=ok, other=-float("inf"))
+        ids = tl.load(CandId + row * CAP + j, mask=ok, other=0).to(tl.int64)
+        r = _residual_of(x, ids, ok, m, z, cut, cut_id, children, True, BLOCK)
+        cdf = total + tl.cumsum(r, axis=0)
+        first = tl.min(tl.where((cdf > u) & (r > 0), ids, V), axis=0)
+        take = (bonus < 0) & (first < V)
+        p = tl.sum(tl.where(ids == first, r, 0.0), axis=0)
+        bonus_before = tl.where(take, tl.sum(tl.where(ok & (ids == first), cdf, 0.0), axis=0) - p, bonus_before)
+        bonus_p = tl.where(take, p, bonus_p)
+        bonus = tl.where(take, first, bonus)
+        with_mass = tl.max(tl.where(r > 0, ids, -1), axis=0)
+        last_p = tl.where(with_mass >= 0, tl.sum(tl.where(ids == with_mass, r, 0.0), axis=0), last_p)
+        last = tl.where(with_mass >= 0, with_mass, last)
+        total += tl.sum(r, axis=0)
+    found = bonus >= 0
+    bonus_p = tl.where(found, bonus_p, last_p)
+    bonus_before = tl.where(found, bonus_before, total - last_p)
+    bonus = tl.where(found, bonus, last)
+    # An all-zero residual (the children hold all the mass) falls back to the argmax, probability 0.
+    has_mass = total > 0
+    tl.store(Bonus + b, tl.where(has_mass, bonus, tl.load(Argmax + row)))
+    tl.store(BonusCdf + b * 2, tl.where(has_mass, bonus_before, 0.0).to(tl.float32))
+    tl.store(BonusCdf + b * 2 + 1, tl.where(has_mass, bonus_p, 0.0).to(tl.float32))
 
 
 @triton.jit
@@ -794,14 +871,18 @@ def _bonus(Logits, M, Z, Cut, CutId, Argmax, U, ResGroups, Bonus, BonusCdf, b, t
 
 @triton.jit
 def _bonus_kernel(Logits, Temp, M, Z, Cut, CutId, Argmax, Tokens, Parents, Valid, Last, U, ResGroups, Bonus,
-                  BonusCdf, N, V, NG, G: tl.constexpr, BLOCK: tl.constexpr, BLOCK_G: tl.constexpr,
-                  PDL: tl.constexpr):
+                  BonusCdf, Count, N, V, NG, G: tl.constexpr, BLOCK: tl.constexpr, BLOCK_G: tl.constexpr,
+                  CANDS: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     t, row, children, m, z, cut, cut_id = _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b,
                                                          N, BLOCK)
-    _bonus(Logits, M, Z, Cut, CutId, Argmax, U, ResGroups, Bonus, BonusCdf, b, t, row, children, m, z, cut, cut_id,
-           V, NG, G, BLOCK, BLOCK_G, PDL)
+    count = -1
+    if CANDS:
+        count = tl.load(Count + row)
+    if count < 0:  # else the residual kernel drew it from the row's candidates
+        _bonus(Logits, M, Z, Cut, CutId, Argmax, U, ResGroups, Bonus, BonusCdf, b, t, row, children, m, z, cut,
+               cut_id, V, NG, G, BLOCK, BLOCK_G, PDL)
 
 
 def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int, top_p: float, tokens: torch.Tensor,
@@ -837,7 +918,7 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     launch = dict(PDL=on, **pdl.launch_options(on))
     _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, gmax2, arrived, n, vocab, nc, ng,
                               CHUNK=chunk, SUB=sub, GROUPS=has_cut, SECOND=second, FUSED=config.fused,
-                              num_warps=warps, **launch)
+                              SUMS=not has_k, num_warps=warps, **launch)
     cap = config.candidates
     sort = min(config.sorted, cap) if vocab <= 1 << ID_BITS else 0
     sort_block = max(16, triton.next_power_of_2(sort))
@@ -845,6 +926,7 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     block_g = max(2, triton.next_power_of_2(ng))
     pre = min(max(2, triton.next_power_of_2(config.prefilter)), block_g) if config.prefilter > 0 else 0
     live = torch.empty(rows if has_cut else 1, ng, dtype=torch.int32, device=dev)
+    count = torch.empty(rows, dtype=torch.int32, device=dev)
     cand_x = torch.empty(rows if has_cut else 1, cap, **f32)
     cand_id = torch.empty(rows if has_cut else 1, cap, dtype=torch.int32, device=dev)
     m, z, cut = (torch.empty(rows, **f32) for _ in range(3))
@@ -861,7 +943,8 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     tree = (tokens.contiguous(), parents.contiguous(), depth.contiguous(), valid.contiguous().view(torch.uint8),
             mask.contiguous().view(torch.uint8), coins.float().contiguous())
     decide_warps = max(warps, 4 if block <= 64 else 8)
-    _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, gmax2, live, cand_x, cand_id, m, z, cut, cut_id,
+    _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, gmax2, live, cand_x, cand_id, count, m, z, cut,
+                         cut_id,
                          argmax, n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p), arrived, *tree,
                          status, path, length, child_probs, coins_out, last, u, width, HAS_K=has_k, HAS_P=has_p,
                          SUB=sub, GB=max(1, config.gather // sub), S=config.probes, T=SEARCH_TILE, GT=GATHER_TILE,
@@ -874,12 +957,12 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
                                   coins_out, last, u, n, vocab, width, BLOCK=block, num_warps=decide_warps, **launch)
         block_res = max(2, triton.next_power_of_2(res_ng))
         _residual_kernel[(bs, nc)](logits, temperature, m, z, cut, cut_id, tree[0], tree[1], tree[3], last, res_groups,
-                                   n, vocab, res_ng, arrived, argmax, u, bonus, bonus_cdf, nc, CHUNK=chunk, G=group,
-                                   BLOCK=block, BLOCK_G=block_res, FUSED=config.fused, num_warps=decide_warps,
-                                   **launch)
+                                   n, vocab, res_ng, arrived, argmax, u, bonus, bonus_cdf, nc, cand_x, cand_id, count,
+                                   cap, CHUNK=chunk, G=group, BLOCK=block, BLOCK_G=block_res, FUSED=config.fused,
+                                   CANDS=has_k, T=SEARCH_TILE, num_warps=decide_warps, **launch)
         if not config.fused:
             _bonus_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, argmax, tree[0], tree[1], tree[3], last, u,
-                                 res_groups, bonus, bonus_cdf, n, vocab, res_ng, G=group, BLOCK=block,
-                                 BLOCK_G=block_res, num_warps=decide_warps, **launch)
+                                 res_groups, bonus, bonus_cdf, count, n, vocab, res_ng, G=group, BLOCK=block,
+                                 BLOCK_G=block_res, CANDS=has_k, num_warps=decide_warps, **launch)
     rows_out = tuple(a.view(bs, n) for a in (m, z, cut, cut_id, argmax))
     return rows_out, (status, path, length, bonus, bonus_cdf, child_probs, coins_out)
