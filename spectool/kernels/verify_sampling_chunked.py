@@ -756,14 +756,20 @@ def _children_of(Tokens, Parents, Valid, b, N, last, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b, N, BLOCK: tl.constexpr):
+def _residual_node(Temp, M, Z, Cut, CutId, Count, Tokens, Parents, Valid, Last, b, N, BLOCK: tl.constexpr,
+                   CANDS: tl.constexpr):
     """What request ``b``'s residual is made from (``_decide_kernel``'s last accepted node): its
-    temperature, that node's row, its children's tokens and the row's m, z, cut and cut id."""
+    temperature, that node's row, its children's tokens, the row's m, z, cut and cut id, and how many
+    of its candidates hold its whole kept distribution (``_cut_kernel``'s count; -1 where they do not,
+    always without ``CANDS``)."""
     last = tl.load(Last + b)
     row = b * N + last
     children = _children_of(Tokens, Parents, Valid, b, N, last, BLOCK)
+    count = -1
+    if CANDS:
+        count = tl.load(Count + row)
     return (tl.load(Temp + b), row, children, tl.load(M + row), tl.load(Z + row), tl.load(Cut + row),
-            tl.load(CutId + row))
+            tl.load(CutId + row), count)
 
 
 @triton.jit
@@ -774,11 +780,8 @@ def _residual_kernel(Logits, Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Las
     pdl.wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    t, row, children, m, z, cut, cut_id = _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b,
-                                                         N, BLOCK)
-    count = -1
-    if CANDS:
-        count = tl.load(Count + row)
+    t, row, children, m, z, cut, cut_id, count = _residual_node(Temp, M, Z, Cut, CutId, Count, Tokens, Parents,
+                                                                Valid, Last, b, N, BLOCK, CANDS)
     if count >= 0:  # the row's candidates hold its whole kept distribution: one program draws from them
         pdl.launch_dependents(PDL)
         if c == 0:
@@ -830,14 +833,19 @@ def _candidate_bonus(CandX, CandId, Argmax, U, Bonus, BonusCdf, b, row, count, c
         last = tl.where(with_mass >= 0, with_mass, last)
         total += tl.sum(r, axis=0)
     found = bonus >= 0
-    bonus_p = tl.where(found, bonus_p, last_p)
-    bonus_before = tl.where(found, bonus_before, total - last_p)
-    bonus = tl.where(found, bonus, last)
-    # An all-zero residual (the children hold all the mass) falls back to the argmax, probability 0.
+    _store_bonus(Argmax, Bonus, BonusCdf, b, row, total, tl.where(found, bonus, last),
+                 tl.where(found, bonus_before, total - last_p), tl.where(found, bonus_p, last_p))
+
+
+@triton.jit
+def _store_bonus(Argmax, Bonus, BonusCdf, b, row, total, bonus, before, p):
+    """Stores request ``b``'s bonus token and its CDF interval [before, before + p) of a residual of mass
+    ``total``. An all-zero residual (the children hold all the mass) falls back to the row's argmax,
+    probability 0."""
     has_mass = total > 0
-    tl.store(Bonus + b, tl.where(has_mass, bonus, tl.load(Argmax + row)))
-    tl.store(BonusCdf + b * 2, tl.where(has_mass, bonus_before, 0.0).to(tl.float32))
-    tl.store(BonusCdf + b * 2 + 1, tl.where(has_mass, bonus_p, 0.0).to(tl.float32))
+    tl.store(Bonus + b, tl.where(has_mass, bonus.to(tl.int64), tl.load(Argmax + row)))
+    tl.store(BonusCdf + b * 2, tl.where(has_mass, before, 0.0).to(tl.float32))
+    tl.store(BonusCdf + b * 2 + 1, tl.where(has_mass, p, 0.0).to(tl.float32))
 
 
 @triton.jit
@@ -861,12 +869,8 @@ def _bonus(Logits, M, Z, Cut, CutId, Argmax, U, ResGroups, Bonus, BonusCdf, b, t
     bonus = tl.where((g < NG) & (found < V), found, last_with_mass)
     p = tl.sum(tl.where(offs == bonus, r, 0.0), axis=0)
     before = tl.where(g < NG, tl.sum(tl.where(offs == bonus, cdf, 0.0), axis=0), total) - p
-    # An all-zero residual (the children hold all the mass) falls back to the argmax, probability 0.
-    has_mass = total > 0
     pdl.launch_dependents(PDL)
-    tl.store(Bonus + b, tl.where(has_mass, bonus.to(tl.int64), tl.load(Argmax + row)))
-    tl.store(BonusCdf + b * 2, tl.where(has_mass, before, 0.0).to(tl.float32))
-    tl.store(BonusCdf + b * 2 + 1, tl.where(has_mass, p, 0.0).to(tl.float32))
+    _store_bonus(Argmax, Bonus, BonusCdf, b, row, total, bonus, before, p)
 
 
 @triton.jit
@@ -875,11 +879,8 @@ def _bonus_kernel(Logits, Temp, M, Z, Cut, CutId, Argmax, Tokens, Parents, Valid
                   CANDS: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     b = tl.program_id(0).to(tl.int64)
-    t, row, children, m, z, cut, cut_id = _residual_node(Temp, M, Z, Cut, CutId, Tokens, Parents, Valid, Last, b,
-                                                         N, BLOCK)
-    count = -1
-    if CANDS:
-        count = tl.load(Count + row)
+    t, row, children, m, z, cut, cut_id, count = _residual_node(Temp, M, Z, Cut, CutId, Count, Tokens, Parents,
+                                                                Valid, Last, b, N, BLOCK, CANDS)
     if count < 0:  # else the residual kernel drew it from the row's candidates
         _bonus(Logits, M, Z, Cut, CutId, Argmax, U, ResGroups, Bonus, BonusCdf, b, t, row, children, m, z, cut,
                cut_id, V, NG, G, BLOCK, BLOCK_G, PDL)
@@ -944,9 +945,9 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
             mask.contiguous().view(torch.uint8), coins.float().contiguous())
     decide_warps = max(warps, 4 if block <= 64 else 8)
     _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, gmax2, live, cand_x, cand_id, count, m, z, cut,
-                         cut_id,
-                         argmax, n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p), arrived, *tree,
-                         status, path, length, child_probs, coins_out, last, u, width, HAS_K=has_k, HAS_P=has_p,
+                         cut_id, argmax, n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p),
+                         arrived, *tree, status, path, length, child_probs, coins_out, last, u, width, HAS_K=has_k,
+                         HAS_P=has_p,
                          SUB=sub, GB=max(1, config.gather // sub), S=config.probes, T=SEARCH_TILE, GT=GATHER_TILE,
                          BLOCK_C=block_c, BLOCK_G=block_g, SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort,
                          PRE=pre, ID_BITS=ID_BITS, SECOND=second, FUSED=config.fused, BLOCK=block,
