@@ -1,7 +1,7 @@
 """The fused and the chunked sampling verifies on CUDA: the decision of the torch reference for the
-same coins at a 128k vocabulary (float32 and bf16 logits, bs 1 and 16, every launch shape of the
-chunked one), and exactly lossless by the statistical test of tests/test_verify.py with the
-kernel's coins."""
+same coins at a 128k vocabulary (float32 and bf16 logits, bs 1 and 16; the engine's launch shapes
+of the chunked one at every cut, the others at one top-k and one top-p cut), and exactly lossless
+by the statistical test of tests/test_verify.py with the kernel's coins."""
 
 from __future__ import annotations
 
@@ -16,13 +16,21 @@ from test_verify import (  # noqa: E402
     random_batch,
 )
 
-from spectool.kernels.verify_sampling_chunked import CONFIGS  # noqa: E402
+from spectool.kernels.verify_sampling_chunked import (  # noqa: E402
+    CONFIGS,
+    DEFAULT_CONFIG,
+    FEW_ROWS_CONFIG,
+    ONE_TREE_CONFIG,
+)
 from spectool.verify import (  # noqa: E402
     target_probs_at,
     verify_sampling,
     verify_sampling_chunked,
     verify_sampling_fused,
 )
+
+# The launch shapes the engine takes (``default_config``).
+ENGINE_CONFIGS = [ONE_TREE_CONFIG, FEW_ROWS_CONFIG, DEFAULT_CONFIG]
 
 
 def case_at_128k(bs: int, dtype: torch.dtype, temperature: float, scale: float = 4.0):
@@ -70,13 +78,22 @@ def near_the_top_p_cut(logits: torch.Tensor, temps: torch.Tensor, top_k: int, to
 # The chunked verify keeps the reference's tie rule at both cuts (the interpreter tests build ties
 # at each), so bf16 runs with top-k and top-p too; top-p alone over 100k tied bf16 values would put
 # the cut where the two float32 sums of the mass before it may round apart, so it runs on float32.
-@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("config", ENGINE_CONFIGS)
 @pytest.mark.parametrize("bs", [1, 16])
 @pytest.mark.parametrize("dtype, temperature, top_k, top_p", [
     (torch.float32, 1.0, 0, 1.0), (torch.float32, 0.7, 50, 0.9), (torch.float32, 1.0, 0, 0.8),
     (torch.bfloat16, 1.0, 0, 1.0), (torch.bfloat16, 0.7, 50, 0.9), (torch.float32, 0.7, 50, 1.0)])
 def test_chunked_equals_reference_at_128k(config, bs, dtype, temperature, top_k, top_p):
     assert_chunked_as_reference(*case_at_128k(bs, dtype, temperature), top_k, top_p, config)
+
+
+# The shapes only benchmarks take (``--sampling-configs``): each on the two paths a cut can take,
+# the candidates of top-k and the row search of top-p alone. Every launch shape compiles its own
+# kernels, so all of them at every case above took most of this file's time.
+@pytest.mark.parametrize("config", sorted(set(CONFIGS) - set(ENGINE_CONFIGS)))
+@pytest.mark.parametrize("bs, temperature, top_k, top_p", [(16, 0.7, 50, 0.9), (1, 1.0, 0, 0.8)])
+def test_every_launch_shape_equals_reference_at_128k(config, bs, temperature, top_k, top_p):
+    assert_chunked_as_reference(*case_at_128k(bs, torch.float32, temperature), top_k, top_p, config)
 
 
 @pytest.mark.parametrize("config", ["c1024-p16-w4-g128", "c2048-p16-w4-g128"])
