@@ -52,6 +52,9 @@ WHOLE_SORT = dataclasses.replace(FINE, prefilter=0)
 SECOND = dataclasses.replace(FINE, second=True)
 # The decision made by the last row program of each request and the bonus by its last residual program.
 FUSED, FUSED_WIDE = (dataclasses.replace(c, fused=True) for c in (SMALL, WIDE))
+# The stats pass's first argmax searched in the one group that can hold it: groups of 256 (SMALL)
+# and of 16 (FINE, its second values kept).
+SMALL_GA, SECOND_GA = (dataclasses.replace(c, group_argmax=True) for c in (SMALL, SECOND))
 
 
 def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
@@ -227,6 +230,29 @@ def test_chunked_argmax_where_two_logits_round_to_one_value():
     got = verify_sampling_chunked(tree, logits, torch.full((bs,), temperature), 0, 1.0,
                                   torch.rand(bs, n, generator=g), SMALL)
     assert (got.target_argmax == 60).all()
+
+
+@pytest.mark.triton_interpreter
+@pytest.mark.parametrize("config", [SMALL_GA, SECOND_GA], ids=["groups-of-256", "groups-of-16"])
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (6, 0.8)])
+def test_argmax_searched_in_one_group_equals_the_reference(config, top_k, top_p):
+    # Rows as they come (the maximum alone in its group), the maximum twice in one group, twice in
+    # two groups of a chunk (ids 70 and 300 of the first), and the pair of logits that divide to one
+    # value (ids 60 and 100: one group of 256, two of 16): the first argmax is the reference's.
+    temperature = 0.7
+    a = torch.linspace(14, 15, 4000)
+    b = torch.nextafter(a, torch.tensor(math.inf))
+    pair = ((a / temperature) == (b / temperature)).nonzero()[0, 0]
+    bs, n = 4, 3
+    tree, g = random_batch(bs, n, 40, 11)
+    logits = torch.randn(bs, n, VOCAB, generator=g) * 2
+    logits[1, :, 80] = logits[1, :, 90] = 20.0
+    logits[2, :, 300] = logits[2, :, 70] = 20.0
+    logits[3, :, 60], logits[3, :, 100] = a[pair], b[pair]
+    assert_same_decision(tree, logits, temperature, top_k, top_p, torch.rand(bs, n, generator=g), config)
+    got = verify_sampling_chunked(tree, logits, torch.full((bs,), temperature), top_k, top_p,
+                                  torch.rand(bs, n, generator=g), config)
+    assert got.target_argmax[1:].tolist() == [[80] * n, [70] * n, [60] * n]
 
 
 @pytest.mark.triton_interpreter

@@ -90,6 +90,9 @@ class LaunchConfig:
     # always for top-p alone, whose search may read the whole row): fewer warps let more of the
     # row programs share an SM when there are many rows.
     cut_warps: int = 0
+    # The stats pass finds a chunk's first argmax among its group maxima and searches the one group
+    # that holds it, not the whole chunk (where two groups could hold it, the whole chunk).
+    group_argmax: bool = False
 
 
 CONFIGS = {
@@ -121,6 +124,10 @@ CONFIGS = {
     "c2048-p16-w4-g128-m2-fused": LaunchConfig(2048, 128, 16, 4, second=True, fused=True),
     # The default many-row shape with top-k's cut programs at 4 warps.
     "c2048-p16-w4-g128-cw4": LaunchConfig(2048, 128, 16, 4, cut_warps=4),
+    # The engine's shapes with the stats pass's argmax searched in one group.
+    "c1024-p16-w4-g128-m2-fused-ga": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, group_argmax=True),
+    "c1024-p16-w4-g128-ga": LaunchConfig(1024, 128, 16, 4, group_argmax=True),
+    "c2048-p16-w4-g128-cw4-ga": LaunchConfig(2048, 128, 16, 4, cut_warps=4, group_argmax=True),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, float32, graphed, coins
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
@@ -178,9 +185,27 @@ def _value(key):
 
 
 @triton.jit
+def _near(top):
+    """How far below a maximum ``top`` a value may lie and still divide to the same x."""
+    return tl.maximum(tl.abs(top) * 2**-20, 1e-30)
+
+
+@triton.jit
+def _first_argmax(raw, offs, top, best, t):
+    """The first index (of ``offs``) of the maximum ``top`` of ``raw``, ``best`` its x (a plain min:
+    cheaper than max's index-tracking reduction): the first raw == top, unless a smaller raw within a
+    few ulps rounds to the same x. 2**31 - 1 where there is none."""
+    i = tl.min(tl.where(raw == top, offs, 2**31 - 1), axis=0)
+    near = (raw < top) & (raw >= top - _near(top))
+    if tl.sum(near.to(tl.int32), axis=0) > 0:
+        i = tl.minimum(i, tl.min(tl.where(near & (_scaled(raw, t) == best), offs, 2**31 - 1), axis=0))
+    return i
+
+
+@triton.jit
 def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, NG, CHUNK: tl.constexpr,
                   SUB: tl.constexpr, GROUPS: tl.constexpr, SECOND: tl.constexpr, FUSED: tl.constexpr,
-                  SUMS: tl.constexpr, PDL: tl.constexpr):
+                  SUMS: tl.constexpr, GROUP_ARG: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -195,19 +220,27 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, N
     # x = raw / t rounded as torch rounds it is a long instruction sequence, and this pass reads every
     # logit: division by t > 0 keeps the order, so the maxima are divided once, and the sum (a float
     # sum, compared within its rounding) takes the reciprocal's product.
-    if GROUPS:  # the chunk's maximum from its groups': the group maxima reduce within a warp
+    if GROUPS or GROUP_ARG:  # the chunk's maximum from its groups': the group maxima reduce within a warp
         tile = tl.reshape(raw, (CHUNK // SUB, SUB))
         group_top = tl.max(tile, axis=1)
         top = tl.max(group_top, axis=0)
     else:
         top = tl.max(raw, axis=0)
     best = _scaled(top, t)
-    # The first index of the maximum (a plain min: cheaper than max's index-tracking reduction):
-    # the first raw == top, unless a smaller raw within a few ulps rounds to the same x.
-    i = tl.min(tl.where(raw == top, offs, 2**31 - 1), axis=0)
-    near = (raw < top) & (raw >= top - tl.maximum(tl.abs(top) * 2**-20, 1e-30))
-    if tl.sum(near.to(tl.int32), axis=0) > 0:
-        i = tl.minimum(i, tl.min(tl.where(near & (_scaled(raw, t) == best), offs, 2**31 - 1), axis=0))
+    if GROUP_ARG:
+        # Only a group whose maximum comes within ``_near`` of the chunk's holds a candidate for its
+        # first argmax. Where one group does, that group alone is read again (from the cache) and
+        # searched, instead of the whole chunk; a tie or a near value in another group searches it all.
+        reach = group_top >= top - _near(top)
+        if tl.sum(reach.to(tl.int32), axis=0) == 1:
+            first = tl.min(tl.where(reach, tl.arange(0, CHUNK // SUB), CHUNK // SUB), axis=0)
+            at = c * CHUNK + first * SUB + tl.arange(0, SUB)
+            group = tl.load(Logits + row * V + at, mask=at < V, other=-float("inf")).to(tl.float32)
+            i = _first_argmax(group, at, top, best, t)
+        else:
+            i = _first_argmax(raw, offs, top, best, t)
+    else:
+        i = _first_argmax(raw, offs, top, best, t)
     if SUMS:  # a chunk may be all -inf: its sum is then 0, not exp(-inf - -inf)
         s = tl.sum(tl.exp(raw * (1.0 / t) - tl.where(best > -float("inf"), best, 0.0)), axis=0)
     pdl.launch_dependents(PDL)
@@ -919,7 +952,7 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     launch = dict(PDL=on, **pdl.launch_options(on))
     _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, gmax2, arrived, n, vocab, nc, ng,
                               CHUNK=chunk, SUB=sub, GROUPS=has_cut, SECOND=second, FUSED=config.fused,
-                              SUMS=not has_k, num_warps=warps, **launch)
+                              SUMS=not has_k, GROUP_ARG=config.group_argmax, num_warps=warps, **launch)
     cap = config.candidates
     sort = min(config.sorted, cap) if vocab <= 1 << ID_BITS else 0
     sort_block = max(16, triton.next_power_of_2(sort))
