@@ -213,18 +213,23 @@ def test_top_p_over_a_flat_row_searches_a_copy_of_the_narrowed_range():
     assert_same_decision(tree, coarse, 1.0, 0, 0.9, coins, config)
 
 
+def logits_dividing_to_one_value(temperature: float) -> tuple[float, float]:
+    """Two adjacent float32 logits (the smaller first) that divide by ``temperature`` to one value."""
+    a = torch.linspace(14, 15, 4000)
+    b = torch.nextafter(a, torch.tensor(math.inf))
+    pair = ((a / temperature) == (b / temperature)).nonzero()[0, 0]
+    return a[pair].item(), b[pair].item()
+
+
 @pytest.mark.triton_interpreter
 def test_chunked_argmax_where_two_logits_round_to_one_value():
     # At temperature 0.7 adjacent float32 logits often divide to the same value: the reference's
     # argmax is then the first of the two, here the smaller logit, at the lower id (both in one chunk).
     temperature = 0.7
-    a = torch.linspace(14, 15, 4000)
-    b = torch.nextafter(a, torch.tensor(math.inf))
-    pair = ((a / temperature) == (b / temperature)).nonzero()[0, 0]
     bs, n = 2, 3
     tree, g = random_batch(bs, n, 40, 9)
     logits = torch.randn(bs, n, VOCAB, generator=g) * 2
-    logits[..., 60], logits[..., 100] = a[pair], b[pair]
+    logits[..., 60], logits[..., 100] = logits_dividing_to_one_value(temperature)
     assert_same_decision(tree, logits, temperature, 0, 1.0, torch.rand(bs, n, generator=g))
     assert_same_decision(tree, logits, temperature, 5, 1.0, torch.rand(bs, n, generator=g), TINY)
     got = verify_sampling_chunked(tree, logits, torch.full((bs,), temperature), 0, 1.0,
@@ -240,15 +245,12 @@ def test_argmax_searched_in_one_group_equals_the_reference(config, top_k, top_p)
     # two groups of a chunk (ids 70 and 300 of the first), and the pair of logits that divide to one
     # value (ids 60 and 100: one group of 256, two of 16): the first argmax is the reference's.
     temperature = 0.7
-    a = torch.linspace(14, 15, 4000)
-    b = torch.nextafter(a, torch.tensor(math.inf))
-    pair = ((a / temperature) == (b / temperature)).nonzero()[0, 0]
     bs, n = 4, 3
     tree, g = random_batch(bs, n, 40, 11)
     logits = torch.randn(bs, n, VOCAB, generator=g) * 2
     logits[1, :, 80] = logits[1, :, 90] = 20.0
     logits[2, :, 300] = logits[2, :, 70] = 20.0
-    logits[3, :, 60], logits[3, :, 100] = a[pair], b[pair]
+    logits[3, :, 60], logits[3, :, 100] = logits_dividing_to_one_value(temperature)
     assert_same_decision(tree, logits, temperature, top_k, top_p, torch.rand(bs, n, generator=g), config)
     got = verify_sampling_chunked(tree, logits, torch.full((bs,), temperature), top_k, top_p,
                                   torch.rand(bs, n, generator=g), config)
