@@ -21,7 +21,7 @@ _POINTER = {torch.float64: "*fp64", torch.float32: "*fp32", torch.float16: "*fp1
             torch.int64: "*i64", torch.int32: "*i32", torch.int16: "*i16", torch.int8: "*i8", torch.uint8: "*u8",
             torch.bool: "*i1"}
 _DIVISIBLE = [["tt.divisibility", 16]]
-OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl", "enable_fp_fusion")
+OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl", "enable_fp_fusion", "maxnreg")
 
 
 class Compiled(list):

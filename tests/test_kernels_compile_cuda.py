@@ -11,6 +11,7 @@ shapes are compiled on the GPU by `benchmarks/tree_kernels.py --sampling-configs
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 from cuda_compile import compiling_for_cuda  # noqa: E402
 from test_verify import random_batch  # noqa: E402
 
-from spectool.kernels.verify_sampling_chunked import DEFAULT_CONFIG, FEW_ROWS_CONFIG  # noqa: E402
+from spectool.kernels.verify_sampling_chunked import CONFIGS, DEFAULT_CONFIG, FEW_ROWS_CONFIG  # noqa: E402
 from spectool.verify import verify_sampling_chunked, verify_sampling_fused  # noqa: E402
 
 CUTS = [(0, 1.0), (50, 1.0), (0, 0.9), (50, 0.9)]  # (top_k, top_p): none, top-k, top-p, both
@@ -84,3 +85,28 @@ def test_group_argmax_launch_shapes_compile_for_cuda():
         for top_k, top_p in ((0, 1.0), (50, 0.9)):
             verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, "c2048-p16-w4-g128-cw4-ga")
     assert "_stats_kernel" in compiled
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (50, 0.9)])
+def test_register_caps_reach_the_compiler(top_k, top_p):
+    # The many-row shape caps its stats pass at 64 registers a thread so that eight programs share
+    # an SM; the cap is a directive ptxas must see, and the few-row shape leaves the choice to it.
+    tree, logits, temps, coins = sampling_inputs(torch.float32)
+    for config, cap in ((DEFAULT_CONFIG, CONFIGS[DEFAULT_CONFIG].stats_regs), (FEW_ROWS_CONFIG, 0)):
+        with compiling_for_cuda() as compiled:
+            verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
+        directive = re.search(r"\.maxnreg (\d+)", compiled.ptx["_stats_kernel"])
+        assert (int(directive.group(1)) if directive else 0) == cap, config
+        assert ".maxnreg" not in compiled.ptx["_cut_kernel"], config
+
+
+def test_short_search_round_launch_shapes_compile_for_cuda():
+    # The many-row shapes whose cut programs fit 8 an SM (timed against the engine's by
+    # benchmarks/tree_kernels.py --sampling-configs): 2 warps, or 4 under a 64-register cap.
+    tree, logits, temps, coins = sampling_inputs(torch.float32)
+    for config, cap in (("c2048-p16-w4-g128-cw2-gt512-t64-r64", 0), ("c2048-p16-w4-g128-cw4-gt256-t64-r64-cr64", 64)):
+        with compiling_for_cuda() as compiled:
+            for top_k, top_p in ((50, 1.0), (50, 0.9)):
+                verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
+        directive = re.search(r"\.maxnreg (\d+)", compiled.ptx["_cut_kernel"])
+        assert (int(directive.group(1)) if directive else 0) == cap, config

@@ -52,6 +52,8 @@ WHOLE_SORT = dataclasses.replace(FINE, prefilter=0)
 SECOND = dataclasses.replace(FINE, second=True)
 # The decision made by the last row program of each request and the bonus by its last residual program.
 FUSED, FUSED_WIDE = (dataclasses.replace(c, fused=True) for c in (SMALL, WIDE))
+# Top-k's cut searches (SEARCHED, and FEW over the whole row) read 32 values a round, not 256.
+SEARCHED_SHORT, FEW_SHORT = (dataclasses.replace(c, cut_tile=32) for c in (SEARCHED, FEW))
 # The stats pass's first argmax searched in the one group that can hold it: groups of 256 (SMALL)
 # and of 16 (FINE, its second values kept).
 SMALL_GA, SECOND_GA = (dataclasses.replace(c, group_argmax=True) for c in (SMALL, SECOND))
@@ -152,6 +154,19 @@ def test_chunked_cuts_from_the_candidates_and_from_the_whole_row(config, top_k, 
     assert 8 < counts.max() <= FINE.candidates < VOCAB
     if top_k == 50:
         assert counts.min() <= FINE.small_sorted < counts.max()
+    assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
+
+
+@pytest.mark.triton_interpreter
+@pytest.mark.parametrize("config", [SEARCHED_SHORT, FEW_SHORT], ids=["searched", "whole-row"])
+@pytest.mark.parametrize("top_k, top_p", [(50, 1.0), (50, 0.5)])
+def test_top_k_cuts_searched_in_short_rounds(config, top_k, top_p):
+    # The search's tile is its own launch parameter where top-k bounds the candidates: several
+    # tiles cover FINE's candidates (up to 128) and the whole 1,200-token row.
+    bs, n = 3, 6
+    tree, g = random_batch(bs, n, 40, top_k)
+    logits = lifted(tree, torch.randn(bs, n, VOCAB, generator=g) * 4, g)
+    assert candidates_over_the_bound(logits, 0.8, top_k, top_p, config.sub).max() > config.cut_tile
     assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
 
 

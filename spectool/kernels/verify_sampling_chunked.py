@@ -93,6 +93,15 @@ class LaunchConfig:
     # The stats pass finds a chunk's first argmax among its group maxima and searches the one group
     # that holds it, not the whole chunk (where two groups could hold it, the whole chunk).
     group_argmax: bool = False
+    # Registers a thread of the stats pass, and of the cut kernel where top-k bounds the candidates,
+    # may take (0: as the compiler chooses): fewer let more programs share an SM (the cut kernel
+    # spills some to the stack).
+    stats_regs: int = 0
+    cut_regs: int = 0
+    # Values a cut search round reads where top-k bounds the candidates (0: ``SEARCH_TILE``). Top-k
+    # searches only past ``sorted`` candidates (a wide tie), but the search's per-thread sums set
+    # the cut kernel's registers whichever path a row takes.
+    cut_tile: int = 0
 
 
 CONFIGS = {
@@ -128,6 +137,23 @@ CONFIGS = {
     "c1024-p16-w4-g128-m2-fused-ga": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, group_argmax=True),
     "c1024-p16-w4-g128-ga": LaunchConfig(1024, 128, 16, 4, group_argmax=True),
     "c2048-p16-w4-g128-cw4-ga": LaunchConfig(2048, 128, 16, 4, cut_warps=4, group_argmax=True),
+    # The default many-row shape with fewer registers: the stats pass at 64 a thread (8 programs an
+    # SM instead of 7 or 6), the cut kernel's copy 512 values a round (128 registers instead of 164:
+    # 4 programs an SM instead of 3), and that at 96 registers (5 an SM, with spills).
+    "c2048-p16-w4-g128-cw4-r64": LaunchConfig(2048, 128, 16, 4, cut_warps=4, stats_regs=64),
+    "c2048-p16-w4-g128-cw4-gt512": LaunchConfig(2048, 128, 16, 4, cut_warps=4, gather=512),
+    "c2048-p16-w4-g128-cw4-gt512-r64": LaunchConfig(2048, 128, 16, 4, cut_warps=4, gather=512, stats_regs=64),
+    "c2048-p16-w4-g128-cw4-gt512-r64-cr96": LaunchConfig(2048, 128, 16, 4, cut_warps=4, gather=512, stats_regs=64,
+                                                         cut_regs=96),
+    # The engine's many-row shape with the cut kernel's programs all resident at once at bs 64 (1,024
+    # rows, 8 an SM of 132): compiled for sm_90 they take 128 registers at 2 warps with 64-value
+    # search rounds; 72 at 4 warps with 256 values copied a round (7 an SM), 64 capped (24 bytes spilled).
+    "c2048-p16-w4-g128-cw2-gt512-t64-r64": LaunchConfig(2048, 128, 16, 4, cut_warps=2, gather=512, stats_regs=64,
+                                                        cut_tile=64),
+    "c2048-p16-w4-g128-cw4-gt256-t64-r64": LaunchConfig(2048, 128, 16, 4, cut_warps=4, gather=256, stats_regs=64,
+                                                        cut_tile=64),
+    "c2048-p16-w4-g128-cw4-gt256-t64-r64-cr64": LaunchConfig(2048, 128, 16, 4, cut_warps=4, gather=256,
+                                                             stats_regs=64, cut_tile=64, cut_regs=64),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, float32, graphed, coins
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
@@ -137,8 +163,12 @@ CONFIGS = {
 # (``--sampling-configs`` with the g128 shapes against the plain ones).
 # With top-k its cut programs take 4 warps instead of 8 (H100, 2026-12-06, ``--sampling-configs
 # c2048-p16-w4-g128,c2048-p16-w4-g128-cw4 --sampling-batches 64``): 320.1 against 329.5 µs at bs 64
-# with top-k 50 + top-p 0.9, the same with temperature alone.
-DEFAULT_CONFIG = "c2048-p16-w4-g128-cw4"
+# with top-k 50 + top-p 0.9, the same with temperature alone. And with fewer registers (H100,
+# 2026-12-06, ``--sampling-configs c2048-p16-w4-g128-cw4,c2048-p16-w4-g128-cw4-r64,c2048-p16-w4-g128-cw4-gt512,
+# c2048-p16-w4-g128-cw4-gt512-r64,c2048-p16-w4-g128-cw4-gt512-r64-cr96 --sampling-batches 64``, float32):
+# 266.7 against 273.7 µs with top-k 50 + top-p 0.9, 226.1 against 236.8 with temperature alone, 4.38
+# against 7.29 ms with top-p alone; the cut kernel's 96-register cap gained nothing more.
+DEFAULT_CONFIG = "c2048-p16-w4-g128-cw4-gt512-r64"
 FEW_ROWS_CONFIG = "c1024-p16-w4-g128"
 FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
 # One tree's rows also keep each group's second value and let the last programs decide and draw the
@@ -159,6 +189,11 @@ def default_config(rows: int) -> str:
     if rows <= ONE_TREE_ROWS:
         return ONE_TREE_CONFIG
     return FEW_ROWS_CONFIG if rows <= FEW_ROWS else DEFAULT_CONFIG
+
+
+def _regs(regs: int) -> dict:
+    """A launch's register cap (none for 0)."""
+    return {"maxnreg": regs} if regs else {}
 
 
 def cut_rounds(probes: int) -> int:
@@ -952,7 +987,8 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     launch = dict(PDL=on, **pdl.launch_options(on))
     _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, gmax2, arrived, n, vocab, nc, ng,
                               CHUNK=chunk, SUB=sub, GROUPS=has_cut, SECOND=second, FUSED=config.fused,
-                              SUMS=not has_k, GROUP_ARG=config.group_argmax, num_warps=warps, **launch)
+                              SUMS=not has_k, GROUP_ARG=config.group_argmax, num_warps=warps,
+                              **_regs(config.stats_regs), **launch)
     cap = config.candidates
     sort = min(config.sorted, cap) if vocab <= 1 << ID_BITS else 0
     sort_block = max(16, triton.next_power_of_2(sort))
@@ -980,11 +1016,12 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, gmax2, live, cand_x, cand_id, count, m, z, cut,
                          cut_id, argmax, n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p),
                          arrived, *tree, status, path, length, child_probs, coins_out, last, u, width, HAS_K=has_k,
-                         HAS_P=has_p,
-                         SUB=sub, GB=max(1, config.gather // sub), S=config.probes, T=SEARCH_TILE, GT=GATHER_TILE,
+                         HAS_P=has_p, SUB=sub, GB=max(1, config.gather // sub), S=config.probes,
+                         T=(has_k and config.cut_tile) or SEARCH_TILE, GT=GATHER_TILE,
                          BLOCK_C=block_c, BLOCK_G=block_g, SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort,
                          PRE=pre, ID_BITS=ID_BITS, SECOND=second, FUSED=config.fused, BLOCK=block,
-                         num_warps=(has_k and config.cut_warps) or max(warps, 8, decide_warps), **launch)
+                         num_warps=(has_k and config.cut_warps) or max(warps, 8, decide_warps),
+                         **_regs(has_k and config.cut_regs), **launch)
     if bs:
         if not config.fused:
             _decide_kernel[(bs,)](logits, temperature, m, z, cut, cut_id, *tree, status, path, length, child_probs,
