@@ -145,6 +145,10 @@ CONFIGS = {
     "c2048-p16-w4-g128-cw4-gt512-r64": LaunchConfig(2048, 128, 16, 4, cut_warps=4, gather=512, stats_regs=64),
     "c2048-p16-w4-g128-cw4-gt512-r64-cr96": LaunchConfig(2048, 128, 16, 4, cut_warps=4, gather=512, stats_regs=64,
                                                          cut_regs=96),
+    # The few-row shapes with the copy of 512 values a round, which took top-p alone over flat rows
+    # from 7.3 to 4.4 ms at bs 64.
+    "c1024-p16-w4-g128-gt512": LaunchConfig(1024, 128, 16, 4, gather=512),
+    "c1024-p16-w4-g128-m2-fused-gt512": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, gather=512),
     # The engine's many-row shape with the cut kernel's programs all resident at once at bs 64 (1,024
     # rows, 8 an SM of 132): compiled for sm_90 they take 128 registers at 2 warps with 64-value
     # search rounds; 72 at 4 warps with 256 values copied a round (7 an SM), 64 capped (24 bytes spilled).
