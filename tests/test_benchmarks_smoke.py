@@ -337,3 +337,40 @@ def test_ngram_vs_sglang_with_a_wheel(tmp_path, bench):
         assert memory[kind]["full_bytes"] >= memory[kind]["empty_bytes"] >= 0
         assert memory[kind]["bytes_per_node"] == pytest.approx(memory[kind]["full_bytes"] / memory["nodes"])
     assert data["meta"]["command"].startswith("python3 benchmarks/ngram_vs_sglang.py --sglang-wheel")
+
+
+def test_sampling_table_tells_rounding_from_another_decision():
+    # benchmarks/tree_kernels.py labels a chunked verify's cell against the torch verify: the same
+    # decision, a bonus token moved across a boundary that the two float32 CDFs place within
+    # rounding of each other, or another decision.
+    import dataclasses
+
+    import torch
+    from test_verify import random_batch
+
+    from spectool.verify import verify_sampling
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        decision_match = importlib.import_module("tree_kernels").decision_match
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    tree, g = random_batch(3, 6, 50, 0)
+    want = verify_sampling(tree, torch.randn(3, 6, 50, generator=g), 1.0, coins=torch.rand(3, 6, generator=g))
+    assert decision_match(dataclasses.replace(want), want) == "True"
+
+    def moved(start: float, mass: float, step: int = -1):
+        cdf = want.bonus_cdf.clone()
+        cdf[1] = torch.tensor([start, mass])
+        bonus = want.bonus.clone()
+        bonus[1] += step
+        return dataclasses.replace(want, bonus=bonus, bonus_cdf=cdf)
+
+    before = want.bonus_cdf[1, 0].item()
+    assert decision_match(moved(before - 0.01, 0.01 + 3e-8), want) == "rounding"  # ends 3e-8 past the other's start
+    assert decision_match(moved(before - 0.3, 0.01), want) == "False"  # 0.29 of mass between them
+    after = before + want.bonus_cdf[1, 1].item()
+    assert decision_match(moved(after - 2e-8, 0.05, step=1), want) == "rounding"
+    status = want.status.clone()
+    status[0, 1] = 3 - status[0, 1]
+    assert decision_match(dataclasses.replace(want, status=status), want) == "False"
