@@ -131,15 +131,16 @@ CONFIGS = {
     "c2048-p16-w4-g128-fused": LaunchConfig(2048, 128, 16, 4, fused=True),
     "c1024-p16-w4-g128-m2-fused": LaunchConfig(1024, 128, 16, 4, second=True, fused=True),
     "c2048-p16-w4-g128-m2-fused": LaunchConfig(2048, 128, 16, 4, second=True, fused=True),
-    # The default many-row shape with top-k's cut programs at 4 warps.
+    # The many-row shape with top-k's cut programs at 4 warps (the engine's before the register caps).
     "c2048-p16-w4-g128-cw4": LaunchConfig(2048, 128, 16, 4, cut_warps=4),
     # The engine's shapes with the stats pass's argmax searched in one group.
     "c1024-p16-w4-g128-m2-fused-ga": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, group_argmax=True),
     "c1024-p16-w4-g128-ga": LaunchConfig(1024, 128, 16, 4, group_argmax=True),
     "c2048-p16-w4-g128-cw4-ga": LaunchConfig(2048, 128, 16, 4, cut_warps=4, group_argmax=True),
-    # The default many-row shape with fewer registers: the stats pass at 64 a thread (8 programs an
-    # SM instead of 7 or 6), the cut kernel's copy 512 values a round (128 registers instead of 164:
-    # 4 programs an SM instead of 3), and that at 96 registers (5 an SM, with spills).
+    # That shape with fewer registers: the stats pass at 64 a thread (8 programs an SM instead of 7
+    # or 6), the cut kernel's copy 512 values a round (128 registers instead of 164: 4 programs an SM
+    # instead of 3), both (the engine's many-row shape, DEFAULT_CONFIG), and that with the cut kernel
+    # at 96 registers (5 an SM, with spills).
     "c2048-p16-w4-g128-cw4-r64": LaunchConfig(2048, 128, 16, 4, cut_warps=4, stats_regs=64),
     "c2048-p16-w4-g128-cw4-gt512": LaunchConfig(2048, 128, 16, 4, cut_warps=4, gather=512),
     "c2048-p16-w4-g128-cw4-gt512-r64": LaunchConfig(2048, 128, 16, 4, cut_warps=4, gather=512, stats_regs=64),
