@@ -139,8 +139,7 @@ CONFIGS = {
     "c2048-p16-w4-g128-cw4-ga": LaunchConfig(2048, 128, 16, 4, cut_warps=4, group_argmax=True),
     # That shape with fewer registers: the stats pass at 64 a thread (8 programs an SM instead of 7
     # or 6), the cut kernel's copy 512 values a round (128 registers instead of 164: 4 programs an SM
-    # instead of 3), both (the engine's many-row shape, DEFAULT_CONFIG), and that with the cut kernel
-    # at 96 registers (5 an SM, with spills).
+    # instead of 3), both, and that with the cut kernel at 96 registers (5 an SM, with spills).
     "c2048-p16-w4-g128-cw4-r64": LaunchConfig(2048, 128, 16, 4, cut_warps=4, stats_regs=64),
     "c2048-p16-w4-g128-cw4-gt512": LaunchConfig(2048, 128, 16, 4, cut_warps=4, gather=512),
     "c2048-p16-w4-g128-cw4-gt512-r64": LaunchConfig(2048, 128, 16, 4, cut_warps=4, gather=512, stats_regs=64),
@@ -150,15 +149,33 @@ CONFIGS = {
     # from 7.3 to 4.4 ms at bs 64.
     "c1024-p16-w4-g128-gt512": LaunchConfig(1024, 128, 16, 4, gather=512),
     "c1024-p16-w4-g128-m2-fused-gt512": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, gather=512),
-    # The engine's many-row shape with the cut kernel's programs all resident at once at bs 64 (1,024
-    # rows, 8 an SM of 132): compiled for sm_90 they take 128 registers at 2 warps with 64-value
-    # search rounds; 72 at 4 warps with 256 values copied a round (7 an SM), 64 capped (24 bytes spilled).
+    # That shape with the cut kernel's programs all resident at once at bs 64 (1,024 rows, 8 an SM of
+    # 132): compiled for sm_90 they take 128 registers at 2 warps with 64-value search rounds (the
+    # engine's many-row shape, DEFAULT_CONFIG); 72 at 4 warps with 256 values copied a round (7 an
+    # SM), 64 capped (24 bytes spilled).
     "c2048-p16-w4-g128-cw2-gt512-t64-r64": LaunchConfig(2048, 128, 16, 4, cut_warps=2, gather=512, stats_regs=64,
                                                         cut_tile=64),
     "c2048-p16-w4-g128-cw4-gt256-t64-r64": LaunchConfig(2048, 128, 16, 4, cut_warps=4, gather=256, stats_regs=64,
                                                         cut_tile=64),
     "c2048-p16-w4-g128-cw4-gt256-t64-r64-cr64": LaunchConfig(2048, 128, 16, 4, cut_warps=4, gather=256,
                                                              stats_regs=64, cut_tile=64, cut_regs=64),
+    # The engine's many-row shape with each group's second value kept (the stats pass then spills 24
+    # bytes at its 64-register cap), with the decision and the bonus made by the last programs, and
+    # both: to time whether reading only the groups with two candidates, or two launches fewer, pay
+    # at bs 64.
+    "c2048-p16-w4-g128-cw2-gt512-t64-r64-m2": LaunchConfig(2048, 128, 16, 4, cut_warps=2, gather=512,
+                                                           stats_regs=64, cut_tile=64, second=True),
+    "c2048-p16-w4-g128-cw2-gt512-t64-r64-fused": LaunchConfig(2048, 128, 16, 4, cut_warps=2, gather=512,
+                                                              stats_regs=64, cut_tile=64, fused=True),
+    "c2048-p16-w4-g128-cw2-gt512-t64-r64-m2-fused": LaunchConfig(2048, 128, 16, 4, cut_warps=2, gather=512,
+                                                                 stats_regs=64, cut_tile=64, second=True,
+                                                                 fused=True),
+    # One tree's shape with top-k's cut programs at 4 and at 2 warps instead of 8: the cut chain at bs 1
+    # is a few sorts of at most 256 values, whose exchanges stay within a warp's registers more often
+    # with fewer warps.
+    "c1024-p16-w4-g128-m2-fused-cw4": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, cut_warps=4),
+    "c1024-p16-w4-g128-m2-fused-cw2": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, cut_warps=2,
+                                                   cut_tile=64),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, float32, graphed, coins
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
@@ -172,8 +189,12 @@ CONFIGS = {
 # 2026-12-06, ``--sampling-configs c2048-p16-w4-g128-cw4,c2048-p16-w4-g128-cw4-r64,c2048-p16-w4-g128-cw4-gt512,
 # c2048-p16-w4-g128-cw4-gt512-r64,c2048-p16-w4-g128-cw4-gt512-r64-cr96 --sampling-batches 64``, float32):
 # 266.7 against 273.7 µs with top-k 50 + top-p 0.9, 226.1 against 236.8 with temperature alone, 4.38
-# against 7.29 ms with top-p alone; the cut kernel's 96-register cap gained nothing more.
-DEFAULT_CONFIG = "c2048-p16-w4-g128-cw4-gt512-r64"
+# against 7.29 ms with top-p alone; the cut kernel's 96-register cap gained nothing more. With the cut
+# programs all resident at bs 64 (H100, 2026-12-06, ``--sampling-configs default,c2048-p16-w4-g128-cw2-gt512-t64-r64,
+# c2048-p16-w4-g128-cw4-gt256-t64-r64,c2048-p16-w4-g128-cw4-gt256-t64-r64-cr64 --sampling-batches 64``): 2 warps
+# with 64-value search rounds took top-k 50 + top-p 0.9 to 259.3 µs against 272.2 (bf16: 222.1 against 237.7),
+# the same with temperature or top-p alone; at 4 warps, 291.0 and 266.4 (capped at 64 registers).
+DEFAULT_CONFIG = "c2048-p16-w4-g128-cw2-gt512-t64-r64"
 FEW_ROWS_CONFIG = "c1024-p16-w4-g128"
 FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
 # One tree's rows also keep each group's second value and let the last programs decide and draw the
