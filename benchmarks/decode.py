@@ -257,7 +257,7 @@ def variant(on: bool, model: Transformer, cache: KVCache, prompt: torch.Tensor, 
 def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, hf_tokens: int,
               device: torch.device, bandwidth: float, with_hf: bool, unfused: bool = False,
               deterministic: bool = False, tp: TensorParallel | None = None, no_pdl: bool = False,
-              no_rope_fusion: bool = False) -> list[dict]:
+              no_rope_fusion: bool = False, no_split_gemv: bool = False) -> list[dict]:
     """The rows of one shape; under ``tp`` this rank's shard of it (same seed on every rank, so the
     prompts agree) and the TP-N floor of one GPU reading its shard."""
     torch.manual_seed(0)
@@ -281,6 +281,8 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
         unfused_s, _ = variant(unfused, *run, switch=(ops, "FUSED_GEMV", False))
         no_pdl_s, no_pdl_tokens = variant(no_pdl, *run, switch=(pdl, "ENABLED", False))
         no_rope_s, no_rope_tokens = variant(no_rope_fusion, *run, switch=(ops, "FUSED_ROPE_ATTENTION", False))
+        # Several sequences' projections through cuBLAS instead of the split-K kernel (batches above 1).
+        no_split_s, no_split_tokens = variant(no_split_gemv and batch > 1, *run, switch=(ops, "SPLIT_GEMV", False))
         det_s, _ = variant(deterministic, *run, deterministic=True)
         peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
         del cache
@@ -299,6 +301,10 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
             "rope_fusion_gain": None if no_rope_s is None else no_rope_s / graph_s,
             "no_rope_fusion_same_tokens": (None if no_rope_s is None
                                            else bool(torch.equal(no_rope_tokens, graph_tokens))),
+            "spectool_graphs_no_split_gemv_tok_s": None if no_split_s is None else batch * new_tokens / no_split_s,
+            "split_gemv_gain": None if no_split_s is None else no_split_s / graph_s,
+            "no_split_gemv_same_tokens": (None if no_split_s is None
+                                          else bool(torch.equal(no_split_tokens, graph_tokens))),
             "deterministic_vs_default": None if det_s is None else graph_s / det_s,
             "eager_graph_same_tokens": bool(torch.equal(eager_tokens, graph_tokens)),
             "peak_gpu_gb": peak, **faults,
@@ -310,6 +316,7 @@ def run_shape(shape: str, batches: list[int], prompt_len: int, new_tokens: int, 
             row["spectool_graphs_deterministic_tok_s"] = row["deterministic_vs_default"] = None
             row["spectool_graphs_no_pdl_tok_s"] = row["pdl_vs_no_pdl"] = None
             row["spectool_graphs_no_rope_fusion_tok_s"] = row["rope_fusion_gain"] = None
+            row["spectool_graphs_no_split_gemv_tok_s"] = row["split_gemv_gain"] = None
         row["graphs_pct_floor"] = (None if row["refused"]
                                    else 100 * row["spectool_graphs_tok_s"] / row["floor_tok_s"])
         rows.append(row)
@@ -343,7 +350,7 @@ def measure(args: argparse.Namespace, device: torch.device, tp: TensorParallel |
         rows += run_shape(shape, batches, args.prompt, new_tokens, hf_tokens, device, bandwidth,
                           with_hf=not args.no_hf and tp is None, unfused=args.unfused,
                           deterministic=args.deterministic, tp=tp, no_pdl=args.no_pdl,
-                          no_rope_fusion=args.no_rope_fusion)
+                          no_rope_fusion=args.no_rope_fusion, no_split_gemv=args.no_split_gemv)
     return rows
 
 
@@ -371,6 +378,8 @@ def report(rows: list[dict], args: argparse.Namespace, device: torch.device, arg
                  f"same tokens {r['no_pdl_same_tokens']})" if args.no_pdl else "")
               + (f"  RoPE apart {r['spectool_graphs_no_rope_fusion_tok_s']:.0f} (fused {r['rope_fusion_gain']:.3f}x, "
                  f"same tokens {r['no_rope_fusion_same_tokens']})" if args.no_rope_fusion else "")
+              + (f"  cuBLAS {r['spectool_graphs_no_split_gemv_tok_s']:.0f} (split-K {r['split_gemv_gain']:.3f}x, "
+                 f"same tokens {r['no_split_gemv_same_tokens']})" if r.get("split_gemv_gain") else "")
               + (f"  deterministic graphs {r['spectool_graphs_deterministic_tok_s']:.0f} "
                  f"({100 * r['deterministic_vs_default']:.1f} % of default)" if args.deterministic else ""))
     whole = {(r["shape"], r["batch"]): r for r in rows if r["tp"] == 1 and not r["refused"]}
@@ -413,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-rope-fusion", action="store_true",
                     help="also time the same graphs with RoPE and the cache write in their own kernel before the "
                          "attention (spectool/kernels/attention_triton.py takes them in a decode step), and the gain")
+    ap.add_argument("--no-split-gemv", action="store_true",
+                    help="also time the same graphs with several sequences' projections through cuBLAS instead of "
+                         "the split-K kernel (spectool/kernels/gemv_split.py), and the gain (batches above 1)")
     ap.add_argument("--deterministic", action="store_true",
                     help="also time the graphs in deterministic mode (batch-invariant kernels)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -5,6 +5,7 @@ Figure: docs/BENCHMARKS.md "Kernels". Time: about 1 minute on an H200 (--configs
     python3 benchmarks/gemv.py --shapes 8B 1B                        # H200: one row, the default configs
     python3 benchmarks/gemv.py --configs sweep                        # every config of the one-row sweep
     python3 benchmarks/gemv.py --shapes 8B 107M --rows 1,4,16 --configs sweep   # the few-row kernel's too
+    python3 benchmarks/gemv.py --shapes 8B --rows 8 --split --configs sweep   # several sequences, split along K
 
 For each projection of a decoder layer (and the lm_head) and each row count (1: a batch-1
 decode step; 16: a batch-1 tree verify) it times, inside a CUDA graph of back-to-back
@@ -17,7 +18,10 @@ calls (weights rotated over copies so that nothing stays in the 50 MB L2):
   ``--configs sweep`` every config of the sweep (the one-row kernel's for one row, the few-row
   kernel's for more);
 * ``one-pass norm``: the RMSNorm prologue without the unfused path's roundings
-  (``exact_norm=False``, one row only), at the default config.
+  (``exact_norm=False``, one row only), at the default config;
+* ``split``: with ``--split``, for more than one row, the glue kernel followed by ``gemv_split``
+  (the several-sequence kernel, split along K), its default config or with ``--configs sweep``
+  every config of its sweep (the fused kernel then runs its default config alone).
 
 µs per call, achieved GB/s (weight bytes / time) and the best config. Prints a table;
 writes gemv.json to $OUT when it is set.
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 from decode import SHAPES
 from speculative import provenance
 
+from spectool.kernels import gemv_split as split_k
 from spectool.kernels import ops
 from spectool.kernels.gemv import MAX_ROWS, default_config, gemv_triton
 
@@ -49,6 +54,8 @@ PROJECTIONS = {
 SWEEP = [c for c in itertools.product((4, 8, 16, 32), (256, 512, 1024), (4, 8), (3, 4)) if c[0] * c[1] <= 8192]
 # The few-row kernel's tl.dot needs BLOCK_N >= 16.
 ROWS_SWEEP = [c for c in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (2, 3, 4)) if c[0] * c[1] <= 16384]
+# gemv_split's (BLOCK_N, BLOCK_K, split, warps, stages).
+SPLIT_SWEEP = list(itertools.product((16, 32, 64), (256, 512), (1, 2, 4, 8), (4,), (3,)))
 
 
 def graph_time_us(fn, calls: int, device: torch.device) -> float:
@@ -75,7 +82,7 @@ def graph_time_us(fn, calls: int, device: torch.device) -> float:
 
 
 def bench_projection(name: str, n: int, k: int, prologue: str, rows: int, configs: list, calls: int,
-                     device: torch.device, dtype: torch.dtype) -> dict:
+                     device: torch.device, dtype: torch.dtype, split_configs: list | None = None) -> dict:
     copies = max(2, min(16, (400 << 20) // (n * k * 2) + 1))  # > 400 MB in all: past the L2
     weights = [torch.randn(n, k, device=device, dtype=dtype) / k**0.5 for _ in range(copies)]
     width = 2 * k if prologue == "silu_mul" else k
@@ -85,15 +92,18 @@ def bench_projection(name: str, n: int, k: int, prologue: str, rows: int, config
     out_dtype = torch.float32 if name == "lm_head" else dtype
     residual = res if prologue == "rms_norm" and name != "lm_head" else None
 
-    def unfused(i):
+    def glue():
         if prologue == "rms_norm":
-            h = ops.rms_norm(x, nw, 1e-5) if residual is None else ops.add_rms_norm(x, residual, nw, 1e-5)[0]
-        elif prologue == "silu_mul":
-            h = ops.silu_mul(x)
-        else:
-            h = x
-        y = F.linear(h, weights[i % copies])
+            return ops.rms_norm(x, nw, 1e-5) if residual is None else ops.add_rms_norm(x, residual, nw, 1e-5)[0]
+        return ops.silu_mul(x) if prologue == "silu_mul" else x
+
+    def unfused(i):
+        y = F.linear(glue(), weights[i % copies])
         return y.float() if out_dtype == torch.float32 else y
+
+    def split(config):
+        # Several sequences of one token each, as a decode step of a batch.
+        return lambda i: split_k.gemv_split(glue().view(rows, 1, k), weights[i % copies], None, out_dtype, config)
 
     def fused(config, exact_norm=True):
         return lambda i: gemv_triton(x, weights[i % copies], None, prologue, residual, nw, 1e-5, out_dtype,
@@ -113,6 +123,11 @@ def bench_projection(name: str, n: int, k: int, prologue: str, rows: int, config
                 row.setdefault("failed", []).append(f"{config}: {type(exc).__name__}")
         if prologue == "rms_norm" and rows == 1:  # what the unfused roundings cost: the one-pass variant
             row["triton_onepass_us"] = graph_time_us(fused(default_config(k), exact_norm=False), calls, device)
+        if split_configs and rows > 1:
+            times = {c: graph_time_us(split(c), calls, device) for c in split_configs}
+            best_split = min(times, key=times.get)
+            row.update(split_default_us=times.get(split_k.config_for(n, k)), split_best_us=times[best_split],
+                       split_best_config=best_split, split_all={str(c): t for c, t in times.items()})
     best = min(results, key=results.get)
     row.update(triton_default_us=results.get(default_config(k, rows, n)), triton_best_us=results[best],
                best_config=best, all={str(c): t for c, t in results.items()})
@@ -130,6 +145,8 @@ def main() -> None:
                         "(how the defaults were chosen)")
     parser.add_argument("--rows", default="1",
                         help=f"comma-separated input row counts, each 1 to {MAX_ROWS} (e.g. 1,4,16)")
+    parser.add_argument("--split", action="store_true",
+                        help="also glue + gemv_split, the several-sequence kernel split along K (rows > 1)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     row_counts = [int(r) for r in args.rows.split(",") if r.strip().isdigit()]
@@ -148,16 +165,21 @@ def main() -> None:
             for m in row_counts:
                 if args.configs == "default":
                     configs = [default_config(k, m, n)]
-                else:
-                    configs = SWEEP if m == 1 else ROWS_SWEEP
+                    split_configs = [split_k.config_for(n, k)]
+                else:  # with --split the sweep is the split kernel's alone
+                    configs = [default_config(k, m, n)] if args.split else SWEEP if m == 1 else ROWS_SWEEP
+                    split_configs = SPLIT_SWEEP
                 row = bench_projection(name, n, k, prologue, m, configs, 8 if args.quick else 32, device,
-                                       torch.bfloat16)
+                                       torch.bfloat16, split_configs if args.split else None)
                 row["shape"] = shape
                 rows.append(row)
                 print(f"{shape} {name:8s} {n}x{k} {prologue:9s} rows {m:2d} cublas {row['cublas_us']:7.1f} µs "
                       f"({row['cublas_gb_s']:5.0f} GB/s) | unfused {row['unfused_us']:7.1f} | triton best "
                       f"{row['triton_best_us']:7.1f} ({row['triton_best_gb_s']:5.0f} GB/s) {row['best_config']} | "
                       f"default {row['triton_default_us']}", flush=True)
+                if "split_best_us" in row:
+                    print(f"    split: best {row['split_best_us']:7.1f} µs {row['split_best_config']} | default "
+                          f"{row['split_default_us']}", flush=True)
     print("\n| shape | projection | N×K | prologue | rows | cuBLAS µs | glue + cuBLAS µs | fused Triton µs | "
           "one-pass norm µs | config (BLOCK_N, BLOCK_K, warps, stages) |")
     print("|---|---|---|---|---:|---:|---:|---:|---:|---|")

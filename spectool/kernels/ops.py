@@ -132,16 +132,41 @@ def _fused(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> boo
             and weight.numel() <= FEW_ROWS_MAX_WEIGHT)
 
 
+# Off until timed against cuBLAS on a GPU; benchmarks/decode.py --no-split-gemv times the two in one run.
+SPLIT_GEMV = False
+
+
+def _split(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    # Several sequences of 2 to gemv.MAX_ROWS rows in all (a decode step at batch 2 to 16): the
+    # split-K kernel, whose rows round alike however many pad the batch (kernels/gemv_split.py),
+    # at the weight shapes where it reads faster than cuBLAS.
+    if not (SPLIT_GEMV and _triton(x) and x.dim() == 3 and x.shape[0] > 1 and weight.dtype == x.dtype
+            and weight.stride(-1) == 1):
+        return False
+    from spectool.kernels.gemv import MAX_ROWS
+    from spectool.kernels.gemv_split import config_for
+    return x.numel() // x.shape[-1] <= MAX_ROWS and config_for(*weight.shape) is not None
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` or, for several sequences of few rows, the split-K kernel (``_split``)."""
+    if _split(x, weight):
+        from spectool.kernels.gemv_split import gemv_split
+        return gemv_split(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``; on CUDA one row (and 2 to 16 tokens of one sequence, small weights) go to the Triton GEMV
-    (kernels/gemv.py), which reads small weights faster than cuBLAS's split-K kernels."""
+    (kernels/gemv.py), which reads small weights faster than cuBLAS's split-K kernels, and 2 to 16 rows of
+    several sequences to the split-K kernel (kernels/gemv_split.py)."""
     if _invariant(x, weight):
         from spectool.kernels.batch_invariant import linear_invariant
         return linear_invariant(x, weight, bias)[0]
     if _fused(x, weight):
         from spectool.kernels.gemv import gemv_triton
         return gemv_triton(x, weight, bias)[0]
-    return F.linear(x, weight, bias)
+    return _linear(x, weight, bias)
 
 
 def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -168,7 +193,7 @@ def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
         normed, s = rms_norm(x, norm_weight, eps), x
     else:
         normed, s = add_rms_norm(x, residual, norm_weight, eps)
-    y = F.linear(normed, weight, bias)
+    y = _linear(normed, weight, bias)
     return y if out_dtype is None else y.to(out_dtype), s
 
 
@@ -205,7 +230,7 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     if _fused(gate_up, weight, silu_mul=True):
         from spectool.kernels.gemv import gemv_triton
         return gemv_triton(gate_up, weight, prologue="silu_mul")[0]
-    return F.linear(silu_mul(gate_up), weight)
+    return _linear(silu_mul(gate_up), weight)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

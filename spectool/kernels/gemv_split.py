@@ -1,0 +1,143 @@
+"""The product of a few input rows (2 to 16) with a large weight, split along K: decode steps of
+several sequences.
+
+At 8 rows an 8B projection is still bound by reading its weight, but a kernel whose programs each
+walk all of K for a slab of output features (``gemv._gemv_rows_kernel``) has too few programs for
+the small projections (the 8B model's o projection: 4096 features, 128 slabs of 32) to keep every
+SM reading, and cuBLAS's split-K kernels add a reduction launch. Here program (slab, s) multiplies
+slab ``BLOCK_N`` of the weight over the s-th of ``split`` spans of K with every row (``tl.dot`` of
+a [16, BLOCK_K] input tile, rows past M zero, float32 accumulation) and stores its float32 partial
+sums; the last of a slab's programs to finish (a per-slab count, taken with release and acquire)
+adds the partials in span order and writes the output. The order of every sum depends on (N, K)
+alone, never on M or on which program came last, so a row's output is the same bits whatever the
+other rows are and however many pad the batch: a CUDA graph's padded bucket and an eager call
+round alike, and repeated calls give the same bits.
+
+The slab counts live in one zeroed int32 buffer per device, reset by each slab's last program; it
+is made on the first call outside a CUDA graph capture (the engine's graphs warm up eagerly
+first). The torch reference is ``gemv.gemv_reference`` (prologue ``none``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectool.kernels import pdl
+from spectool.kernels.gemv import MAX_ROWS
+from spectool.kernels.triton_import import tl, triton
+
+_BLOCK_M = 16  # tl.dot needs every dimension >= 16; rows past M are masked to zero
+# (BLOCK_N, BLOCK_K, split, num_warps, num_stages) by weight shape [N, K]; None where cuBLAS reads
+# that weight faster (``ops`` then keeps it); DEFAULT_CONFIG for a shape not listed.
+DEFAULT_CONFIG = (32, 256, 4, 4, 4)
+CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = {}
+MAX_SLABS = 1 << 14  # slab counts per device: N / BLOCK_N of the widest weight (a 128k vocabulary at 16)
+
+_counts: dict[torch.device, torch.Tensor] = {}
+
+
+def config_for(n: int, k: int) -> tuple[int, int, int, int, int] | None:
+    """The launch config for an [n, k] weight, a function of the shape alone (module docstring); None
+    where cuBLAS is faster."""
+    return CONFIGS.get((n, k), DEFAULT_CONFIG)
+
+
+@triton.jit
+def _split_kernel(X, W, B, Y, P, Count, M, N, K, stride_xm, stride_wn, SPAN, HAS_BIAS: tl.constexpr,
+                  DOT_F32: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, PDL: tl.constexpr):
+    slab = tl.program_id(0)
+    s = tl.program_id(1)
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    n = slab * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    x_rows = X + m.to(tl.int64)[:, None] * stride_xm
+    w_rows = W + n.to(tl.int64)[:, None] * stride_wn
+    pdl.wait(PDL)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    lo = s * SPAN
+    for k0 in tl.range(lo, lo + SPAN, BLOCK_K, num_stages=NUM_STAGES):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None] & col_ok[None, :], other=0.0)
+        w = tl.load(w_rows + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+        if DOT_F32:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    pdl.launch_dependents(PDL)
+    out = m_ok[:, None] & n_ok[None, :]
+    last = True
+    if SPLIT > 1:
+        tile = m[:, None] * N + n[None, :]
+        tl.store(P + s * BLOCK_M * N + tile, acc, mask=out)
+        # Every thread's partial is stored before the count goes up (release); the last program
+        # to count (acquire) sees them all.
+        tl.debug_barrier()
+        last = tl.atomic_add(Count + slab, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+        if last:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for j in range(SPLIT):  # in span order, whichever program came last
+                acc += tl.load(P + j * BLOCK_M * N + tile, mask=out, other=0.0)
+            tl.store(Count + slab, 0)
+    if last:
+        if HAS_BIAS:
+            acc += tl.load(B + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + m[:, None] * N + n[None, :], acc.to(Y.dtype.element_ty), mask=out)
+
+
+def _slab_counts(device: torch.device) -> torch.Tensor:
+    counts = _counts.get(device)
+    if counts is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("gemv_split's first call on a device must run outside a CUDA graph capture "
+                               "(it zeroes the slab counts): run the step once eagerly before capturing it")
+        counts = _counts[device] = torch.zeros(MAX_SLABS, dtype=torch.int32, device=device)
+    return counts
+
+
+def gemv_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               out_dtype: torch.dtype | None = None,
+               config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """``y = x @ weight.T (+ bias)`` for 1 to ``gemv.MAX_ROWS`` input rows, split along K.
+
+    Args:
+        x: [..., K] with 1 to ``MAX_ROWS`` rows in all, contiguous along K.
+        weight: [N, K], contiguous along K (an ``nn.Linear`` weight).
+        bias: [N] or None.
+        out_dtype: dtype of y (default x's).
+        config: (BLOCK_N, BLOCK_K, split, num_warps, num_stages); default ``config_for(N, K)``.
+
+    Returns:
+        y [..., N]; each row's values the same bits whatever the other rows are (module docstring).
+    """
+    n, k = weight.shape
+    rows = x.numel() // k if x.shape[-1] == k else 0
+    if not 1 <= rows <= MAX_ROWS:
+        raise ValueError(f"x must be 1 to {MAX_ROWS} rows of {k} values for weight {tuple(weight.shape)}, "
+                         f"got shape {tuple(x.shape)}")
+    if weight.stride(-1) != 1 or x.stride(-1) != 1:
+        raise ValueError("weight and x must be contiguous along K")
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+    block_n, block_k, split, warps, stages = config or config_for(n, k) or DEFAULT_CONFIG
+    slabs = triton.cdiv(n, block_n)
+    if slabs > MAX_SLABS:
+        raise ValueError(f"{slabs} slabs of {block_n} features exceed the {MAX_SLABS} counts: a wider BLOCK_N")
+    # Whole BLOCK_K tiles per span, so a span's tiles are those of the unsplit loop.
+    span = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split = triton.cdiv(k, span)
+    x2 = x.reshape(rows, k)
+    y = torch.empty(*x.shape[:-1], n, device=x.device, dtype=out_dtype or x.dtype)
+    partials = torch.empty(split if split > 1 else 1, _BLOCK_M, n, device=x.device, dtype=torch.float32)
+    counts = _slab_counts(x.device) if split > 1 else partials
+    on = pdl.use_pdl(x)
+    _split_kernel[(slabs, split)](
+        x2, weight, y if bias is None else bias, y, partials, counts, rows, n, k, x2.stride(0), weight.stride(0),
+        span, HAS_BIAS=bias is not None,
+        # As gemv.py: the interpreter's tl.dot misreads bfloat16, and mixed dtypes cannot meet in one tl.dot.
+        DOT_F32=not x.is_cuda or x.dtype != weight.dtype,
+        SPLIT=split, BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=stages, PDL=on,
+        num_warps=warps, **pdl.launch_options(on))
+    return y
