@@ -28,9 +28,20 @@ from spectool.kernels.triton_import import tl, triton
 
 _BLOCK_M = 16  # tl.dot needs every dimension >= 16; rows past M are masked to zero
 # (BLOCK_N, BLOCK_K, split, num_warps, num_stages) by weight shape [N, K]; None where cuBLAS reads
-# that weight faster (``ops`` then keeps it); DEFAULT_CONFIG for a shape not listed.
-DEFAULT_CONFIG = (32, 256, 4, 4, 4)
-CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = {}
+# that weight faster (``ops`` then keeps it); DEFAULT_CONFIG for a shape not listed. The 8B shapes at
+# 8 rows, each the best of 24 configs (H100, 2026-12-06, ``benchmarks/gemv.py --shapes 8B --rows 8
+# --split --configs sweep --quick``; µs with the norm or SiLU·mul kernel before it, against that
+# kernel + cuBLAS): qkv 23.3 against 24.2, o 15.3 against 17.5, down 44.7 against 46.9, lm_head
+# 343.2 against 373.2, gate_up 83.5 against 82.8 (cuBLAS kept). DEFAULT_CONFIG had the least
+# time summed over the five, relative to each one's best.
+DEFAULT_CONFIG = (64, 512, 1, 4, 3)
+CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = {
+    (6144, 4096): (64, 256, 1, 4, 3),
+    (4096, 4096): (64, 512, 2, 4, 3),
+    (28672, 4096): None,
+    (4096, 14336): (64, 256, 2, 4, 3),
+    (128256, 4096): (64, 256, 1, 4, 3),
+}
 MAX_SLABS = 1 << 14  # slab counts per device: N / BLOCK_N of the widest weight (a 128k vocabulary at 16)
 
 _counts: dict[torch.device, torch.Tensor] = {}

@@ -132,20 +132,25 @@ def _fused(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> boo
             and weight.numel() <= FEW_ROWS_MAX_WEIGHT)
 
 
-# Off until timed against cuBLAS on a GPU; benchmarks/decode.py --no-split-gemv times the two in one run.
+# Several sequences' one-token projections through kernels/gemv_split.py (``_split``). It took the 8B
+# decode step at batch 8 from 1284 to 1312 tok/s with the same tokens (H100, 2026-12-06,
+# ``benchmarks/decode.py --shapes 8B --batches 8 --no-hf --quick --no-split-gemv``), but it stays off
+# until the engine's GPU tests (graphed against eager tokens at every batch) have passed with it on.
 SPLIT_GEMV = False
 
 
 def _split(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    # Several sequences of 2 to gemv.MAX_ROWS rows in all (a decode step at batch 2 to 16): the
-    # split-K kernel, whose rows round alike however many pad the batch (kernels/gemv_split.py),
-    # at the weight shapes where it reads faster than cuBLAS.
-    if not (SPLIT_GEMV and _triton(x) and x.dim() == 3 and x.shape[0] > 1 and weight.dtype == x.dtype
-            and weight.stride(-1) == 1):
+    # One token of each of 2 to gemv.MAX_ROWS sequences (a decode step, a draft layer's step at one
+    # position): the split-K kernel, whose rows round alike however many pad the batch, at the weight
+    # shapes where it reads faster than cuBLAS. A CUDA graph pads only the batch, to a power of two,
+    # so a batch of at most MAX_ROWS (a power of two) takes this kernel eager and graphed alike; with
+    # more tokens per sequence the padded rows could cross MAX_ROWS where the eager ones do not.
+    if not (SPLIT_GEMV and _triton(x) and x.dim() == 3 and x.shape[1] == 1 and x.shape[0] > 1
+            and weight.dtype == x.dtype and weight.stride(-1) == 1):
         return False
     from spectool.kernels.gemv import MAX_ROWS
     from spectool.kernels.gemv_split import config_for
-    return x.numel() // x.shape[-1] <= MAX_ROWS and config_for(*weight.shape) is not None
+    return x.shape[0] <= MAX_ROWS and config_for(*weight.shape) is not None
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -158,8 +163,8 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``; on CUDA one row (and 2 to 16 tokens of one sequence, small weights) go to the Triton GEMV
-    (kernels/gemv.py), which reads small weights faster than cuBLAS's split-K kernels, and 2 to 16 rows of
-    several sequences to the split-K kernel (kernels/gemv_split.py)."""
+    (kernels/gemv.py), which reads small weights faster than cuBLAS's split-K kernels; with ``SPLIT_GEMV``,
+    one token of each of 2 to 16 sequences to the split-K kernel (kernels/gemv_split.py)."""
     if _invariant(x, weight):
         from spectool.kernels.batch_invariant import linear_invariant
         return linear_invariant(x, weight, bias)[0]
