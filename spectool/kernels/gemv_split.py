@@ -13,9 +13,10 @@ alone, never on M or on which program came last, so a row's output is the same b
 other rows are and however many pad the batch: a CUDA graph's padded bucket and an eager call
 round alike, and repeated calls give the same bits.
 
-The slab counts live in one zeroed int32 buffer per device, reset by each slab's last program; it
-is made on the first call outside a CUDA graph capture (the engine's graphs warm up eagerly
-first). The torch reference is ``gemv.gemv_reference`` (prologue ``none``).
+The slab counts live in one zeroed int32 buffer per device, reset by each slab's last program, so
+calls on one device must not overlap on two streams; it is made on the first call outside a CUDA
+graph capture (the engine's graphs warm up eagerly first). The torch reference is
+``gemv.gemv_reference`` (prologue ``none``).
 """
 
 from __future__ import annotations
@@ -141,8 +142,9 @@ def gemv_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     split = triton.cdiv(k, span)
     x2 = x.reshape(rows, k)
     y = torch.empty(*x.shape[:-1], n, device=x.device, dtype=out_dtype or x.dtype)
-    partials = torch.empty(split if split > 1 else 1, _BLOCK_M, n, device=x.device, dtype=torch.float32)
-    counts = _slab_counts(x.device) if split > 1 else partials
+    # One span writes y directly: no partials, no counts (both arguments then go unread).
+    partials = torch.empty(split, _BLOCK_M, n, device=x.device, dtype=torch.float32) if split > 1 else y
+    counts = _slab_counts(x.device) if split > 1 else y
     on = pdl.use_pdl(x)
     _split_kernel[(slabs, split)](
         x2, weight, y if bias is None else bias, y, partials, counts, rows, n, k, x2.stride(0), weight.stride(0),

@@ -154,7 +154,7 @@ def _split(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` or, for several sequences of few rows, the split-K kernel (``_split``)."""
+    """``F.linear`` or, for one token of each of a few sequences, the split-K kernel (``_split``)."""
     if _split(x, weight):
         from spectool.kernels.gemv_split import gemv_split
         return gemv_split(x, weight, bias)
