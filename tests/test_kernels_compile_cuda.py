@@ -1,4 +1,5 @@
-"""The sampling verifies' Triton kernels compile for an H100/H200 (sm_90) on this CPU machine.
+"""The sampling verifies' Triton kernels, and the split-K projection's, compile for an H100/H200
+(sm_90) on this CPU machine.
 
 The interpreter tests run the kernels' Python bodies, which accept code the Triton compiler
 refuses; a kernel that only the interpreter has run fails at its first launch on the GPU. Here
@@ -114,3 +115,15 @@ def test_short_search_round_launch_shapes_compile_for_cuda():
             for top_k, top_p in ((50, 1.0), (50, 0.9)):
                 verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
         assert register_cap(compiled.ptx["_cut_kernel"]) == cap, config
+
+
+def test_split_projection_compiles_for_cuda_with_one_counting_atomic():
+    # The slab's last program is found by one count with release and acquire at GPU scope; a span
+    # of the whole K (split 1) counts nothing.
+    from spectool.kernels.gemv_split import gemv_split
+
+    x, w = torch.randn(8, 1, 512), torch.randn(256, 512)
+    for split, atomics in ((2, 1), (1, 0)):
+        with compiling_for_cuda() as compiled:
+            gemv_split(x, w, config=(64, 128, split, 4, 3))
+        assert compiled.ptx["_split_kernel"].count("atom.global.gpu.acq_rel.add") == atomics

@@ -154,6 +154,17 @@ def _load_rows(x_rows, r_rows, K, cols, mask, PROLOGUE: tl.constexpr, HAS_RESIDU
 
 
 @triton.jit
+def dot_tile(acc, x, w_rows, cols, n_ok, col_ok, DOT_F32: tl.constexpr):
+    """``acc + x @ W[n, cols].T`` for a [BLOCK_M, BLOCK_K] input tile ``x``: the weight tile loaded from
+    ``w_rows`` (zero past N and K), float32 accumulation, and float32 operands where ``DOT_F32``."""
+    w = tl.load(w_rows + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+    if DOT_F32:
+        x = x.to(tl.float32)
+        w = w.to(tl.float32)
+    return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+
+
+@triton.jit
 def _gemv_rows_kernel(X, R, NW, W, B, Y, S, M, N, K, stride_xm, stride_rm, stride_wn, eps,
                       PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                       DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -205,11 +216,7 @@ def _gemv_rows_kernel(X, R, NW, W, B, Y, S, M, N, K, stride_xm, stride_rm, strid
             nw = tl.load(NW + cols, mask=col_ok, other=0.0).to(tl.float32)
             # The unfused roundings: normalised, then times the weight.
             x = ((x.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32) * nw[None, :]).to(dtype)
-        w = tl.load(w_rows + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
-        if DOT_F32:
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        acc = dot_tile(acc, x, w_rows, cols, n_ok, col_ok, DOT_F32)
     pdl.launch_dependents(PDL)
     if HAS_BIAS:
         acc += tl.load(B + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]

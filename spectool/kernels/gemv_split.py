@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from spectool.kernels import pdl
-from spectool.kernels.gemv import MAX_ROWS
+from spectool.kernels.gemv import MAX_ROWS, dot_tile
 from spectool.kernels.triton_import import tl, triton
 
 _BLOCK_M = 16  # tl.dot needs every dimension >= 16; rows past M are masked to zero
@@ -73,11 +73,7 @@ def _split_kernel(X, W, B, Y, P, Count, M, N, K, stride_xm, stride_wn, SPAN, HAS
         cols = k0 + tl.arange(0, BLOCK_K)
         col_ok = cols < K
         x = tl.load(x_rows + cols[None, :], mask=m_ok[:, None] & col_ok[None, :], other=0.0)
-        w = tl.load(w_rows + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
-        if DOT_F32:
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        acc = dot_tile(acc, x, w_rows, cols, n_ok, col_ok, DOT_F32)
     pdl.launch_dependents(PDL)
     out = m_ok[:, None] & n_ok[None, :]
     last = True
