@@ -181,13 +181,14 @@ def main() -> None:
                     print(f"    split: best {row['split_best_us']:7.1f} µs {row['split_best_config']} | default "
                           f"{row['split_default_us']}", flush=True)
     print("\n| shape | projection | N×K | prologue | rows | cuBLAS µs | glue + cuBLAS µs | fused Triton µs | "
-          "one-pass norm µs | config (BLOCK_N, BLOCK_K, warps, stages) |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---|")
+          "one-pass norm µs | config (BLOCK_N, BLOCK_K, warps, stages) | glue + split µs | split config |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---|---:|---|")
     for r in rows:
         onepass = f"{r['triton_onepass_us']:.1f}" if "triton_onepass_us" in r else "–"
+        split = (f"{r['split_best_us']:.1f} | {r['split_best_config']}" if "split_best_us" in r else "– | –")
         print(f"| {r['shape']} | {r['projection']} | {r['N']}×{r['K']} | {r['prologue']} | {r['rows']} | "
               f"{r['cublas_us']:.1f} | {r['unfused_us']:.1f} | {r['triton_best_us']:.1f} | {onepass} | "
-              f"{r['best_config']} |")
+              f"{r['best_config']} | {split} |")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gemv.json"), "w") as f:
             json.dump({"meta": {"torch": torch.__version__, **provenance("gemv", None, args.device)},
