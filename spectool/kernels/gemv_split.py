@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from spectool.kernels import pdl
-from spectool.kernels.gemv import MAX_ROWS, dot_tile
+from spectool.kernels.gemv import MAX_ROWS, check_gemv_args, dot_tile
 from spectool.kernels.triton_import import tl, triton
 
 _BLOCK_M = 16  # tl.dot needs every dimension >= 16; rows past M are masked to zero
@@ -125,10 +125,7 @@ def gemv_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if not 1 <= rows <= MAX_ROWS:
         raise ValueError(f"x must be 1 to {MAX_ROWS} rows of {k} values for weight {tuple(weight.shape)}, "
                          f"got shape {tuple(x.shape)}")
-    if weight.stride(-1) != 1 or x.stride(-1) != 1:
-        raise ValueError("weight and x must be contiguous along K")
-    if bias is not None and bias.shape != (n,):
-        raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+    check_gemv_args(x, weight, bias, "none", None, None)
     block_n, block_k, split, warps, stages = config or config_for(n, k) or DEFAULT_CONFIG
     slabs = triton.cdiv(n, block_n)
     if slabs > MAX_SLABS:
