@@ -25,11 +25,13 @@ OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl", "enable_fp_fusio
 
 
 class Compiled(list):
-    """The names of the kernels compiled, in order, and ``ptx``: each name's PTX (the last compiled)."""
+    """The names of the kernels compiled, in order; ``ptx`` and ``shared``: each name's PTX and the
+    bytes of shared memory a program takes (the last compiled)."""
 
     def __init__(self):
         super().__init__()
         self.ptx: dict[str, str] = {}
+        self.shared: dict[str, int] = {}
 
 
 def _scalar_type(value) -> str:
@@ -80,6 +82,7 @@ def compiling_for_cuda(capability: int = 90) -> Iterator[Compiled]:
             kernel = triton.compile(ASTSource(self, signature, constants, attrs), target=target, options=options)
             compiled.append(self.fn.__qualname__)
             compiled.ptx[self.fn.__qualname__] = kernel.asm["ptx"]
+            compiled.shared[self.fn.__qualname__] = kernel.metadata.shared
 
     original = JITFunction.run
     JITFunction.run = compile_only

@@ -127,3 +127,18 @@ def test_split_projection_compiles_for_cuda_with_one_counting_atomic():
         with compiling_for_cuda() as compiled:
             gemv_split(x, w, config=(64, 128, split, 4, 3))
         assert compiled.ptx["_split_kernel"].count("atom.global.gpu.acq_rel.add") == atomics
+
+
+def test_split_projection_configs_fit_shared_memory_with_float32_weights():
+    # Every config in gemv_split's table, chosen on bf16 weights, compiles to programs whose tiles fit
+    # a Hopper SM's shared memory with float32 weights (twice the bytes; a config that does not fit
+    # fails at launch). Compiled from CPU tensors, bf16 would take the float32 tl.dot as well (DOT_F32),
+    # so float32 is the case this machine compiles as the GPU does.
+    from spectool.kernels import gemv_split
+
+    x, w = torch.randn(8, 1, 4096), torch.randn(256, 4096)
+    configs = {c for c in gemv_split.CONFIGS.values() if c is not None} | {gemv_split.DEFAULT_CONFIG}
+    for config in sorted(configs):
+        with compiling_for_cuda() as compiled:
+            gemv_split.gemv_split(x, w, config=config)
+        assert 0 < compiled.shared["_split_kernel"] <= gemv_split.SHARED_BYTES, config

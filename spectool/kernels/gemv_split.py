@@ -9,7 +9,7 @@ slab ``BLOCK_N`` of the weight over the s-th of ``split`` spans of K with every 
 a [16, BLOCK_K] input tile, rows past M zero, float32 accumulation) and stores its float32 partial
 sums; the last of a slab's programs to finish (a per-slab count, taken with release and acquire)
 adds the partials in span order and writes the output. The order of every sum depends on (N, K)
-alone, never on M or on which program came last, so a row's output is the same bits whatever the
+and the dtype alone, never on M or on which program came last, so a row's output is the same bits whatever the
 other rows are and however many pad the batch: a CUDA graph's padded bucket and an eager call
 round alike, and repeated calls give the same bits.
 
@@ -43,6 +43,7 @@ CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = {
     (4096, 14336): (64, 256, 2, 4, 3),
     (128256, 4096): (64, 256, 1, 4, 3),
 }
+SHARED_BYTES = 232448  # shared memory a Hopper program may take (227 KiB), which the pipelined tiles must fit
 MAX_SLABS = 1 << 14  # slab counts per device: N / BLOCK_N of the widest weight (a 128k vocabulary at 16)
 
 _counts: dict[torch.device, torch.Tensor] = {}
@@ -52,6 +53,21 @@ def config_for(n: int, k: int) -> tuple[int, int, int, int, int] | None:
     """The launch config for an [n, k] weight, a function of the shape alone (module docstring); None
     where cuBLAS is faster."""
     return CONFIGS.get((n, k), DEFAULT_CONFIG)
+
+
+def fit_config(config: tuple[int, int, int, int, int], element_size: int) -> tuple[int, int, int, int, int]:
+    """``config`` (chosen for 2-byte weights) with BLOCK_K, then the stages, cut until the pipelined
+    weight and input tiles fit ``SHARED_BYTES`` at ``element_size`` bytes a value (4 for float32)."""
+    block_n, block_k, split, warps, stages = config
+
+    def shared(block_k: int, stages: int) -> int:  # Triton's pipeliner keeps stages - 1 tiles in flight
+        return max(stages - 1, 1) * (block_n + _BLOCK_M) * block_k * element_size
+
+    while block_k > 64 and shared(block_k, stages) > SHARED_BYTES:
+        block_k //= 2
+    while stages > 1 and shared(block_k, stages) > SHARED_BYTES:
+        stages -= 1
+    return block_n, block_k, split, warps, stages
 
 
 @triton.jit
@@ -115,7 +131,8 @@ def gemv_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         weight: [N, K], contiguous along K (an ``nn.Linear`` weight).
         bias: [N] or None.
         out_dtype: dtype of y (default x's).
-        config: (BLOCK_N, BLOCK_K, split, num_warps, num_stages); default ``config_for(N, K)``.
+        config: (BLOCK_N, BLOCK_K, split, num_warps, num_stages); default ``config_for(N, K)``; either
+            fitted to shared memory by ``fit_config``.
 
     Returns:
         y [..., N]; each row's values the same bits whatever the other rows are (module docstring).
@@ -126,7 +143,8 @@ def gemv_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         raise ValueError(f"x must be 1 to {MAX_ROWS} rows of {k} values for weight {tuple(weight.shape)}, "
                          f"got shape {tuple(x.shape)}")
     check_gemv_args(x, weight, bias, "none", None, None)
-    block_n, block_k, split, warps, stages = config or config_for(n, k) or DEFAULT_CONFIG
+    block_n, block_k, split, warps, stages = fit_config(config or config_for(n, k) or DEFAULT_CONFIG,
+                                                        max(x.element_size(), weight.element_size()))
     slabs = triton.cdiv(n, block_n)
     if slabs > MAX_SLABS:
         raise ValueError(f"{slabs} slabs of {block_n} features exceed the {MAX_SLABS} counts: a wider BLOCK_N")
