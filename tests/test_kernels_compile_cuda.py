@@ -56,6 +56,17 @@ def test_second_value_launch_shapes_compile_for_cuda():
     assert "_cut_kernel" in compiled
 
 
+def test_sixteen_warp_top_p_launch_shapes_compile_for_cuda():
+    # Top-p alone's cut programs at 16 warps (timed against the engine's by benchmarks/tree_kernels.py
+    # --sampling-configs), whose search rounds read 512 values at once.
+    tree, logits, temps, coins = sampling_inputs(torch.float32)
+    for config in ("c1024-p16-w4-g128-pw16", "c1024-p16-w4-g128-m2-fused-pw16",
+                   "c2048-p16-w4-g128-cw2-gt512-t64-r64-pw16"):
+        with compiling_for_cuda() as compiled:
+            verify_sampling_chunked(tree, logits, temps, 0, 0.9, coins, config)
+        assert "_cut_kernel" in compiled, config
+
+
 def test_last_program_launch_shapes_compile_for_cuda():
     # The launch shapes whose last row program decides and last residual program draws the bonus
     # (timed against the engine's by benchmarks/tree_kernels.py --sampling-configs).

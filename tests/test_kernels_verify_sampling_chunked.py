@@ -41,6 +41,8 @@ TINY = LaunchConfig(chunk=128, sub=128, probes=16, warps=4)
 FINE = LaunchConfig(chunk=512, sub=16, probes=16, warps=4, candidates=128)
 SEARCHED = dataclasses.replace(FINE, sorted=0)
 FEW = dataclasses.replace(FINE, candidates=8)
+# FEW with top-p alone's whole-row rounds at 16 warps, 512 values a round.
+FEW_P16 = dataclasses.replace(FEW, p_warps=16)
 # The copy into the buffer reads 4 groups a round, so the candidates are gathered over many rounds.
 ROUNDS = dataclasses.replace(FINE, gather=64)
 # Chunks of 64 (19 in a row): top-k 12's bound sorts only the groups at or above the 12th largest
@@ -142,7 +144,8 @@ def candidates_over_the_bound(logits: torch.Tensor, temperature: float, top_k: i
 
 
 @pytest.mark.triton_interpreter
-@pytest.mark.parametrize("config", [FINE, SEARCHED, FEW], ids=["sorted", "searched", "whole-row"])
+@pytest.mark.parametrize("config", [FINE, SEARCHED, FEW, FEW_P16], ids=["sorted", "searched", "whole-row",
+                                                                      "whole-row-16-warps"])
 @pytest.mark.parametrize("top_k, top_p", [(50, 1.0), (0, 0.9), (20, 0.8), (12, 0.5)])
 def test_chunked_cuts_from_the_candidates_and_from_the_whole_row(config, top_k, top_p):
     bs, n = 3, 6

@@ -90,6 +90,9 @@ class LaunchConfig:
     # always for top-p alone, whose search may read the whole row): fewer warps let more of the
     # row programs share an SM when there are many rows.
     cut_warps: int = 0
+    # Warps of the cut kernel's row programs for top-p alone (0: as above), whose rounds over a flat
+    # row's every value are the arithmetic of one program a row; each round's tile grows with them.
+    p_warps: int = 0
     # The stats pass finds a chunk's first argmax among its group maxima and searches the one group
     # that holds it, not the whole chunk (where two groups could hold it, the whole chunk).
     group_argmax: bool = False
@@ -179,6 +182,12 @@ CONFIGS = {
     "c1024-p16-w4-g128-m2-fused-cw4": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, cut_warps=4),
     "c1024-p16-w4-g128-m2-fused-cw2": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, cut_warps=2,
                                                    cut_tile=64),
+    # The engine's shapes with top-p alone's cut programs at 16 warps instead of 8, each round's tile
+    # of 512 values: at bs 1 a flat row's search rounds are 16 programs' arithmetic on 132 SMs.
+    "c1024-p16-w4-g128-m2-fused-pw16": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, p_warps=16),
+    "c1024-p16-w4-g128-pw16": LaunchConfig(1024, 128, 16, 4, p_warps=16),
+    "c2048-p16-w4-g128-cw2-gt512-t64-r64-pw16": LaunchConfig(2048, 128, 16, 4, cut_warps=2, gather=512,
+                                                             stats_regs=64, cut_tile=64, p_warps=16),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, float32, graphed, coins
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
@@ -1042,14 +1051,15 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     tree = (tokens.contiguous(), parents.contiguous(), depth.contiguous(), valid.contiguous().view(torch.uint8),
             mask.contiguous().view(torch.uint8), coins.float().contiguous())
     decide_warps = max(warps, 4 if block <= 64 else 8)
+    p_warps = config.p_warps if has_p and not has_k else 0
     _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, gmax2, live, cand_x, cand_id, count, m, z, cut,
                          cut_id, argmax, n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p),
                          arrived, *tree, status, path, length, child_probs, coins_out, last, u, width, HAS_K=has_k,
                          HAS_P=has_p, SUB=sub, GB=max(1, config.gather // sub), S=config.probes,
-                         T=(has_k and config.cut_tile) or SEARCH_TILE, GT=GATHER_TILE,
+                         T=(has_k and config.cut_tile) or SEARCH_TILE * max(1, p_warps // 8), GT=GATHER_TILE,
                          BLOCK_C=block_c, BLOCK_G=block_g, SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort,
                          PRE=pre, ID_BITS=ID_BITS, SECOND=second, FUSED=config.fused, BLOCK=block,
-                         num_warps=(has_k and config.cut_warps) or max(warps, 8, decide_warps),
+                         num_warps=(has_k and config.cut_warps) or p_warps or max(warps, 8, decide_warps),
                          **_regs(has_k and config.cut_regs), **launch)
     if bs:
         if not config.fused:
