@@ -132,11 +132,11 @@ def _fused(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> boo
             and weight.numel() <= FEW_ROWS_MAX_WEIGHT)
 
 
-# Several sequences' one-token projections through kernels/gemv_split.py (``_split``). It took the 8B
-# decode step at batch 8 from 1284 to 1312 tok/s with the same tokens (H100, 2026-12-06,
-# ``benchmarks/decode.py --shapes 8B --batches 8 --no-hf --quick --no-split-gemv``), but it stays off
-# until the engine's GPU tests (graphed against eager tokens at every batch) have passed with it on.
-SPLIT_GEMV = False
+# Several sequences' one-token projections through kernels/gemv_split.py (``_split``): the 8B decode
+# step at batch 8 took 1270 tok/s against 1244 with cuBLAS, the same tokens (H100, 2026-12-06,
+# ``benchmarks/decode.py --shapes 8B --batches 1,8 --no-hf --quick --no-split-gemv``), and the
+# engine's GPU tests (graphed against eager tokens at every batch) pass with it. False: cuBLAS.
+SPLIT_GEMV = True
 
 
 def _split(x: torch.Tensor, weight: torch.Tensor) -> bool:

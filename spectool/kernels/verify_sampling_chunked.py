@@ -213,7 +213,10 @@ FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; 
 # bonus: on an H100 (2026-12-06, ``--sampling-configs default,c1024-p16-w4-g128-m2-fused
 # --sampling-batches 1,16,64``) top-k 50 + top-p 0.9 at bs 1 took 38.8 µs against 41.4 (temperature:
 # 25.9 against 26.8), but at bs 16 118.0 against 111.4 (88.9 against 85.9).
-ONE_TREE_CONFIG = "c1024-p16-w4-g128-m2-fused"
+# Its top-p-alone cut programs take 16 warps (H100, 2026-12-06, ``--sampling-configs
+# default,c1024-p16-w4-g128-m2-fused-pw16 --sampling-batches 1``): 562.5 µs against 698.4 with top-p
+# 0.9 over the benchmark's flat rows, the other cuts the same (top-k 50 + top-p 0.9 37.8 against 37.6).
+ONE_TREE_CONFIG = "c1024-p16-w4-g128-m2-fused-pw16"
 ONE_TREE_ROWS = 16  # rows up to which ONE_TREE_CONFIG is taken; bs 1 at N 16
 # Values a cut round reads at once. Its per-thread sums are [SEARCH_TILE, probes] float32: at 512 the
 # cut kernel compiled for sm_90 spilled to the stack at top-k + top-p, at 256 it stays within 128
