@@ -89,16 +89,6 @@ def test_fused_sampling_verify_compiles_for_cuda():
     assert compiled, "no kernel was launched"
 
 
-def test_group_argmax_launch_shapes_compile_for_cuda():
-    # The stats pass that searches a chunk's first argmax in one group (timed against the engine's
-    # shapes by benchmarks/tree_kernels.py --sampling-configs): a load under a branch on a reduction.
-    tree, logits, temps, coins = sampling_inputs(torch.float32)
-    with compiling_for_cuda() as compiled:
-        for top_k, top_p in ((0, 1.0), (50, 0.9)):
-            verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, "c2048-p16-w4-g128-cw4-ga")
-    assert "_stats_kernel" in compiled
-
-
 def register_cap(ptx: str) -> int:
     """The ``.maxnreg`` directive of a kernel's PTX (0: none, the compiler chooses)."""
     directive = re.search(r"\.maxnreg (\d+)", ptx)

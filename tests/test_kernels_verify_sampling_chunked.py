@@ -56,9 +56,6 @@ SECOND = dataclasses.replace(FINE, second=True)
 FUSED, FUSED_WIDE = (dataclasses.replace(c, fused=True) for c in (SMALL, WIDE))
 # Top-k's cut searches (SEARCHED, and FEW over the whole row) read 32 values a round, not 256.
 SEARCHED_SHORT, FEW_SHORT = (dataclasses.replace(c, cut_tile=32) for c in (SEARCHED, FEW))
-# The stats pass's first argmax searched in the one group that can hold it: groups of 256 (SMALL)
-# and of 16 (FINE, its second values kept).
-SMALL_GA, SECOND_GA = (dataclasses.replace(c, group_argmax=True) for c in (SMALL, SECOND))
 
 
 def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
@@ -256,9 +253,9 @@ def test_chunked_argmax_where_two_logits_round_to_one_value():
 
 
 @pytest.mark.triton_interpreter
-@pytest.mark.parametrize("config", [SMALL_GA, SECOND_GA], ids=["groups-of-256", "groups-of-16"])
+@pytest.mark.parametrize("config", [SMALL, SECOND], ids=["groups-of-256", "groups-of-16"])
 @pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (6, 0.8)])
-def test_argmax_searched_in_one_group_equals_the_reference(config, top_k, top_p):
+def test_first_argmax_equals_the_reference(config, top_k, top_p):
     # Rows as they come (the maximum alone in its group), the maximum twice in one group, twice in
     # two groups of a chunk (ids 70 and 300 of the first), and the pair of logits that divide to one
     # value (ids 60 and 100: one group of 256, two of 16): the first argmax is the reference's.

@@ -93,9 +93,6 @@ class LaunchConfig:
     # Warps of the cut kernel's row programs for top-p alone (0: as above), whose rounds over a flat
     # row's every value are the arithmetic of one program a row; each round's tile grows with them.
     p_warps: int = 0
-    # The stats pass finds a chunk's first argmax among its group maxima and searches the one group
-    # that holds it, not the whole chunk (where two groups could hold it, the whole chunk).
-    group_argmax: bool = False
     # Registers a thread of the stats pass, and of the cut kernel where top-k bounds the candidates,
     # may take (0: as the compiler chooses): fewer let more programs share an SM (the cut kernel
     # spills some to the stack).
@@ -136,10 +133,6 @@ CONFIGS = {
     "c2048-p16-w4-g128-m2-fused": LaunchConfig(2048, 128, 16, 4, second=True, fused=True),
     # The many-row shape with top-k's cut programs at 4 warps (the engine's before the register caps).
     "c2048-p16-w4-g128-cw4": LaunchConfig(2048, 128, 16, 4, cut_warps=4),
-    # The engine's shapes with the stats pass's argmax searched in one group.
-    "c1024-p16-w4-g128-m2-fused-ga": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, group_argmax=True),
-    "c1024-p16-w4-g128-ga": LaunchConfig(1024, 128, 16, 4, group_argmax=True),
-    "c2048-p16-w4-g128-cw4-ga": LaunchConfig(2048, 128, 16, 4, cut_warps=4, group_argmax=True),
     # That shape with fewer registers: the stats pass at 64 a thread (8 programs an SM instead of 7
     # or 6), the cut kernel's copy 512 values a round (128 registers instead of 164: 4 programs an SM
     # instead of 3), both, and that with the cut kernel at 96 registers (5 an SM, with spills).
@@ -281,7 +274,7 @@ def _first_argmax(raw, offs, top, best, t):
 @triton.jit
 def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, NG, CHUNK: tl.constexpr,
                   SUB: tl.constexpr, GROUPS: tl.constexpr, SECOND: tl.constexpr, FUSED: tl.constexpr,
-                  SUMS: tl.constexpr, GROUP_ARG: tl.constexpr, PDL: tl.constexpr):
+                  SUMS: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -296,27 +289,14 @@ def _stats_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Arrived, N, V, NC, N
     # x = raw / t rounded as torch rounds it is a long instruction sequence, and this pass reads every
     # logit: division by t > 0 keeps the order, so the maxima are divided once, and the sum (a float
     # sum, compared within its rounding) takes the reciprocal's product.
-    if GROUPS or GROUP_ARG:  # the chunk's maximum from its groups': the group maxima reduce within a warp
+    if GROUPS:  # the chunk's maximum from its groups': the group maxima reduce within a warp
         tile = tl.reshape(raw, (CHUNK // SUB, SUB))
         group_top = tl.max(tile, axis=1)
         top = tl.max(group_top, axis=0)
     else:
         top = tl.max(raw, axis=0)
     best = _scaled(top, t)
-    if GROUP_ARG:
-        # Only a group whose maximum comes within ``_near`` of the chunk's holds a candidate for its
-        # first argmax. Where one group does, that group alone is read again (from the cache) and
-        # searched, instead of the whole chunk; a tie or a near value in another group searches it all.
-        reach = group_top >= top - _near(top)
-        if tl.sum(reach.to(tl.int32), axis=0) == 1:
-            first = tl.min(tl.where(reach, tl.arange(0, CHUNK // SUB), CHUNK // SUB), axis=0)
-            at = c * CHUNK + first * SUB + tl.arange(0, SUB)
-            group = tl.load(Logits + row * V + at, mask=at < V, other=-float("inf")).to(tl.float32)
-            i = _first_argmax(group, at, top, best, t)
-        else:
-            i = _first_argmax(raw, offs, top, best, t)
-    else:
-        i = _first_argmax(raw, offs, top, best, t)
+    i = _first_argmax(raw, offs, top, best, t)
     if SUMS:  # a chunk may be all -inf: its sum is then 0, not exp(-inf - -inf)
         s = tl.sum(tl.exp(raw * (1.0 / t) - tl.where(best > -float("inf"), best, 0.0)), axis=0)
     pdl.launch_dependents(PDL)
@@ -1028,7 +1008,7 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     launch = dict(PDL=on, **pdl.launch_options(on))
     _stats_kernel[(rows, nc)](logits, temperature, vals, idx, sums, gmax, gmax2, arrived, n, vocab, nc, ng,
                               CHUNK=chunk, SUB=sub, GROUPS=has_cut, SECOND=second, FUSED=config.fused,
-                              SUMS=not has_k, GROUP_ARG=config.group_argmax, num_warps=warps,
+                              SUMS=not has_k, num_warps=warps,
                               **_regs(config.stats_regs), **launch)
     cap = config.candidates
     sort = min(config.sorted, cap) if vocab <= 1 << ID_BITS else 0
