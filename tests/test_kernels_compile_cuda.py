@@ -56,15 +56,18 @@ def test_second_value_launch_shapes_compile_for_cuda():
     assert "_cut_kernel" in compiled
 
 
-def test_sixteen_warp_top_p_launch_shapes_compile_for_cuda():
-    # Top-p alone's cut programs at 16 warps (timed against the engine's by benchmarks/tree_kernels.py
-    # --sampling-configs), whose search rounds read 512 values at once.
+def test_top_p_alone_launch_shapes_compile_for_cuda():
+    # Top-p alone's cut programs at 16 warps, whose search rounds read 512 values at once, and its first
+    # rounds spread over (row, chunk) programs (timed against the engine's by
+    # benchmarks/tree_kernels.py --sampling-configs).
     tree, logits, temps, coins = sampling_inputs(torch.float32)
     for config in ("c1024-p16-w4-g128-pw16", "c1024-p16-w4-g128-m2-fused-pw16",
-                   "c2048-p16-w4-g128-cw2-gt512-t64-r64-pw16"):
+                   "c2048-p16-w4-g128-cw2-gt512-t64-r64-pw16", "c1024-p16-w4-g128-m2-fused-pw16-sp2",
+                   "c1024-p16-w4-g128-sp2", "c2048-p16-w4-g128-cw2-gt512-t64-r64-sp2"):
         with compiling_for_cuda() as compiled:
             verify_sampling_chunked(tree, logits, temps, 0, 0.9, coins, config)
         assert "_cut_kernel" in compiled, config
+        assert ("_spread_kernel" in compiled) == config.endswith("-sp2"), config
 
 
 def test_last_program_launch_shapes_compile_for_cuda():

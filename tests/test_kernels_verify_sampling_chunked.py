@@ -213,7 +213,10 @@ def test_chunked_ties_at_both_cuts(candidates, sort):
 
 
 @pytest.mark.triton_interpreter
-def test_top_p_over_a_flat_row_searches_a_copy_of_the_narrowed_range():
+@pytest.mark.parametrize("spread", [0, 1, 3], ids=["in-the-cut-kernel", "one-spread-round", "three-spread-rounds"])
+def test_top_p_over_a_flat_row_searches_a_copy_of_the_narrowed_range(spread):
+    # Spread: the first rounds run as launches of (row, chunk) programs (one round narrows these rows
+    # enough; a later round finds them narrowed and carries the state).
     bs, n, vocab = 2, 4, VOCAB
     tree, g = random_batch(bs, n, vocab, 12)
     coins = torch.rand(bs, n, generator=g)
@@ -222,10 +225,24 @@ def test_top_p_over_a_flat_row_searches_a_copy_of_the_narrowed_range():
     # buffer of 256, but the first search rounds over the row narrow the range to the tie, which
     # fits: the rest of the search, the kept mass and the last kept id of the tie come from its copy.
     coarse = torch.randint(0, 6, (bs, n, vocab), generator=g).float()
-    config = dataclasses.replace(FINE, candidates=256, sorted=0)
+    config = dataclasses.replace(FINE, candidates=256, sorted=0, spread_rounds=spread)
     counts = candidates_over_the_bound(coarse, 1.0, 0, 0.9, config.sub)
     assert (counts > config.candidates).all() and ((coarse == 3).sum(-1) <= config.candidates).all()
     assert_same_decision(tree, coarse, 1.0, 0, 0.9, coins, config)
+
+
+@pytest.mark.triton_interpreter
+@pytest.mark.parametrize("spread", [0, 3], ids=["in-the-cut-kernel", "three-spread-rounds"])
+def test_top_p_over_flat_normal_rows_narrowed_in_rounds(spread):
+    # The sampling benchmark's rows (random normal x 2 at temperature 0.8) at 1,200 tokens: top-p 0.9
+    # keeps about 130 of each, and with a buffer of 16 the search takes several rounds over the row
+    # before the range still open fits it, spread over (row, chunk) programs or in the cut kernel.
+    bs, n = 2, 4
+    tree, g = random_batch(bs, n, VOCAB, 13)
+    logits = torch.randn(bs, n, VOCAB, generator=g) * 2
+    config = dataclasses.replace(FINE, candidates=16, sorted=0, spread_rounds=spread)
+    assert (candidates_over_the_bound(logits, 0.8, 0, 0.9, config.sub) > config.candidates).all()
+    assert_same_decision(tree, logits, 0.8, 0, 0.9, torch.rand(bs, n, generator=g), config)
 
 
 def logits_dividing_to_one_value(temperature: float) -> tuple[float, float]:

@@ -20,7 +20,9 @@ normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_
    searched there (``_gather``). Past the buffer (a wide tie at the cut, or top-p over a flat row)
    the whole row is searched instead, so any logits get the exact cut; for top-p alone its first
    rounds also count the values in the range still open (``_narrow``), and once those fit the
-   buffer they are copied there (``_gather_range``) and the search goes on over the copy. With ``LaunchConfig.second``
+   buffer they are copied there (``_gather_range``) and the search goes on over the copy; with
+   ``LaunchConfig.spread_rounds`` the first of those rounds run before, as launches of (row, chunk)
+   programs that each sum their chunk's partials (``_spread_kernel``). With ``LaunchConfig.second``
    the stats pass also keeps each group's second-largest value, and a live group whose second
    value is below the bound gives its maximum alone, unread (``_gather_second``). Each search runs
    over the floats' ordered integer keys with ``probes`` thresholds a round, a fixed number of
@@ -93,6 +95,10 @@ class LaunchConfig:
     # Warps of the cut kernel's row programs for top-p alone (0: as above), whose rounds over a flat
     # row's every value are the arithmetic of one program a row; each round's tile grows with them.
     p_warps: int = 0
+    # Top-p alone's first search rounds over a flat row (``_narrow``) run as this many launches of
+    # (row, chunk) programs (``_spread_kernel``) before the cut kernel, instead of in its one program
+    # per row (0: none).
+    spread_rounds: int = 0
     # Registers a thread of the stats pass, and of the cut kernel where top-k bounds the candidates,
     # may take (0: as the compiler chooses): fewer let more programs share an SM (the cut kernel
     # spills some to the stack).
@@ -181,6 +187,13 @@ CONFIGS = {
     "c1024-p16-w4-g128-pw16": LaunchConfig(1024, 128, 16, 4, p_warps=16),
     "c2048-p16-w4-g128-cw2-gt512-t64-r64-pw16": LaunchConfig(2048, 128, 16, 4, cut_warps=2, gather=512,
                                                              stats_regs=64, cut_tile=64, p_warps=16),
+    # The engine's shapes with top-p alone's first two search rounds over a flat row spread over (row,
+    # chunk) programs (two launches), which narrow the benchmark's rows to a range the buffer holds.
+    "c1024-p16-w4-g128-m2-fused-pw16-sp2": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, p_warps=16,
+                                                        spread_rounds=2),
+    "c1024-p16-w4-g128-sp2": LaunchConfig(1024, 128, 16, 4, spread_rounds=2),
+    "c2048-p16-w4-g128-cw2-gt512-t64-r64-sp2": LaunchConfig(2048, 128, 16, 4, cut_warps=2, gather=512,
+                                                            stats_regs=64, cut_tile=64, spread_rounds=2),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, float32, graphed, coins
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
@@ -565,17 +578,44 @@ def _nth_tie(Logits, CandX, CandId, row, t, count, fits, V, CAP, key, nth, T: tl
 
 
 @triton.jit
-def _narrow(Logits, CandX, CandId, row, t, V, CAP, lo, hi, m, z, top_p, rounds, S: tl.constexpr, T: tl.constexpr):
+def _narrow_start(m, z, V, top_p, lo):
+    """The keys a flat row's top-p search starts from: from v where V values at or below v would weigh
+    less than 1 - top_p of the mass (with a margin over rounding), so the cut is above v, or ``lo``
+    if higher, to the row's maximum."""
+    return tl.maximum(lo, _key(m + tl.log((1.0 - top_p) * z / V) - 0.01)), _key(m)
+
+
+@triton.jit
+def _narrow_step(tot, cnt, thr, lo, hi, n_ge_lo, n_gt_hi, above, limit):
+    """One top-p search round's new state, from the mass ``tot`` and count ``cnt`` of the values above
+    each threshold ``thr`` of the keys [lo, hi]: the keys still open, the values at or above lo and
+    above hi (hi moves to a threshold and lo to one past a threshold: their counts are that
+    threshold's) and the mass above hi."""
+    new_lo, new_hi = _top_p_round(tot, thr, lo, hi, limit)
+    if new_hi < hi:
+        n_gt_hi = tl.sum(tl.where(thr == new_hi, cnt, 0), axis=0)
+        above = tl.sum(tl.where(thr == new_hi, tot, 0.0), axis=0)
+    if new_lo > lo:
+        n_ge_lo = tl.sum(tl.where(thr + 1 == new_lo, cnt, 0), axis=0)
+    return new_lo, new_hi, n_ge_lo, n_gt_hi, above
+
+
+@triton.jit
+def _over(x, m, thr):
+    """The mass exp(x - m) and the count of the values ``x`` above each threshold ``thr``, per value:
+    [len(x), len(thr)] each. A -inf (past V) is above none: every threshold is above a finite key."""
+    over = _key(x)[:, None] > thr[None, :]
+    return tl.where(over, tl.exp(x - m)[:, None], 0.0), over.to(tl.int32)
+
+
+@triton.jit
+def _narrow(Logits, CandX, CandId, row, t, V, CAP, lo, hi, n_ge_lo, n_gt_hi, above, m, z, top_p, rounds,
+            S: tl.constexpr, T: tl.constexpr):
     """Top-p's search rounds (``_search``'s, the limit top_p x the row's mass ``z``) over the whole row,
     each also counting the values above its thresholds, until the keys [lo, hi] still open hold at
-    most ``CAP`` values (or ``rounds`` have run). Returns lo, hi, whether those values fit the buffer
-    and, where they do, the mass of the values above hi (else 0: the whole row is searched)."""
-    # The rounds start at v where V values at or below v would weigh less than 1 - top_p of the mass
-    # (with a margin over rounding): the mass above v reaches top_p, so the cut is above v.
-    lo = tl.maximum(lo, _key(m + tl.log((1.0 - top_p) * z / V) - 0.01))
-    n_ge_lo = V.to(tl.int32)  # at most: the count at or above the first lo is not known
-    n_gt_hi = tl.zeros((), tl.int32)  # hi starts at the row's maximum
-    above = tl.zeros((), tl.float32)
+    most ``CAP`` values (or ``rounds`` have run), from a state ``_narrow_step`` keeps (V values at or
+    above lo where that is not known). Returns lo, hi, whether those values fit the buffer and,
+    where they do, the mass of the values above hi (else 0: the whole row is searched)."""
     for _round in range(rounds):
         if (n_ge_lo - n_gt_hi > CAP) & (lo < hi):
             thr = _probes(lo, hi, S)
@@ -583,22 +623,84 @@ def _narrow(Logits, CandX, CandId, row, t, V, CAP, lo, hi, m, z, top_p, rounds, 
             many = tl.zeros([T, S], tl.int32)
             for start in range(0, V, T):
                 x, _ids, _ok = _tile(Logits, CandX, CandId, row, t, start, V, False, V, CAP, T)
-                over = _key(x)[:, None] > thr[None, :]  # never a -inf past V: every threshold is above lo
-                mass += tl.where(over, tl.exp(x - m)[:, None], 0.0)
-                many += over.to(tl.int32)
-            tot = tl.sum(mass, axis=0)
-            cnt = tl.sum(many, axis=0)
-            new_lo, new_hi = _top_p_round(tot, thr, lo, hi, top_p * z)
-            # hi moves to a threshold and lo to one past a threshold: their counts are that threshold's.
-            if new_hi < hi:
-                n_gt_hi = tl.sum(tl.where(thr == new_hi, cnt, 0), axis=0)
-                above = tl.sum(tl.where(thr == new_hi, tot, 0.0), axis=0)
-            if new_lo > lo:
-                n_ge_lo = tl.sum(tl.where(thr + 1 == new_lo, cnt, 0), axis=0)
-            lo = new_lo
-            hi = new_hi
+                e, c = _over(x, m, thr)
+                mass += e
+                many += c
+            lo, hi, n_ge_lo, n_gt_hi, above = _narrow_step(tl.sum(mass, axis=0), tl.sum(many, axis=0).to(tl.int64),
+                                                           thr, lo, hi, n_ge_lo, n_gt_hi, above, top_p * z)
     fits = n_ge_lo - n_gt_hi <= CAP
     return lo, hi, fits, tl.where(fits, above, 0.0)
+
+
+@triton.jit
+def _spread_state(State, Above, PMass, PCnt, r, row, rows, NC, CAP, top_p, z, S: tl.constexpr,
+                  BLOCK_C: tl.constexpr):
+    """Round ``r``'s state of a row's spread top-p search (``_spread_kernel``): round r - 1's (lo, hi,
+    values at or above lo, above hi, flat, active), its mass above hi, and, where that round ran,
+    its thresholds' mass and counts summed over the chunks' partials (chunk order) and applied."""
+    at = ((r - 1) * rows + row) * 6
+    lo, hi = tl.load(State + at), tl.load(State + at + 1)
+    n_ge_lo, n_gt_hi = tl.load(State + at + 2), tl.load(State + at + 3)
+    flat, active = tl.load(State + at + 4), tl.load(State + at + 5)
+    above = tl.load(Above + (r - 1) * rows + row)
+    if active != 0:
+        thr = _probes(lo, hi, S)
+        c = tl.arange(0, BLOCK_C)[:, None]
+        j = tl.arange(0, S)[None, :]
+        part = (((r - 1) * rows + row) * NC + c) * S + j
+        tot = tl.sum(tl.load(PMass + part, mask=c < NC, other=0.0), axis=0)
+        cnt = tl.sum(tl.load(PCnt + part, mask=c < NC, other=0), axis=0).to(tl.int64)
+        lo, hi, n_ge_lo, n_gt_hi, above = _narrow_step(tot, cnt, thr, lo, hi, n_ge_lo, n_gt_hi, above, top_p * z)
+    return lo, hi, n_ge_lo, n_gt_hi, above, flat
+
+
+@triton.jit
+def _spread_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt, r, rows, N, V, NC, CAP, top_p,
+                   CHUNK: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+    """Round ``r`` of top-p alone's search over a flat row, one program per (row, chunk): every program
+    of a row finds the round's keys from the last round's partials (``_spread_state``), the same in
+    each, and the chunk's mass and count above each threshold are its partial; the row's first
+    program records the state. A row is flat where its chunks' maxima weigh less than top_p of the
+    mass: the nucleus then holds more values than there are chunks, and the cut kernel's copy of
+    the candidates would likely not hold them."""
+    pdl.wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    m, _arg, z, chunk_max = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C, True)
+    if r == 0:
+        lo, hi = _narrow_start(m, z, V, top_p, tl.full((), -(1 << 31), tl.int64))
+        n_ge_lo = V.to(tl.int64)
+        n_gt_hi = tl.zeros((), tl.int64)
+        above = tl.zeros((), tl.float32)
+        flat = (tl.sum(tl.exp(chunk_max - m), axis=0) < top_p * z).to(tl.int64)
+    else:
+        lo, hi, n_ge_lo, n_gt_hi, above, flat = _spread_state(State, Above, PMass, PCnt, r, row, rows, NC, CAP,
+                                                              top_p, z, S, BLOCK_C)
+    active = ((flat != 0) & (n_ge_lo - n_gt_hi > CAP) & (lo < hi)).to(tl.int64)
+    pdl.launch_dependents(PDL)
+    if c == 0:
+        at = (r * rows + row) * 6
+        tl.store(State + at, lo)
+        tl.store(State + at + 1, hi)
+        tl.store(State + at + 2, n_ge_lo)
+        tl.store(State + at + 3, n_gt_hi)
+        tl.store(State + at + 4, flat)
+        tl.store(State + at + 5, active)
+        tl.store(Above + r * rows + row, above)
+    if active != 0:
+        t = tl.load(Temp + row // N)
+        thr = _probes(lo, hi, S)
+        mass = tl.zeros([T, S], tl.float32)
+        many = tl.zeros([T, S], tl.int32)
+        for start in range(0, CHUNK, T):
+            offs = c * CHUNK + start + tl.arange(0, T)
+            x = _scaled(tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")), t)
+            e, k = _over(x, m, thr)
+            mass += e
+            many += k
+        part = ((r * rows + row) * NC + c) * S + tl.arange(0, S)
+        tl.store(PMass + part, tl.sum(mass, axis=0))
+        tl.store(PCnt + part, tl.sum(many, axis=0))
 
 
 @triton.jit
@@ -692,7 +794,8 @@ def _last_of(Arrived, programs):
 @triton.jit
 def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, Count, M, Z, Cut, CutId, Argmax, N, V,
                 NC, NG, CAP, rounds, top_k, top_p, Arrived, Tokens, Parents, Depth, Valid, Mask, Coins, Status, Path,
-                AcceptLength, ChildProbs, CoinsOut, Last, U, W, HAS_K: tl.constexpr, HAS_P: tl.constexpr,
+                AcceptLength, ChildProbs, CoinsOut, Last, U, W, State, Above, PMass, PCnt, Rows, HAS_K: tl.constexpr,
+                HAS_P: tl.constexpr, SPREAD: tl.constexpr,
                 SUB: tl.constexpr, GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, GT: tl.constexpr,
                 BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr, SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr,
                 SMALL_SORT: tl.constexpr,
@@ -725,9 +828,19 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, C
             if HAS_P and not HAS_K:
                 if not fits:
                     # Top-p over a flat row: the search's first rounds run over the whole row until the
-                    # keys still open hold few enough values to copy, the rest over the copy.
-                    lo, hi, fits, base = _narrow(Logits, CandX, CandId, row, t, V, CAP, lo, hi, m, z, top_p,
-                                                 rounds, S, T)
+                    # keys still open hold few enough values to copy, the rest over the copy. Those
+                    # rounds start where the spread rounds (``_spread_kernel``) left a flat row.
+                    lo, hi = _narrow_start(m, z, V, top_p, lo)
+                    n_ge_lo = V.to(tl.int64)  # at most: the count at or above the first lo is not known
+                    n_gt_hi = tl.zeros((), tl.int64)  # hi starts at the row's maximum
+                    above = tl.zeros((), tl.float32)
+                    if SPREAD > 0:
+                        s_lo, s_hi, s_ge, s_gt, s_above, flat = _spread_state(State, Above, PMass, PCnt, SPREAD, row,
+                                                                              Rows, NC, CAP, top_p, z, S, BLOCK_C)
+                        if flat != 0:
+                            lo, hi, n_ge_lo, n_gt_hi, above = s_lo, s_hi, s_ge, s_gt, s_above
+                    lo, hi, fits, base = _narrow(Logits, CandX, CandId, row, t, V, CAP, lo, hi, n_ge_lo, n_gt_hi,
+                                                 above, m, z, top_p, rounds, S, T)
                     if fits:
                         count = _gather_range(Logits, CandX, CandId, row, t, V, CAP, lo, hi, GT)
             cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, tl.where(fits, count, V), fits, V, CAP,
@@ -1035,10 +1148,22 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
             mask.contiguous().view(torch.uint8), coins.float().contiguous())
     decide_warps = max(warps, 4 if block <= 64 else 8)
     p_warps = config.p_warps if has_p and not has_k else 0
+    # Top-p alone's spread rounds: per round and row its search state (lo, hi, values at or above lo,
+    # above hi, flat, active) and mass above hi, and per chunk its partial sums at each threshold.
+    spread = config.spread_rounds if has_p and not has_k else 0
+    state = torch.empty(max(spread, 1), rows, 6, dtype=torch.int64, device=dev)
+    above = torch.empty(max(spread, 1), rows, **f32)
+    pmass = torch.empty(max(spread, 1), rows if spread else 1, nc, config.probes, **f32)
+    pcnt = torch.empty(pmass.shape, dtype=torch.int32, device=dev)
+    for r in range(spread):
+        _spread_kernel[(rows, nc)](logits, temperature, vals, idx, sums, state, above, pmass, pcnt, r, rows, n, vocab,
+                                   nc, cap, float(top_p), CHUNK=chunk, S=config.probes, T=min(chunk, SEARCH_TILE),
+                                   BLOCK_C=block_c, num_warps=warps, **launch)
     _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, gmax2, live, cand_x, cand_id, count, m, z, cut,
                          cut_id, argmax, n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p),
-                         arrived, *tree, status, path, length, child_probs, coins_out, last, u, width, HAS_K=has_k,
-                         HAS_P=has_p, SUB=sub, GB=max(1, config.gather // sub), S=config.probes,
+                         arrived, *tree, status, path, length, child_probs, coins_out, last, u, width, state, above,
+                         pmass, pcnt, rows, HAS_K=has_k, HAS_P=has_p, SPREAD=spread, SUB=sub,
+                         GB=max(1, config.gather // sub), S=config.probes,
                          T=(has_k and config.cut_tile) or SEARCH_TILE * max(1, p_warps // 8), GT=GATHER_TILE,
                          BLOCK_C=block_c, BLOCK_G=block_g, SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort,
                          PRE=pre, ID_BITS=ID_BITS, SECOND=second, FUSED=config.fused, BLOCK=block,
