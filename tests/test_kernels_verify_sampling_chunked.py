@@ -236,11 +236,12 @@ def test_top_p_over_a_flat_row_searches_a_copy_of_the_narrowed_range(spread):
 def test_top_p_over_flat_normal_rows_narrowed_in_rounds(spread):
     # The sampling benchmark's rows (random normal x 2 at temperature 0.8) at 1,200 tokens: top-p 0.9
     # keeps about 130 of each, and with a buffer of 16 the search takes several rounds over the row
-    # before the range still open fits it, spread over (row, chunk) programs or in the cut kernel.
+    # before the range still open fits it, spread over (row, chunk) programs (5 a row, whose partials
+    # are summed) or in the cut kernel.
     bs, n = 2, 4
     tree, g = random_batch(bs, n, VOCAB, 13)
     logits = torch.randn(bs, n, VOCAB, generator=g) * 2
-    config = dataclasses.replace(FINE, candidates=16, sorted=0, spread_rounds=spread)
+    config = dataclasses.replace(FINE, candidates=16, sorted=0, spread_rounds=spread, spread_chunk=256)
     assert (candidates_over_the_bound(logits, 0.8, 0, 0.9, config.sub) > config.candidates).all()
     assert_same_decision(tree, logits, 0.8, 0, 0.9, torch.rand(bs, n, generator=g), config)
 

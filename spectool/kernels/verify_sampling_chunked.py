@@ -99,6 +99,9 @@ class LaunchConfig:
     # (row, chunk) programs (``_spread_kernel``) before the cut kernel, instead of in its one program
     # per row (0: none).
     spread_rounds: int = 0
+    # Values each program of a spread round sums (16 programs a row at V 128256): every program first
+    # adds up its row's partials of the round before, so fewer, longer programs read fewer of them.
+    spread_chunk: int = 8192
     # Registers a thread of the stats pass, and of the cut kernel where top-k bounds the candidates,
     # may take (0: as the compiler chooses): fewer let more programs share an SM (the cut kernel
     # spills some to the stack).
@@ -633,8 +636,8 @@ def _narrow(Logits, CandX, CandId, row, t, V, CAP, lo, hi, n_ge_lo, n_gt_hi, abo
 
 
 @triton.jit
-def _spread_state(State, Above, PMass, PCnt, r, row, rows, NC, CAP, top_p, z, S: tl.constexpr,
-                  BLOCK_C: tl.constexpr):
+def _spread_state(State, Above, PMass, PCnt, r, row, rows, NCS, CAP, top_p, z, S: tl.constexpr,
+                  BLOCK_CS: tl.constexpr):
     """Round ``r``'s state of a row's spread top-p search (``_spread_kernel``): round r - 1's (lo, hi,
     values at or above lo, above hi, flat, active), its mass above hi, and, where that round ran,
     its thresholds' mass and counts summed over the chunks' partials (chunk order) and applied."""
@@ -645,19 +648,21 @@ def _spread_state(State, Above, PMass, PCnt, r, row, rows, NC, CAP, top_p, z, S:
     above = tl.load(Above + (r - 1) * rows + row)
     if active != 0:
         thr = _probes(lo, hi, S)
-        c = tl.arange(0, BLOCK_C)[:, None]
+        c = tl.arange(0, BLOCK_CS)[:, None]
         j = tl.arange(0, S)[None, :]
-        part = (((r - 1) * rows + row) * NC + c) * S + j
-        tot = tl.sum(tl.load(PMass + part, mask=c < NC, other=0.0), axis=0)
-        cnt = tl.sum(tl.load(PCnt + part, mask=c < NC, other=0), axis=0).to(tl.int64)
+        part = (((r - 1) * rows + row) * NCS + c) * S + j
+        tot = tl.sum(tl.load(PMass + part, mask=c < NCS, other=0.0), axis=0)
+        cnt = tl.sum(tl.load(PCnt + part, mask=c < NCS, other=0), axis=0).to(tl.int64)
         lo, hi, n_ge_lo, n_gt_hi, above = _narrow_step(tot, cnt, thr, lo, hi, n_ge_lo, n_gt_hi, above, top_p * z)
     return lo, hi, n_ge_lo, n_gt_hi, above, flat
 
 
 @triton.jit
-def _spread_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt, r, rows, N, V, NC, CAP, top_p,
-                   CHUNK: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
-    """Round ``r`` of top-p alone's search over a flat row, one program per (row, chunk): every program
+def _spread_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt, r, rows, N, V, NC, NCS, CAP, top_p,
+                   CHUNK: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr,
+                   BLOCK_CS: tl.constexpr, PDL: tl.constexpr):
+    """Round ``r`` of top-p alone's search over a flat row, one program per ``CHUNK`` values of a row
+    (``NCS`` of them; the stats pass's chunks are ``NC``): every program
     of a row finds the round's keys from the last round's partials (``_spread_state``), the same in
     each, and the chunk's mass and count above each threshold are its partial; the row's first
     program records the state. A row is flat where its chunks' maxima weigh less than top_p of the
@@ -674,8 +679,8 @@ def _spread_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt, r, ro
         above = tl.zeros((), tl.float32)
         flat = (tl.sum(tl.exp(chunk_max - m), axis=0) < top_p * z).to(tl.int64)
     else:
-        lo, hi, n_ge_lo, n_gt_hi, above, flat = _spread_state(State, Above, PMass, PCnt, r, row, rows, NC, CAP,
-                                                              top_p, z, S, BLOCK_C)
+        lo, hi, n_ge_lo, n_gt_hi, above, flat = _spread_state(State, Above, PMass, PCnt, r, row, rows, NCS, CAP,
+                                                              top_p, z, S, BLOCK_CS)
     active = ((flat != 0) & (n_ge_lo - n_gt_hi > CAP) & (lo < hi)).to(tl.int64)
     pdl.launch_dependents(PDL)
     if c == 0:
@@ -698,7 +703,7 @@ def _spread_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt, r, ro
             e, k = _over(x, m, thr)
             mass += e
             many += k
-        part = ((r * rows + row) * NC + c) * S + tl.arange(0, S)
+        part = ((r * rows + row) * NCS + c) * S + tl.arange(0, S)
         tl.store(PMass + part, tl.sum(mass, axis=0))
         tl.store(PCnt + part, tl.sum(many, axis=0))
 
@@ -794,11 +799,11 @@ def _last_of(Arrived, programs):
 @triton.jit
 def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, Count, M, Z, Cut, CutId, Argmax, N, V,
                 NC, NG, CAP, rounds, top_k, top_p, Arrived, Tokens, Parents, Depth, Valid, Mask, Coins, Status, Path,
-                AcceptLength, ChildProbs, CoinsOut, Last, U, W, State, Above, PMass, PCnt, Rows, HAS_K: tl.constexpr,
-                HAS_P: tl.constexpr, SPREAD: tl.constexpr,
+                AcceptLength, ChildProbs, CoinsOut, Last, U, W, State, Above, PMass, PCnt, Rows, NCS,
+                HAS_K: tl.constexpr, HAS_P: tl.constexpr, SPREAD: tl.constexpr,
                 SUB: tl.constexpr, GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, GT: tl.constexpr,
-                BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr, SORTED: tl.constexpr, SORT_BLOCK: tl.constexpr,
-                SMALL_SORT: tl.constexpr,
+                BLOCK_C: tl.constexpr, BLOCK_CS: tl.constexpr, BLOCK_G: tl.constexpr, SORTED: tl.constexpr,
+                SORT_BLOCK: tl.constexpr, SMALL_SORT: tl.constexpr,
                 PRE: tl.constexpr, ID_BITS: tl.constexpr, SECOND: tl.constexpr, FUSED: tl.constexpr,
                 BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.wait(PDL)
@@ -836,7 +841,7 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, C
                     above = tl.zeros((), tl.float32)
                     if SPREAD > 0:
                         s_lo, s_hi, s_ge, s_gt, s_above, flat = _spread_state(State, Above, PMass, PCnt, SPREAD, row,
-                                                                              Rows, NC, CAP, top_p, z, S, BLOCK_C)
+                                                                              Rows, NCS, CAP, top_p, z, S, BLOCK_CS)
                         if flat != 0:
                             lo, hi, n_ge_lo, n_gt_hi, above = s_lo, s_hi, s_ge, s_gt, s_above
                     lo, hi, fits, base = _narrow(Logits, CandX, CandId, row, t, V, CAP, lo, hi, n_ge_lo, n_gt_hi,
@@ -1153,20 +1158,25 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     spread = config.spread_rounds if has_p and not has_k else 0
     state = torch.empty(max(spread, 1), rows, 6, dtype=torch.int64, device=dev)
     above = torch.empty(max(spread, 1), rows, **f32)
-    pmass = torch.empty(max(spread, 1), rows if spread else 1, nc, config.probes, **f32)
+    spread_chunk = min(config.spread_chunk, triton.next_power_of_2(vocab))
+    ncs = triton.cdiv(vocab, spread_chunk)
+    block_cs = max(2, triton.next_power_of_2(ncs))
+    pmass = torch.empty(max(spread, 1), rows if spread else 1, ncs, config.probes, **f32)
     pcnt = torch.empty(pmass.shape, dtype=torch.int32, device=dev)
     for r in range(spread):
-        _spread_kernel[(rows, nc)](logits, temperature, vals, idx, sums, state, above, pmass, pcnt, r, rows, n, vocab,
-                                   nc, cap, float(top_p), CHUNK=chunk, S=config.probes, T=min(chunk, SEARCH_TILE),
-                                   BLOCK_C=block_c, num_warps=warps, **launch)
+        _spread_kernel[(rows, ncs)](logits, temperature, vals, idx, sums, state, above, pmass, pcnt, r, rows, n, vocab,
+                                    nc, ncs, cap, float(top_p), CHUNK=spread_chunk, S=config.probes,
+                                    T=min(spread_chunk, SEARCH_TILE), BLOCK_C=block_c, BLOCK_CS=block_cs,
+                                    num_warps=warps, **launch)
     _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, gmax2, live, cand_x, cand_id, count, m, z, cut,
                          cut_id, argmax, n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p),
                          arrived, *tree, status, path, length, child_probs, coins_out, last, u, width, state, above,
-                         pmass, pcnt, rows, HAS_K=has_k, HAS_P=has_p, SPREAD=spread, SUB=sub,
+                         pmass, pcnt, rows, ncs, HAS_K=has_k, HAS_P=has_p, SPREAD=spread, SUB=sub,
                          GB=max(1, config.gather // sub), S=config.probes,
                          T=(has_k and config.cut_tile) or SEARCH_TILE * max(1, p_warps // 8), GT=GATHER_TILE,
-                         BLOCK_C=block_c, BLOCK_G=block_g, SORTED=sort, SORT_BLOCK=sort_block, SMALL_SORT=small_sort,
-                         PRE=pre, ID_BITS=ID_BITS, SECOND=second, FUSED=config.fused, BLOCK=block,
+                         BLOCK_C=block_c, BLOCK_CS=block_cs, BLOCK_G=block_g, SORTED=sort, SORT_BLOCK=sort_block,
+                         SMALL_SORT=small_sort, PRE=pre, ID_BITS=ID_BITS, SECOND=second, FUSED=config.fused,
+                         BLOCK=block,
                          num_warps=(has_k and config.cut_warps) or p_warps or max(warps, 8, decide_warps),
                          **_regs(has_k and config.cut_regs), **launch)
     if bs:
