@@ -582,10 +582,12 @@ def _nth_tie(Logits, CandX, CandId, row, t, count, fits, V, CAP, key, nth, T: tl
 
 @triton.jit
 def _narrow_start(m, z, V, top_p, lo):
-    """The keys a flat row's top-p search starts from: from v where V values at or below v would weigh
-    less than 1 - top_p of the mass (with a margin over rounding), so the cut is above v, or ``lo``
-    if higher, to the row's maximum."""
-    return tl.maximum(lo, _key(m + tl.log((1.0 - top_p) * z / V) - 0.01)), _key(m)
+    """The state a flat row's top-p search starts from (``_narrow_step``'s): the keys from v where V
+    values at or below v would weigh less than 1 - top_p of the mass (with a margin over rounding),
+    so the cut is above v, or ``lo`` if higher, to the row's maximum; V values at or above lo (at
+    most: the count is not known), none above hi and no mass above it."""
+    lo = tl.maximum(lo, _key(m + tl.log((1.0 - top_p) * z / V) - 0.01))
+    return lo, _key(m), V.to(tl.int64), tl.zeros((), tl.int64), tl.zeros((), tl.float32)
 
 
 @triton.jit
@@ -616,8 +618,8 @@ def _narrow(Logits, CandX, CandId, row, t, V, CAP, lo, hi, n_ge_lo, n_gt_hi, abo
             S: tl.constexpr, T: tl.constexpr):
     """Top-p's search rounds (``_search``'s, the limit top_p x the row's mass ``z``) over the whole row,
     each also counting the values above its thresholds, until the keys [lo, hi] still open hold at
-    most ``CAP`` values (or ``rounds`` have run), from a state ``_narrow_step`` keeps (V values at or
-    above lo where that is not known). Returns lo, hi, whether those values fit the buffer and,
+    most ``CAP`` values (or ``rounds`` have run), from a state ``_narrow_step`` keeps
+    (``_narrow_start``'s, or the spread rounds'). Returns lo, hi, whether those values fit the buffer and,
     where they do, the mass of the values above hi (else 0: the whole row is searched)."""
     for _round in range(rounds):
         if (n_ge_lo - n_gt_hi > CAP) & (lo < hi):
@@ -673,10 +675,7 @@ def _spread_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt, r, ro
     c = tl.program_id(1)
     m, _arg, z, chunk_max = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C, True)
     if r == 0:
-        lo, hi = _narrow_start(m, z, V, top_p, tl.full((), -(1 << 31), tl.int64))
-        n_ge_lo = V.to(tl.int64)
-        n_gt_hi = tl.zeros((), tl.int64)
-        above = tl.zeros((), tl.float32)
+        lo, hi, n_ge_lo, n_gt_hi, above = _narrow_start(m, z, V, top_p, tl.full((), -(1 << 31), tl.int64))
         flat = (tl.sum(tl.exp(chunk_max - m), axis=0) < top_p * z).to(tl.int64)
     else:
         lo, hi, n_ge_lo, n_gt_hi, above, flat = _spread_state(State, Above, PMass, PCnt, r, row, rows, NCS, CAP,
@@ -835,10 +834,7 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, C
                     # Top-p over a flat row: the search's first rounds run over the whole row until the
                     # keys still open hold few enough values to copy, the rest over the copy. Those
                     # rounds start where the spread rounds (``_spread_kernel``) left a flat row.
-                    lo, hi = _narrow_start(m, z, V, top_p, lo)
-                    n_ge_lo = V.to(tl.int64)  # at most: the count at or above the first lo is not known
-                    n_gt_hi = tl.zeros((), tl.int64)  # hi starts at the row's maximum
-                    above = tl.zeros((), tl.float32)
+                    lo, hi, n_ge_lo, n_gt_hi, above = _narrow_start(m, z, V, top_p, lo)
                     if SPREAD > 0:
                         s_lo, s_hi, s_ge, s_gt, s_above, flat = _spread_state(State, Above, PMass, PCnt, SPREAD, row,
                                                                               Rows, NCS, CAP, top_p, z, S, BLOCK_CS)
