@@ -42,6 +42,7 @@ def test_several_sequences_take_the_split_kernel_only_one_token_each(monkeypatch
     assert decisions(32, 1, 4096, H) == (False, False)  # past MAX_ROWS: cuBLAS
     assert decisions(2, 5, 4096, H) == (False, False)  # several tokens a sequence: cuBLAS
     assert decisions(8, 1, 28672, H) == (False, False)  # a shape where cuBLAS was faster
+    assert decisions(8, 1, 3072, 2048) == (False, False)  # a shape never timed (the 1B's qkv): cuBLAS
     assert decisions(1, 1, 4096, H) == (True, False)  # one row: the fused GEMV
     monkeypatch.setattr(ops, "SPLIT_GEMV", False)
     assert decisions(8, 1, 4096, H) == (False, False)

@@ -29,7 +29,10 @@ from spectool.kernels.triton_import import tl, triton
 
 _BLOCK_M = 16  # tl.dot needs every dimension >= 16; rows past M are masked to zero
 # (BLOCK_N, BLOCK_K, split, num_warps, num_stages) by weight shape [N, K]; None where cuBLAS reads
-# that weight faster (``ops`` then keeps it); DEFAULT_CONFIG for a shape not listed. The 8B shapes at
+# that weight faster. ``ops`` takes the kernel only at the shapes listed with a config: at the 1B
+# shapes, untimed, DEFAULT_CONFIG made the 1B decode step at batch 8 0.924x cuBLAS's, 5452 against
+# 5901 tok/s (H100, 2026-12-06, ``benchmarks/decode.py --shapes 8B,1B --batches 1,8 --no-hf --quick
+# --no-split-gemv``). A direct call at another shape takes DEFAULT_CONFIG. The 8B shapes at
 # 8 rows, each the best of 24 configs (H100, 2026-12-06, ``benchmarks/gemv.py --shapes 8B --rows 8
 # --split --configs sweep --quick``; µs with the norm or SiLU·mul kernel before it, against that
 # kernel + cuBLAS): qkv 23.3 against 24.2, o 15.3 against 17.5, down 44.7 against 46.9, lm_head
@@ -51,8 +54,8 @@ _counts: dict[torch.device, torch.Tensor] = {}
 
 def config_for(n: int, k: int) -> tuple[int, int, int, int, int] | None:
     """The launch config for an [n, k] weight, a function of the shape alone (module docstring); None
-    where cuBLAS is faster."""
-    return CONFIGS.get((n, k), DEFAULT_CONFIG)
+    where cuBLAS is faster or the shape was never timed against it."""
+    return CONFIGS.get((n, k))
 
 
 def fit_config(config: tuple[int, int, int, int, int], element_size: int) -> tuple[int, int, int, int, int]:

@@ -135,7 +135,8 @@ def _fused(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> boo
 # Several sequences' one-token projections through kernels/gemv_split.py (``_split``): the 8B decode
 # step at batch 8 took 1270 tok/s against 1244 with cuBLAS, the same tokens (H100, 2026-12-06,
 # ``benchmarks/decode.py --shapes 8B --batches 1,8 --no-hf --quick --no-split-gemv``), and the
-# engine's GPU tests (graphed against eager tokens at every batch) pass with it. False: cuBLAS.
+# engine's GPU tests (graphed against eager tokens at every batch) pass with it. Only the weight shapes
+# ``gemv_split.CONFIGS`` gives a config take it (the 8B's); others stay with cuBLAS. False: cuBLAS.
 SPLIT_GEMV = True
 
 

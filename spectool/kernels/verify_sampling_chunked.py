@@ -215,8 +215,12 @@ CONFIGS = {
 # c2048-p16-w4-g128-cw4-gt256-t64-r64,c2048-p16-w4-g128-cw4-gt256-t64-r64-cr64 --sampling-batches 64``): 2 warps
 # with 64-value search rounds took top-k 50 + top-p 0.9 to 259.3 µs against 272.2 (bf16: 222.1 against 237.7),
 # the same with temperature or top-p alone; at 4 warps, 291.0 and 266.4 (capped at 64 registers).
-DEFAULT_CONFIG = "c2048-p16-w4-g128-cw2-gt512-t64-r64"
-FEW_ROWS_CONFIG = "c1024-p16-w4-g128"
+# Every shape runs a flat row's first two top-p rounds spread over (row, 8,192-value) programs (H100,
+# 2026-12-06, ``--sampling-configs default,<shape>-sp2 --sampling-batches 1|16|64``), top-p 0.9 alone over
+# the benchmark's flat float32 rows: 259.2 against 558.9 µs at bs 1, 1080.3 against 1876.4 at bs 16,
+# 3636.8 against 4403.5 at bs 64 (bf16: 7514.8 against 8020.8); the other cuts within 0.3 µs.
+DEFAULT_CONFIG = "c2048-p16-w4-g128-cw2-gt512-t64-r64-sp2"
+FEW_ROWS_CONFIG = "c1024-p16-w4-g128-sp2"
 FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; bs 16 at N 16
 # One tree's rows also keep each group's second value and let the last programs decide and draw the
 # bonus: on an H100 (2026-12-06, ``--sampling-configs default,c1024-p16-w4-g128-m2-fused
@@ -225,7 +229,7 @@ FEW_ROWS = 256  # rows (requests x nodes) up to which FEW_ROWS_CONFIG is taken; 
 # Its top-p-alone cut programs take 16 warps (H100, 2026-12-06, ``--sampling-configs
 # default,c1024-p16-w4-g128-m2-fused-pw16 --sampling-batches 1``): 562.5 µs against 698.4 with top-p
 # 0.9 over the benchmark's flat rows, the other cuts the same (top-k 50 + top-p 0.9 37.8 against 37.6).
-ONE_TREE_CONFIG = "c1024-p16-w4-g128-m2-fused-pw16"
+ONE_TREE_CONFIG = "c1024-p16-w4-g128-m2-fused-pw16-sp2"
 ONE_TREE_ROWS = 16  # rows up to which ONE_TREE_CONFIG is taken; bs 1 at N 16
 # Values a cut round reads at once. Its per-thread sums are [SEARCH_TILE, probes] float32: at 512 the
 # cut kernel compiled for sm_90 spilled to the stack at top-k + top-p, at 256 it stays within 128

@@ -1,7 +1,8 @@
 """The split-K product of several sequences (kernels/gemv_split.py) on CUDA at the 8B projections'
 shapes: against cuBLAS (bf16, float32 sums in another order, so equal to the last bit almost
 everywhere), a row the same bits whatever the other rows and however many pad the batch, and a
-CUDA graph's replay the same bits as the eager call."""
+CUDA graph's replay the same bits as the eager call; and the engine with every projection of
+the demo model sent to it: graphed tokens equal eager ones, greedy speculative equals plain."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import spectool as st
+from spectool.kernels import gemv_split as split_module
 from spectool.kernels.gemv_split import DEFAULT_CONFIG, config_for, gemv_split
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -49,3 +52,33 @@ def test_graph_replay_equals_eager():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, gemv_split(x2, w))
+
+
+def test_engine_with_every_projection_split(monkeypatch, demo_model_dir):
+    """The engine takes the kernel at the 8B's shapes only; here every weight shape takes it, so the
+    demo model's decode steps and draft steps at batch 4 run through it (float32: exact)."""
+    from test_engine_gpu import MAX_NEW, MAX_SEQ, METHODS, draft_config
+    from test_engine_support import cut_prompts, demo_token_streams
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return gemv_split(*args, **kwargs)
+
+    monkeypatch.setattr(split_module, "config_for", lambda n, k: DEFAULT_CONFIG)
+    monkeypatch.setattr(split_module, "gemv_split", counted)
+    target = st.load(demo_model_dir / "target", device="cuda", dtype=torch.float32)
+    prompts = cut_prompts(demo_token_streams(target, demo_model_dir), 8, seed=5, min_len=16,
+                          max_len=MAX_SEQ - MAX_NEW)
+    tokens = {}
+    for method in ["none", *METHODS]:
+        for graphs in (False, True):
+            calls.clear()
+            engine = st.Engine(target, draft=None if method == "none" else draft_config(method, demo_model_dir),
+                               max_batch_size=4, max_seq_len=MAX_SEQ, cuda_graphs=graphs)
+            tokens[method, graphs] = engine.generate(prompts, max_new_tokens=MAX_NEW, ignore_eos=True,
+                                                     record=False).token_ids
+            assert calls, f"{method}: no projection took the split kernel"
+        assert tokens[method, True] == tokens[method, False], method
+        assert tokens[method, False] == tokens["none", False], method
