@@ -4,6 +4,7 @@ Figure: docs/BENCHMARKS.md "Kernels". Time: about 1 minute on an H200.
 
     python benchmarks/tree_kernels.py            # CUDA if available, else CPU (torch reference only)
     python benchmarks/tree_kernels.py --sampling-only --sampling-configs sweep   # every chunked launch shape
+    python benchmarks/tree_kernels.py --sampling-only --sampling-cuts top-p --sampling-dtypes float32   # some cells
     python benchmarks/tree_kernels.py --profile sampling   # the graphed sampling verify, kernel by kernel
 
 Prints a table and, when $OUT is set, writes $OUT/tree_kernels.json. Index kernel: µs per
@@ -113,6 +114,19 @@ def sampling_configs(arg: str) -> list[str]:
     return names
 
 
+# The sampling cells' cuts by name (--sampling-cuts; the profile's --cuts): (top_k, top_p).
+CUTS = {"temperature": (0, 1.0), "top-k": (50, 1.0), "top-k-top-p": (50, 0.9), "top-p": (0, 0.9)}
+
+
+def sampling_cuts(arg: str) -> list[tuple[int, float]]:
+    """The (top_k, top_p) of each cut that ``arg`` names, joined by commas, of ``CUTS``."""
+    names = arg.split(",")
+    unknown = [n for n in names if n not in CUTS]
+    if unknown:
+        raise ValueError(f"unknown cuts {unknown}; some of {', '.join(CUTS)}, joined by commas")
+    return [CUTS[n] for n in names]
+
+
 def cuts_label(top_k: int, top_p: float) -> str:
     """How the tables name a sampling cell's cuts: "temperature", "top-k 50", "top-k 50, top-p 0.9"."""
     return ", ".join([f"top-k {top_k}"] * (top_k > 0) + [f"top-p {top_p:g}"] * (top_p < 1)) or "temperature"
@@ -153,9 +167,12 @@ def decision_match(got, want) -> str:
     return "rounding" if bool((gap < CDF_ROUNDING).all()) else "False"
 
 
-def sampling_table(configs: list[str], g: torch.Generator, done=None, batches: tuple[int, ...] = (1, 64)) -> list[dict]:
-    """Graphed µs per sampling verify (coins kernel included) of the torch, fused and chunked verifies;
-    ``done(rows)`` after each row, so a run stopped at a time limit keeps the rows it finished."""
+def sampling_table(configs: list[str], g: torch.Generator, done=None, batches: tuple[int, ...] = (1, 64),
+                   cuts: list[tuple[int, float]] | None = None,
+                   dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)) -> list[dict]:
+    """Graphed µs per sampling verify (coins kernel included) of the torch, fused and chunked verifies,
+    for each dtype, batch and cut (default: temperature, top-k 50 + top-p 0.9, top-p 0.9); ``done(rows)``
+    after each row, so a run stopped at a time limit keeps the rows it finished."""
     vocab, n = 128256, 16
     rows = []
     print(f"\nsampling verify in a CUDA graph (µs per iteration, N {n}, V {vocab}, coins included; "
@@ -163,11 +180,11 @@ def sampling_table(configs: list[str], g: torch.Generator, done=None, batches: t
           "between two float32 roundings of one CDF boundary)")
     print(f"{'dtype':>9} {'bs':>4} {'cuts':>17} {'torch':>9} {'fused':>9} {'config':>16} {'chunked':>9} "
           f"{'vs torch':>9} {'same':>8}")
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in dtypes:
         for bs in batches:
             tree, logits, seed, nonces, temps = sampling_case(bs, n, vocab, dtype, g)
             coins = sampling_coins(seed, nonces, tree.seq_lens, n)
-            for k, p in ((0, 1.0), (50, 0.9), (0, 0.9)):
+            for k, p in cuts or sampling_cuts("temperature,top-k-top-p,top-p"):
                 def step(verify, k=k, p=p, tree=tree, logits=logits, seed=seed, nonces=nonces, temps=temps, **kw):
                     c = sampling_coins(seed, nonces, tree.seq_lens, n)
                     return verify(tree, logits, temps, k, p, coins=c, **kw)
@@ -203,12 +220,20 @@ def main(argv: list[str] | None = None) -> int:
                              "or names joined by commas")
     parser.add_argument("--sampling-batches", default="1,64",
                         help="batch sizes of the sampling verify table, joined by commas")
+    parser.add_argument("--sampling-cuts", default="temperature,top-k-top-p,top-p",
+                        help=f"cuts of the sampling verify table, joined by commas, of {', '.join(CUTS)}")
+    parser.add_argument("--sampling-dtypes", default="float32,bfloat16",
+                        help="logits' dtypes of the sampling verify table: float32, bfloat16 or both")
     parser.add_argument("--sampling-only", action="store_true",
                         help="only the chunked sampling verify table (default launch shape unless given)")
     args = parser.parse_args(argv)
     try:
         configs = sampling_configs(args.sampling_configs or "default")
-    except ValueError as err:
+        cuts = sampling_cuts(args.sampling_cuts)
+        dtypes = tuple(getattr(torch, d) for d in args.sampling_dtypes.split(","))
+        if any(d not in (torch.float32, torch.bfloat16) for d in dtypes):
+            raise ValueError(f"--sampling-dtypes takes float32 and bfloat16, got {args.sampling_dtypes!r}")
+    except (ValueError, AttributeError) as err:
         parser.error(str(err))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     g = torch.Generator().manual_seed(0)
@@ -220,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         warm_up_gpu()
         if args.sampling_configs or args.sampling_only:
             batches = tuple(int(b) for b in args.sampling_batches.split(","))
-            results["sampling"] = sampling_table(configs, g, lambda rows: write({**results, "sampling": rows}), batches)
+            results["sampling"] = sampling_table(configs, g, lambda rows: write({**results, "sampling": rows}), batches,
+                                                 cuts, dtypes)
     if args.sampling_only:
         write(results)
         return 0

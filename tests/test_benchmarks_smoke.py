@@ -374,3 +374,23 @@ def test_sampling_table_tells_rounding_from_another_decision():
     status = want.status.clone()
     status[0, 1] = 3 - status[0, 1]
     assert decision_match(dataclasses.replace(want, status=status), want) == "False"
+
+
+def test_sampling_cells_are_chosen_by_name_and_bad_names_refused(capsys):
+    # benchmarks/tree_kernels.py --sampling-cuts / --sampling-dtypes, and its profile's --cuts: a GPU
+    # call can time only the cells it needs; a misspelt one is a usage error before any GPU work.
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        tree_kernels = importlib.import_module("tree_kernels")
+        assert tree_kernels.sampling_cuts("top-p,temperature") == [(0, 0.9), (0, 1.0)]
+        assert [tree_kernels.cuts_label(*c) for c in tree_kernels.sampling_cuts("top-k,top-k-top-p")] == [
+            "top-k 50", "top-k 50, top-p 0.9"]
+        for argv in (["--sampling-only", "--sampling-cuts", "top-q"], ["--sampling-only", "--sampling-dtypes", "int8"],
+                     ["--profile", "sampling", "--cuts", "top-p,nucleus"]):
+            with pytest.raises(SystemExit) as stop:
+                tree_kernels.main(argv)
+            assert stop.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert "top-q" in err and "int8" in err and "nucleus" in err
+    finally:
+        sys.path.remove(str(BENCHMARKS))

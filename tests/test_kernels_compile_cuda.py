@@ -58,16 +58,19 @@ def test_second_value_launch_shapes_compile_for_cuda():
 
 def test_top_p_alone_launch_shapes_compile_for_cuda():
     # Top-p alone's cut programs at 16 warps, whose search rounds read 512 values at once, and its first
-    # rounds spread over (row, chunk) programs (timed against the engine's by
+    # rounds spread over (row, chunk) programs, with and without their copy of the range (timed against the engine's by
     # benchmarks/tree_kernels.py --sampling-configs).
     tree, logits, temps, coins = sampling_inputs(torch.float32)
     for config in ("c1024-p16-w4-g128-pw16", "c1024-p16-w4-g128-m2-fused-pw16",
                    "c2048-p16-w4-g128-cw2-gt512-t64-r64-pw16", "c1024-p16-w4-g128-m2-fused-pw16-sp2",
-                   "c1024-p16-w4-g128-sp2", "c2048-p16-w4-g128-cw2-gt512-t64-r64-sp2"):
+                   "c1024-p16-w4-g128-sp2", "c2048-p16-w4-g128-cw2-gt512-t64-r64-sp2",
+                   "c1024-p16-w4-g128-m2-fused-pw16-sp2g", "c1024-p16-w4-g128-sp2g",
+                   "c2048-p16-w4-g128-cw2-gt512-t64-r64-sp2g"):
         with compiling_for_cuda() as compiled:
             verify_sampling_chunked(tree, logits, temps, 0, 0.9, coins, config)
         assert "_cut_kernel" in compiled, config
-        assert ("_spread_kernel" in compiled) == config.endswith("-sp2"), config
+        assert ("_spread_kernel" in compiled) == ("-sp2" in config), config
+        assert ("_spread_gather_kernel" in compiled) == config.endswith("-sp2g"), config
 
 
 def test_last_program_launch_shapes_compile_for_cuda():

@@ -213,10 +213,13 @@ def test_chunked_ties_at_both_cuts(candidates, sort):
 
 
 @pytest.mark.triton_interpreter
-@pytest.mark.parametrize("spread", [0, 1, 3], ids=["in-the-cut-kernel", "one-spread-round", "three-spread-rounds"])
-def test_top_p_over_a_flat_row_searches_a_copy_of_the_narrowed_range(spread):
+@pytest.mark.parametrize("spread, gather", [(0, False), (1, False), (3, False), (1, True), (3, True)],
+                         ids=["in-the-cut-kernel", "one-spread-round", "three-spread-rounds",
+                              "one-spread-round-and-copy", "three-spread-rounds-and-copy"])
+def test_top_p_over_a_flat_row_searches_a_copy_of_the_narrowed_range(spread, gather):
     # Spread: the first rounds run as launches of (row, chunk) programs (one round narrows these rows
-    # enough; a later round finds them narrowed and carries the state).
+    # enough; a later round finds them narrowed and carries the state); with the copy, (row, chunk)
+    # programs then copy the range, each after the chunks before it.
     bs, n, vocab = 2, 4, VOCAB
     tree, g = random_batch(bs, n, vocab, 12)
     coins = torch.rand(bs, n, generator=g)
@@ -225,23 +228,27 @@ def test_top_p_over_a_flat_row_searches_a_copy_of_the_narrowed_range(spread):
     # buffer of 256, but the first search rounds over the row narrow the range to the tie, which
     # fits: the rest of the search, the kept mass and the last kept id of the tie come from its copy.
     coarse = torch.randint(0, 6, (bs, n, vocab), generator=g).float()
-    config = dataclasses.replace(FINE, candidates=256, sorted=0, spread_rounds=spread)
+    config = dataclasses.replace(FINE, candidates=256, sorted=0, spread_rounds=spread, spread_gather=gather)
     counts = candidates_over_the_bound(coarse, 1.0, 0, 0.9, config.sub)
     assert (counts > config.candidates).all() and ((coarse == 3).sum(-1) <= config.candidates).all()
     assert_same_decision(tree, coarse, 1.0, 0, 0.9, coins, config)
 
 
 @pytest.mark.triton_interpreter
-@pytest.mark.parametrize("spread", [0, 3], ids=["in-the-cut-kernel", "three-spread-rounds"])
-def test_top_p_over_flat_normal_rows_narrowed_in_rounds(spread):
+@pytest.mark.parametrize("spread, gather", [(0, False), (3, False), (1, True), (3, True)],
+                         ids=["in-the-cut-kernel", "three-spread-rounds", "one-spread-round-then-the-cut-kernel",
+                              "three-spread-rounds-and-copy"])
+def test_top_p_over_flat_normal_rows_narrowed_in_rounds(spread, gather):
     # The sampling benchmark's rows (random normal x 2 at temperature 0.8) at 1,200 tokens: top-p 0.9
     # keeps about 130 of each, and with a buffer of 16 the search takes several rounds over the row
     # before the range still open fits it, spread over (row, chunk) programs (5 a row, whose partials
-    # are summed) or in the cut kernel.
+    # are summed) or in the cut kernel. After one spread round the range does not fit yet, and the cut
+    # kernel narrows and copies it as without the spread copy; after three it fits and is copied.
     bs, n = 2, 4
     tree, g = random_batch(bs, n, VOCAB, 13)
     logits = torch.randn(bs, n, VOCAB, generator=g) * 2
-    config = dataclasses.replace(FINE, candidates=16, sorted=0, spread_rounds=spread, spread_chunk=256)
+    config = dataclasses.replace(FINE, candidates=16, sorted=0, spread_rounds=spread, spread_chunk=256,
+                                 spread_gather=gather)
     assert (candidates_over_the_bound(logits, 0.8, 0, 0.9, config.sub) > config.candidates).all()
     assert_same_decision(tree, logits, 0.8, 0, 0.9, torch.rand(bs, n, generator=g), config)
 

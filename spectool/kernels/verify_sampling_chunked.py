@@ -22,7 +22,9 @@ normaliser ``z``: token t has ``p = exp(x_t - m) / z`` when ``x_t > c``, or ``x_
    rounds also count the values in the range still open (``_narrow``), and once those fit the
    buffer they are copied there (``_gather_range``) and the search goes on over the copy; with
    ``LaunchConfig.spread_rounds`` the first of those rounds run before, as launches of (row, chunk)
-   programs that each sum their chunk's partials (``_spread_kernel``). With ``LaunchConfig.second``
+   programs that each sum their chunk's partials (``_spread_kernel``), and with
+   ``LaunchConfig.spread_gather`` (row, chunk) programs then copy the range they leave, where it
+   fits (``_spread_gather_kernel``). With ``LaunchConfig.second``
    the stats pass also keeps each group's second-largest value, and a live group whose second
    value is below the bound gives its maximum alone, unread (``_gather_second``). Each search runs
    over the floats' ordered integer keys with ``probes`` thresholds a round, a fixed number of
@@ -102,6 +104,10 @@ class LaunchConfig:
     # Values each program of a spread round sums (16 programs a row at V 128256): every program first
     # adds up its row's partials of the round before, so fewer, longer programs read fewer of them.
     spread_chunk: int = 8192
+    # After the spread rounds, (row, chunk) programs copy a flat row's range still open into its
+    # candidate buffer where it fits (``_spread_gather_kernel``), instead of the cut kernel's one
+    # program a row reading the whole row for it (``_gather_range``).
+    spread_gather: bool = False
     # Registers a thread of the stats pass, and of the cut kernel where top-k bounds the candidates,
     # may take (0: as the compiler chooses): fewer let more programs share an SM (the cut kernel
     # spills some to the stack).
@@ -197,6 +203,13 @@ CONFIGS = {
     "c1024-p16-w4-g128-sp2": LaunchConfig(1024, 128, 16, 4, spread_rounds=2),
     "c2048-p16-w4-g128-cw2-gt512-t64-r64-sp2": LaunchConfig(2048, 128, 16, 4, cut_warps=2, gather=512,
                                                             stats_regs=64, cut_tile=64, spread_rounds=2),
+    # Those shapes with the range still open copied by (row, chunk) programs after the spread rounds.
+    "c1024-p16-w4-g128-m2-fused-pw16-sp2g": LaunchConfig(1024, 128, 16, 4, second=True, fused=True, p_warps=16,
+                                                         spread_rounds=2, spread_gather=True),
+    "c1024-p16-w4-g128-sp2g": LaunchConfig(1024, 128, 16, 4, spread_rounds=2, spread_gather=True),
+    "c2048-p16-w4-g128-cw2-gt512-t64-r64-sp2g": LaunchConfig(2048, 128, 16, 4, cut_warps=2, gather=512,
+                                                             stats_regs=64, cut_tile=64, spread_rounds=2,
+                                                             spread_gather=True),
 }
 # The launch shape for many rows, and for few: on the H200 (V 128256, N 16, float32, graphed, coins
 # included; ``benchmarks/tree_kernels.py --sampling-only --sampling-configs c1024-p16-w4-g128,c2048-p16-w4-g128``,
@@ -664,16 +677,18 @@ def _spread_state(State, Above, PMass, PCnt, r, row, rows, NCS, CAP, top_p, z, S
 
 
 @triton.jit
-def _spread_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt, r, rows, N, V, NC, NCS, CAP, top_p,
-                   CHUNK: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr,
-                   BLOCK_CS: tl.constexpr, PDL: tl.constexpr):
+def _spread_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt, PEdge, r, last, rows, N, V, NC, NCS, CAP,
+                   top_p, CHUNK: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr,
+                   BLOCK_CS: tl.constexpr, EDGES: tl.constexpr, PDL: tl.constexpr):
     """Round ``r`` of top-p alone's search over a flat row, one program per ``CHUNK`` values of a row
     (``NCS`` of them; the stats pass's chunks are ``NC``): every program
     of a row finds the round's keys from the last round's partials (``_spread_state``), the same in
     each, and the chunk's mass and count above each threshold are its partial; the row's first
     program records the state. A row is flat where its chunks' maxima weigh less than top_p of the
     mass: the nucleus then holds more values than there are chunks, and the cut kernel's copy of
-    the candidates would likely not hold them."""
+    the candidates would likely not hold them. With ``EDGES``, the ``last`` round's programs of a flat
+    row also count their chunk's values at or above lo and above hi (``PEdge``), whether or not the
+    round searches, for ``_spread_gather_kernel``."""
     pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -695,20 +710,81 @@ def _spread_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt, r, ro
         tl.store(State + at + 4, flat)
         tl.store(State + at + 5, active)
         tl.store(Above + r * rows + row, above)
-    if active != 0:
+    edges = (r == last) & (flat != 0)  # last is -1 without EDGES
+    if (active != 0) | edges:
         t = tl.load(Temp + row // N)
         thr = _probes(lo, hi, S)
         mass = tl.zeros([T, S], tl.float32)
         many = tl.zeros([T, S], tl.int32)
+        ge_lo = tl.zeros([T], tl.int32)
+        gt_hi = tl.zeros([T], tl.int32)
         for start in range(0, CHUNK, T):
             offs = c * CHUNK + start + tl.arange(0, T)
             x = _scaled(tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")), t)
-            e, k = _over(x, m, thr)
-            mass += e
-            many += k
-        part = ((r * rows + row) * NCS + c) * S + tl.arange(0, S)
-        tl.store(PMass + part, tl.sum(mass, axis=0))
-        tl.store(PCnt + part, tl.sum(many, axis=0))
+            if active != 0:
+                e, k = _over(x, m, thr)
+                mass += e
+                many += k
+            if EDGES and edges:
+                key = _key(x)
+                ge_lo += ((offs < V) & (key >= lo)).to(tl.int32)
+                gt_hi += ((offs < V) & (key > hi)).to(tl.int32)
+        if active != 0:
+            part = ((r * rows + row) * NCS + c) * S + tl.arange(0, S)
+            tl.store(PMass + part, tl.sum(mass, axis=0))
+            tl.store(PCnt + part, tl.sum(many, axis=0))
+        if EDGES and edges:
+            tl.store(PEdge + (row * NCS + c) * 2, tl.sum(ge_lo, axis=0))
+            tl.store(PEdge + (row * NCS + c) * 2 + 1, tl.sum(gt_hi, axis=0))
+
+
+@triton.jit
+def _spread_gather_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt, PEdge, CandX, CandId, Gathered, r,
+                          rows, N, V, NC, NCS, CAP, top_p, CHUNK: tl.constexpr, S: tl.constexpr, T: tl.constexpr,
+                          BLOCK_C: tl.constexpr, BLOCK_CS: tl.constexpr, PDL: tl.constexpr):
+    """After ``r`` spread rounds, a flat row's values in the keys [lo, hi] still open, copied into its
+    candidate buffer where they fit, one program per ``CHUNK`` values of the row: each chunk's count
+    in the range comes from the last round's partials at the thresholds the range's ends moved to
+    (else from its counts at the ends it kept, ``PEdge``), so each program places its chunk's values
+    after those of the chunks before it, token ids ascending as ``_gather_range`` copies them.
+    ``Gathered`` [row]: how many were copied, or -1 (not flat, or too many: the cut kernel narrows
+    further and copies them itself)."""
+    pdl.wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    m, _arg, z, _chunk_max = _row_stats(Max, Arg, Sum, row, NC, BLOCK_C, True)
+    at = ((r - 1) * rows + row) * 6
+    lo, hi, active = tl.load(State + at), tl.load(State + at + 1), tl.load(State + at + 5)
+    new_lo, new_hi, _ge, _gt, _above, flat = _spread_state(State, Above, PMass, PCnt, r, row, rows, NCS, CAP, top_p,
+                                                           z, S, BLOCK_CS)
+    pdl.launch_dependents(PDL)
+    gathered = tl.full((), -1, tl.int32)
+    if flat != 0:
+        cs = tl.arange(0, BLOCK_CS)
+        ge_lo = tl.load(PEdge + (row * NCS + cs) * 2, mask=cs < NCS, other=0)
+        gt_hi = tl.load(PEdge + (row * NCS + cs) * 2 + 1, mask=cs < NCS, other=0)
+        if active != 0:  # as _narrow_step: a moved end is a threshold (lo one past it)
+            thr = _probes(lo, hi, S)
+            part = (((r - 1) * rows + row) * NCS + cs[:, None]) * S + tl.arange(0, S)[None, :]
+            cnt = tl.load(PCnt + part, mask=cs[:, None] < NCS, other=0)
+            if new_hi < hi:
+                gt_hi = tl.sum(tl.where(thr[None, :] == new_hi, cnt, 0), axis=1)
+            if new_lo > lo:
+                ge_lo = tl.sum(tl.where(thr[None, :] + 1 == new_lo, cnt, 0), axis=1)
+        inside = ge_lo - gt_hi
+        n_in = tl.sum(inside, axis=0)
+        if n_in <= CAP:
+            gathered = n_in
+            t = tl.load(Temp + row // N)
+            count = tl.sum(tl.where(cs < c, inside, 0), axis=0)
+            for start in range(0, CHUNK, T):
+                offs = c * CHUNK + start + tl.arange(0, T)
+                x = _scaled(tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")), t)
+                key = _key(x)
+                keep = (offs < V) & (key >= new_lo) & (key <= new_hi)
+                count = _append(CandX, CandId, row, CAP, count, x, offs, keep)
+    if c == 0:
+        tl.store(Gathered + row, gathered)
 
 
 @triton.jit
@@ -802,8 +878,8 @@ def _last_of(Arrived, programs):
 @triton.jit
 def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, Count, M, Z, Cut, CutId, Argmax, N, V,
                 NC, NG, CAP, rounds, top_k, top_p, Arrived, Tokens, Parents, Depth, Valid, Mask, Coins, Status, Path,
-                AcceptLength, ChildProbs, CoinsOut, Last, U, W, State, Above, PMass, PCnt, Rows, NCS,
-                HAS_K: tl.constexpr, HAS_P: tl.constexpr, SPREAD: tl.constexpr,
+                AcceptLength, ChildProbs, CoinsOut, Last, U, W, State, Above, PMass, PCnt, Gathered, Rows, NCS,
+                HAS_K: tl.constexpr, HAS_P: tl.constexpr, SPREAD: tl.constexpr, GATHER: tl.constexpr,
                 SUB: tl.constexpr, GB: tl.constexpr, S: tl.constexpr, T: tl.constexpr, GT: tl.constexpr,
                 BLOCK_C: tl.constexpr, BLOCK_CS: tl.constexpr, BLOCK_G: tl.constexpr, SORTED: tl.constexpr,
                 SORT_BLOCK: tl.constexpr, SMALL_SORT: tl.constexpr,
@@ -817,11 +893,29 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, C
     whole = -1  # the candidates that hold every value the cut keeps, in token-id order (-1: not so)
     if HAS_K or HAS_P:
         t = tl.load(Temp + row // N)
-        bound, count, exact = _bound_and_gather(Logits, GMax, GMax2, Live, CandX, CandId, row, t, m, z, chunk_max, V,
-                                                NC, NG, CAP, top_k, top_p, SORTED, HAS_K, SUB, GB, BLOCK_C, BLOCK_G,
-                                                PRE, SECOND)
+        gathered = tl.full((), -1, tl.int32)  # the range still open after the spread rounds, copied (-1: not)
+        s_lo = tl.zeros((), tl.int64)  # its keys and the mass above it, read only where copied
+        s_hi = s_lo
+        s_above = tl.zeros((), tl.float32)
+        if SPREAD > 0 and HAS_P and not HAS_K:
+            s_lo, s_hi, s_ge, s_gt, s_above, flat = _spread_state(State, Above, PMass, PCnt, SPREAD, row, Rows, NCS,
+                                                                  CAP, top_p, z, S, BLOCK_CS)
+            if GATHER:
+                gathered = tl.load(Gathered + row)
+        if gathered >= 0:  # the copy holds the range: no bound, its ids are the token ids
+            bound = tl.full((), -float("inf"), tl.float32)
+            count = gathered
+            exact = gathered >= 0
+        else:
+            bound, count, exact = _bound_and_gather(Logits, GMax, GMax2, Live, CandX, CandId, row, t, m, z, chunk_max,
+                                                    V, NC, NG, CAP, top_k, top_p, SORTED, HAS_K, SUB, GB, BLOCK_C,
+                                                    BLOCK_G, PRE, SECOND)
+            exact = (count >= 0) & exact  # a tensor on both branches, as Triton's if requires
         tl.debug_barrier()  # the buffer is whole before it is read
-        if (count <= SMALL_SORT) & (count <= SORTED):  # never with SORTED 0: a row has at least one candidate
+        if gathered >= 0:
+            cut, cut_id, z = _cuts(Logits, CandX, CandId, row, t, count, True, V, CAP, s_lo, s_hi, m, z, s_above,
+                                   rounds, top_k, top_p, HAS_K, HAS_P, S, T)
+        elif (count <= SMALL_SORT) & (count <= SORTED):  # never with SORTED 0: a row has at least one candidate
             cut, cut_id, z = _sorted_cuts(CandX, CandId, row, count, m, z, V, CAP, top_k, top_p, HAS_K, HAS_P,
                                           SMALL_SORT, ID_BITS)
         elif count <= SORTED:
@@ -840,8 +934,6 @@ def _cut_kernel(Logits, Temp, Max, Arg, Sum, GMax, GMax2, Live, CandX, CandId, C
                     # rounds start where the spread rounds (``_spread_kernel``) left a flat row.
                     lo, hi, n_ge_lo, n_gt_hi, above = _narrow_start(m, z, V, top_p, lo)
                     if SPREAD > 0:
-                        s_lo, s_hi, s_ge, s_gt, s_above, flat = _spread_state(State, Above, PMass, PCnt, SPREAD, row,
-                                                                              Rows, NCS, CAP, top_p, z, S, BLOCK_CS)
                         if flat != 0:
                             lo, hi, n_ge_lo, n_gt_hi, above = s_lo, s_hi, s_ge, s_gt, s_above
                     lo, hi, fits, base = _narrow(Logits, CandX, CandId, row, t, V, CAP, lo, hi, n_ge_lo, n_gt_hi,
@@ -1163,15 +1255,26 @@ def sampling_chunked(logits: torch.Tensor, temperature: torch.Tensor, top_k: int
     block_cs = max(2, triton.next_power_of_2(ncs))
     pmass = torch.empty(max(spread, 1), rows if spread else 1, ncs, config.probes, **f32)
     pcnt = torch.empty(pmass.shape, dtype=torch.int32, device=dev)
+    # With the spread copy: per chunk of a flat row its values at or above lo and above hi at the last
+    # round, and per row how many the copy holds.
+    gather = spread > 0 and config.spread_gather
+    pedge = torch.empty(rows if gather else 1, ncs, 2, dtype=torch.int32, device=dev)
+    gathered = torch.empty(rows if gather else 1, dtype=torch.int32, device=dev)
+    spread_args = dict(CHUNK=spread_chunk, S=config.probes, T=min(spread_chunk, SEARCH_TILE), BLOCK_C=block_c,
+                       BLOCK_CS=block_cs, num_warps=warps, **launch)
     for r in range(spread):
-        _spread_kernel[(rows, ncs)](logits, temperature, vals, idx, sums, state, above, pmass, pcnt, r, rows, n, vocab,
-                                    nc, ncs, cap, float(top_p), CHUNK=spread_chunk, S=config.probes,
-                                    T=min(spread_chunk, SEARCH_TILE), BLOCK_C=block_c, BLOCK_CS=block_cs,
-                                    num_warps=warps, **launch)
+        _spread_kernel[(rows, ncs)](logits, temperature, vals, idx, sums, state, above, pmass, pcnt, pedge, r,
+                                    spread - 1 if gather else -1, rows, n, vocab, nc, ncs, cap, float(top_p),
+                                    EDGES=gather, **spread_args)
+    if gather:
+        _spread_gather_kernel[(rows, ncs)](logits, temperature, vals, idx, sums, state, above, pmass, pcnt, pedge,
+                                           cand_x, cand_id, gathered, spread, rows, n, vocab, nc, ncs, cap,
+                                           float(top_p), **spread_args)
     _cut_kernel[(rows,)](logits, temperature, vals, idx, sums, gmax, gmax2, live, cand_x, cand_id, count, m, z, cut,
                          cut_id, argmax, n, vocab, nc, ng, cap, cut_rounds(config.probes), top_k, float(top_p),
                          arrived, *tree, status, path, length, child_probs, coins_out, last, u, width, state, above,
-                         pmass, pcnt, rows, ncs, HAS_K=has_k, HAS_P=has_p, SPREAD=spread, SUB=sub,
+                         pmass, pcnt, gathered, rows, ncs, HAS_K=has_k, HAS_P=has_p, SPREAD=spread, GATHER=gather,
+                         SUB=sub,
                          GB=max(1, config.gather // sub), S=config.probes,
                          T=(has_k and config.cut_tile) or SEARCH_TILE * max(1, p_warps // 8), GT=GATHER_TILE,
                          BLOCK_C=block_c, BLOCK_CS=block_cs, BLOCK_G=block_g, SORTED=sort, SORT_BLOCK=sort_block,

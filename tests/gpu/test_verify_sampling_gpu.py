@@ -97,7 +97,8 @@ def test_every_launch_shape_equals_reference_at_128k(config, bs, temperature, to
 
 
 @pytest.mark.parametrize("config", ["c1024-p16-w4-g128", "c2048-p16-w4-g128", "c1024-p16-w4-g128-pw16",
-                                    "c1024-p16-w4-g128-sp2", "c1024-p16-w4-g128-m2-fused-pw16-sp2"])
+                                    "c1024-p16-w4-g128-sp2", "c1024-p16-w4-g128-m2-fused-pw16-sp2",
+                                    "c1024-p16-w4-g128-sp2g", "c1024-p16-w4-g128-m2-fused-pw16-sp2g"])
 @pytest.mark.parametrize("bs", [1, 16])
 def test_chunked_top_p_over_a_flat_row_equals_reference_at_128k(config, bs):
     # The sampling benchmark's logits: top-p 0.9 keeps about 14,000 tokens of each row, far more than
