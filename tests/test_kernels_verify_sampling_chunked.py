@@ -253,6 +253,44 @@ def test_top_p_over_flat_normal_rows_narrowed_in_rounds(spread, gather):
     assert_same_decision(tree, logits, 0.8, 0, 0.9, torch.rand(bs, n, generator=g), config)
 
 
+class _PoisonedTorch:
+    """torch, but ``empty`` fills what it allocates (NaN, or 2**30 for integers), so a kernel that reads
+    an entry nobody wrote gets a value no decision survives."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*size, **kwargs) -> torch.Tensor:
+        out = torch.empty(*size, **kwargs)
+        return out.fill_(math.nan if out.is_floating_point() else 1 << 30)
+
+
+def adjacent_floats(bs: int, n: int, vocab: int, g: torch.Generator) -> torch.Tensor:
+    """Rows of ``vocab`` float32 values one ulp apart from 1.0, each row shuffled: every float key in
+    their range is a value's, so each end of a top-p search's range falls on a value."""
+    row = torch.full((vocab,), 1.0)
+    for i in range(1, vocab):
+        row[i] = torch.nextafter(row[i - 1], torch.tensor(2.0))
+    return torch.stack([row[torch.randperm(vocab, generator=g)] for _ in range(bs * n)]).view(bs, n, vocab)
+
+
+@pytest.mark.triton_interpreter
+@pytest.mark.parametrize("spread", [0, 5, 6], ids=["in-the-cut-kernel", "five-spread-rounds-and-copy",
+                                                   "six-spread-rounds-and-copy"])
+def test_top_p_over_adjacent_floats_copies_both_ends_of_the_range(spread, monkeypatch):
+    # The range still open ends on values, which the copy must hold: after five spread rounds the last
+    # one moved the ends, after six the last found the range narrowed and counted the values at its
+    # ends. A chunk's count off by one leaves an entry unwritten, which the poisoned buffers show.
+    from spectool.kernels import verify_sampling_chunked as chunked
+
+    monkeypatch.setattr(chunked, "torch", _PoisonedTorch())
+    bs, n = 2, 4
+    tree, g = random_batch(bs, n, VOCAB, 21)
+    config = dataclasses.replace(FINE, candidates=16, sorted=0, spread_rounds=spread, spread_gather=spread > 0)
+    assert_same_decision(tree, adjacent_floats(bs, n, VOCAB, g), 1.0, 0, 0.5, torch.rand(bs, n, generator=g), config)
+
+
 def logits_dividing_to_one_value(temperature: float) -> tuple[float, float]:
     """Two adjacent float32 logits (the smaller first) that divide by ``temperature`` to one value."""
     a = torch.linspace(14, 15, 4000)
