@@ -6,11 +6,14 @@ are jit functions too), so a file whose tests need ``TRITON_INTERPRET=1`` marks 
 ``@pytest.mark.triton_interpreter`` and has one launcher test that takes the
 ``triton_interpreter_child`` fixture: in a normal run the marked tests are skipped and the
 launcher re-runs the whole file in a child pytest with the variable set; the parent never sets
-it, so other tests (and compiled GPU kernels) are untouched.
+it, so other tests (and compiled GPU kernels) are untouched. In a marked test every
+``torch.empty`` comes back poisoned (NaN, True, or an integer type's largest value), so a kernel
+that reads an entry of a buffer before anything wrote it makes a result no reference matches.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -24,7 +27,11 @@ import pytest
 # two-thread regions stall: a 32-token demo-model decode took 16.8 s with 2 threads, 1.0 s with 1.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import spectool as st  # noqa: E402  (after OMP_NUM_THREADS)
+import torch  # noqa: E402  (after OMP_NUM_THREADS)
+
+import spectool as st  # noqa: E402
+
+_empty = torch.empty
 
 
 def _triton_interpreted() -> bool:
@@ -43,6 +50,19 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("triton_interpreter") and not _triton_interpreted():
         pytest.skip("runs in the TRITON_INTERPRET=1 child")
+
+
+def _poisoned_empty(*size, **kwargs):
+    out = _empty(*size, **kwargs)
+    if out.is_floating_point():
+        return out.fill_(math.nan)
+    return out.fill_(True if out.dtype == torch.bool else torch.iinfo(out.dtype).max)
+
+
+@pytest.fixture(autouse=True)
+def _poisoned_buffers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("triton_interpreter"):
+        monkeypatch.setattr(torch, "empty", _poisoned_empty)
 
 
 @pytest.fixture

@@ -1,41 +1,16 @@
 """What the Triton sampling verifies are checked against, shared by their interpreter tests: the
-torch reference's decision for the same coins, the edge cases at the ends of the residual, and
-buffers that poison any entry a kernel reads before one writes it."""
+torch reference's decision for the same coins, and the edge cases at the ends of the residual."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
-import pytest
 import torch
 from test_verify import random_batch
 
 from spectool.draft.tree import DraftTree
 
 EXACT = ("status", "accept_path", "accept_length", "bonus", "target_argmax")
-
-
-class PoisonedTorch:
-    """torch, but ``empty`` fills what it allocates (NaN, or an integer type's largest value), so a
-    kernel that reads an entry nobody wrote gets a value no decision survives."""
-
-    def __getattr__(self, name: str):
-        return getattr(torch, name)
-
-    @staticmethod
-    def empty(*size, **kwargs) -> torch.Tensor:
-        out = torch.empty(*size, **kwargs)
-        return out.fill_(math.nan if out.is_floating_point() else torch.iinfo(out.dtype).max)
-
-
-def poison_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every buffer the sampling verifies allocate (verify_sampling_triton, verify_sampling_chunked)
-    starts poisoned for the rest of the test."""
-    from spectool.kernels import verify_sampling_chunked, verify_sampling_triton
-
-    for module in (verify_sampling_chunked, verify_sampling_triton):
-        monkeypatch.setattr(module, "torch", PoisonedTorch())
 
 
 def assert_decides_as(got, want) -> None:

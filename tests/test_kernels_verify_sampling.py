@@ -6,9 +6,7 @@ For the same coins both make the same decision: statuses, accept paths and lengt
 and the target argmax are equal; the children's probabilities and the bonus CDF agree to float32
 rounding. Cases: random trees with repeated tokens, temperature alone and with top-k / top-p, tied
 logits at the top-k cut, coins next to 1 (the residual's inverse CDF at its end) and trees whose
-children hold all the mass (the argmax fallback). Every buffer the verify allocates starts
-poisoned (``sampling_checks.poison_buffers``), so a kernel that reads an entry before it is written
-fails the decision. The statistical lossless test with the kernel
+children hold all the mass (the argmax fallback). The statistical lossless test with the kernel
 runs on the GPU (tests/gpu/test_verify_sampling_gpu.py): the interpreter is too slow for its trials.
 """
 
@@ -16,16 +14,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sampling_checks import assert_decides_as, check_residual_ends, poison_buffers
+from sampling_checks import assert_decides_as, check_residual_ends
 from test_verify import random_batch
 
 from spectool.draft.tree import DraftTree
 from spectool.verify import verify_sampling, verify_sampling_fused
-
-
-@pytest.fixture(autouse=True)
-def poisoned_buffers(monkeypatch):
-    poison_buffers(monkeypatch)
 
 
 def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):

@@ -8,8 +8,7 @@ rounding, and the distribution the rows describe keeps exactly the reference's t
 probabilities. Small launch shapes make several chunks per row, so every cross-chunk step (the cut
 searches, a tie spread over chunks, the chunk that holds the coin) runs. Cases: bs 1 and larger, up
 to 64 nodes, temperature alone and with top-k / top-p, ties at either cut, rows where everything but
-one token is masked, coins next to 1 and trees whose children hold all the mass. Every buffer the
-verify allocates starts poisoned (``sampling_checks.poison_buffers``). The statistical
+one token is masked, coins next to 1 and trees whose children hold all the mass. The statistical
 lossless test with the kernel runs on the GPU (tests/gpu/test_verify_sampling_gpu.py).
 """
 
@@ -21,7 +20,7 @@ import types
 
 import pytest
 import torch
-from sampling_checks import assert_decides_as, check_residual_ends, poison_buffers
+from sampling_checks import assert_decides_as, check_residual_ends
 from test_verify import random_batch
 
 from spectool.draft.tree import DraftTree
@@ -57,11 +56,6 @@ SECOND = dataclasses.replace(FINE, second=True)
 FUSED, FUSED_WIDE = (dataclasses.replace(c, fused=True) for c in (SMALL, WIDE))
 # Top-k's cut searches (SEARCHED, and FEW over the whole row) read 32 values a round, not 256.
 SEARCHED_SHORT, FEW_SHORT = (dataclasses.replace(c, cut_tile=32) for c in (SEARCHED, FEW))
-
-
-@pytest.fixture(autouse=True)
-def poisoned_buffers(monkeypatch):
-    poison_buffers(monkeypatch)
 
 
 def test_kernels_in_an_interpreter_subprocess(triton_interpreter_child):
@@ -274,7 +268,7 @@ def adjacent_floats(bs: int, n: int, vocab: int, g: torch.Generator) -> torch.Te
 def test_top_p_over_adjacent_floats_copies_both_ends_of_the_range(spread):
     # The range still open ends on values, which the copy must hold: after five spread rounds the last
     # one moved the ends, after six the last found the range narrowed and counted the values at its
-    # ends. A chunk's count off by one leaves an entry unwritten, which the poisoned buffers show.
+    # ends. A chunk's count off by one leaves an entry unwritten, which the poisoned buffers show (conftest).
     bs, n = 2, 4
     tree, g = random_batch(bs, n, VOCAB, 21)
     config = dataclasses.replace(FINE, candidates=16, sorted=0, spread_rounds=spread, spread_gather=spread > 0)
