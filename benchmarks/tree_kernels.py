@@ -116,6 +116,7 @@ def sampling_configs(arg: str) -> list[str]:
 
 # The sampling cells' cuts by name (--sampling-cuts; the profile's --cuts): (top_k, top_p).
 CUTS = {"temperature": (0, 1.0), "top-k": (50, 1.0), "top-k-top-p": (50, 0.9), "top-p": (0, 0.9)}
+TABLE_CUTS = "temperature,top-k-top-p,top-p"  # the sampling table's, unless --sampling-cuts names others
 
 
 def sampling_cuts(arg: str) -> list[tuple[int, float]]:
@@ -184,7 +185,7 @@ def sampling_table(configs: list[str], g: torch.Generator, done=None, batches: t
         for bs in batches:
             tree, logits, seed, nonces, temps = sampling_case(bs, n, vocab, dtype, g)
             coins = sampling_coins(seed, nonces, tree.seq_lens, n)
-            for k, p in cuts or sampling_cuts("temperature,top-k-top-p,top-p"):
+            for k, p in cuts or sampling_cuts(TABLE_CUTS):
                 def step(verify, k=k, p=p, tree=tree, logits=logits, seed=seed, nonces=nonces, temps=temps, **kw):
                     c = sampling_coins(seed, nonces, tree.seq_lens, n)
                     return verify(tree, logits, temps, k, p, coins=c, **kw)
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                              "or names joined by commas")
     parser.add_argument("--sampling-batches", default="1,64",
                         help="batch sizes of the sampling verify table, joined by commas")
-    parser.add_argument("--sampling-cuts", default="temperature,top-k-top-p,top-p",
+    parser.add_argument("--sampling-cuts", default=TABLE_CUTS,
                         help=f"cuts of the sampling verify table, joined by commas, of {', '.join(CUTS)}")
     parser.add_argument("--sampling-dtypes", default="float32,bfloat16",
                         help="logits' dtypes of the sampling verify table: float32, bfloat16 or both")

@@ -615,11 +615,22 @@ def _narrow_step(tot, cnt, thr, lo, hi, n_ge_lo, n_gt_hi, above, limit):
     threshold's) and the mass above hi."""
     new_lo, new_hi = _top_p_round(tot, thr, lo, hi, limit)
     if new_hi < hi:
-        n_gt_hi = tl.sum(tl.where(thr == new_hi, cnt, 0), axis=0)
         above = tl.sum(tl.where(thr == new_hi, tot, 0.0), axis=0)
-    if new_lo > lo:
-        n_ge_lo = tl.sum(tl.where(thr + 1 == new_lo, cnt, 0), axis=0)
+    n_ge_lo, n_gt_hi = _end_counts(cnt, thr, lo, hi, new_lo, new_hi, n_ge_lo, n_gt_hi)
     return new_lo, new_hi, n_ge_lo, n_gt_hi, above
+
+
+@triton.jit
+def _end_counts(cnt, thr, lo, hi, new_lo, new_hi, n_ge_lo, n_gt_hi):
+    """The values at or above ``new_lo`` and above ``new_hi`` after a round of thresholds ``thr`` over
+    the keys [lo, hi], from ``cnt``, the count above each threshold (its last axis): hi moves to a
+    threshold and lo to one past a threshold, so their counts are that threshold's; an end that
+    did not move keeps its count ``n_ge_lo`` / ``n_gt_hi``."""
+    if new_hi < hi:
+        n_gt_hi = tl.sum(tl.where(thr == new_hi, cnt, 0), axis=-1)
+    if new_lo > lo:
+        n_ge_lo = tl.sum(tl.where(thr + 1 == new_lo, cnt, 0), axis=-1)
+    return n_ge_lo, n_gt_hi
 
 
 @triton.jit
@@ -677,6 +688,13 @@ def _spread_state(State, Above, PMass, PCnt, r, row, rows, NCS, CAP, top_p, z, S
 
 
 @triton.jit
+def _chunk_tile(Logits, row, t, start, V, T: tl.constexpr):
+    """The token ids from ``start`` and their logits over t (-inf past V), ``T`` of them."""
+    offs = start + tl.arange(0, T)
+    return offs, _scaled(tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")), t)
+
+
+@triton.jit
 def _spread_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt, PEdge, r, last, rows, N, V, NC, NCS, CAP,
                    top_p, CHUNK: tl.constexpr, S: tl.constexpr, T: tl.constexpr, BLOCK_C: tl.constexpr,
                    BLOCK_CS: tl.constexpr, EDGES: tl.constexpr, PDL: tl.constexpr):
@@ -719,8 +737,7 @@ def _spread_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt, PEdge
         ge_lo = tl.zeros([T], tl.int32)
         gt_hi = tl.zeros([T], tl.int32)
         for start in range(0, CHUNK, T):
-            offs = c * CHUNK + start + tl.arange(0, T)
-            x = _scaled(tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")), t)
+            offs, x = _chunk_tile(Logits, row, t, c * CHUNK + start, V, T)
             if active != 0:
                 e, k = _over(x, m, thr)
                 mass += e
@@ -763,14 +780,10 @@ def _spread_gather_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt
         cs = tl.arange(0, BLOCK_CS)
         ge_lo = tl.load(PEdge + (row * NCS + cs) * 2, mask=cs < NCS, other=0)
         gt_hi = tl.load(PEdge + (row * NCS + cs) * 2 + 1, mask=cs < NCS, other=0)
-        if active != 0:  # as _narrow_step: a moved end is a threshold (lo one past it)
-            thr = _probes(lo, hi, S)
+        if active != 0:
             part = (((r - 1) * rows + row) * NCS + cs[:, None]) * S + tl.arange(0, S)[None, :]
             cnt = tl.load(PCnt + part, mask=cs[:, None] < NCS, other=0)
-            if new_hi < hi:
-                gt_hi = tl.sum(tl.where(thr[None, :] == new_hi, cnt, 0), axis=1)
-            if new_lo > lo:
-                ge_lo = tl.sum(tl.where(thr[None, :] + 1 == new_lo, cnt, 0), axis=1)
+            ge_lo, gt_hi = _end_counts(cnt, _probes(lo, hi, S)[None, :], lo, hi, new_lo, new_hi, ge_lo, gt_hi)
         inside = ge_lo - gt_hi
         n_in = tl.sum(inside, axis=0)
         if n_in <= CAP:
@@ -778,8 +791,7 @@ def _spread_gather_kernel(Logits, Temp, Max, Arg, Sum, State, Above, PMass, PCnt
             t = tl.load(Temp + row // N)
             count = tl.sum(tl.where(cs < c, inside, 0), axis=0)
             for start in range(0, CHUNK, T):
-                offs = c * CHUNK + start + tl.arange(0, T)
-                x = _scaled(tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")), t)
+                offs, x = _chunk_tile(Logits, row, t, c * CHUNK + start, V, T)
                 key = _key(x)
                 keep = (offs < V) & (key >= new_lo) & (key <= new_hi)
                 count = _append(CandX, CandId, row, CAP, count, x, offs, keep)
