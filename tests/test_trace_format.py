@@ -255,6 +255,27 @@ def test_summary_from_the_trailer_equals_the_summary_of_the_records(tmp_path, me
         assert trace._file.indexes_requests == stored and trace.request(5) == requests[5], name
 
 
+def test_a_file_that_grows_while_it_is_opened_reads_as_it_was_mapped(tmp_path, monkeypatch):
+    """A live recording appends between the open's map and its reads: the open must read the mapped bytes
+    alone, never an offset past them (which pyarrow refuses with an OSError)."""
+    import spectool.trace.format as fmt
+
+    path = tmp_path / "live.sptrace"
+    make_trace(path=path, num_requests=3, max_new_tokens=20)
+    want = len(Trace.load(path))
+    real_map = fmt.pa.memory_map
+
+    def map_then_grow(where, *args):
+        mm = real_map(where, *args)
+        with open(where, "ab") as f:  # the recorder's next flush, landing after the map
+            f.write(os.urandom(8000))
+        return mm
+
+    monkeypatch.setattr(fmt.pa, "memory_map", map_then_grow)
+    trace = Trace.load(path)
+    assert len(trace) == want and trace._file.indexed_from == "trailer"
+
+
 _RECORD_ENGINE_FOREVER = """
 import sys
 sys.path.insert(0, {tests!r})

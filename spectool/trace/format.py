@@ -521,7 +521,7 @@ def open_trace_file(path: str | Path) -> TraceFile:
     missing = [name for name in sorted(_REQUIRED) if name not in schema.names]
     if missing:
         raise TraceFormatError(f"trace is missing column(s): {', '.join(missing)}")
-    size = path.stat().st_size
+    size = mm.size()  # not the file's size now: a recorder may have appended since the map was taken
     head_end = mm.tell()
     batches: list[_Batch] = []
     ends: list[int] = []
