@@ -187,10 +187,18 @@ def test_top_k_bound_from_the_groups_over_the_kth_chunk_maximum(config, top_p):
 
 
 @pytest.mark.triton_interpreter
-@pytest.mark.parametrize("candidates, sort", [(2048, 2048), (2048, 0), (8, 0)],
-                         ids=["sorted", "searched", "whole-row"])
-def test_chunked_ties_at_both_cuts(candidates, sort):
-    small_config, wide = (dataclasses.replace(c, candidates=candidates, sorted=sort) for c in (SMALL, WIDE))
+# Sorted: groups of 16 leave the tie's 10 candidates (sorted in the small block) and the integer rows'
+# 200 or so (sorted in a block of 256); searched and whole-row search both cuts.
+@pytest.mark.parametrize("shape", [dict(candidates=2048, sorted=256, sub=16), dict(candidates=2048, sorted=0),
+                                   dict(candidates=8, sorted=0)], ids=["sorted", "searched", "whole-row"])
+def test_chunked_ties_at_both_cuts(shape):
+    small_config, wide, tiny = (dataclasses.replace(c, **shape) for c in (SMALL, WIDE, TINY))
+
+    def decide(tree, logits, top_k, top_p, coins, config):
+        if config.sorted:  # the case takes the path it names
+            assert candidates_over_the_bound(logits, 1.0, top_k, top_p, config.sub).max() <= config.sorted
+        assert_same_decision(tree, logits, 1.0, top_k, top_p, coins, config)
+
     bs, n, vocab = 2, 4, VOCAB
     tree, g = random_batch(bs, n, vocab, 5)
     # Ten tokens share the top value, spread over the three chunks, and the drafted ones are among
@@ -201,15 +209,14 @@ def test_chunked_ties_at_both_cuts(candidates, sort):
     tie[:, :, :n] = tree.tokens[:, None, :]
     logits.scatter_(2, tie, 3.0)
     coins = torch.rand(bs, n, generator=g)
-    assert_same_decision(tree, logits, 1.0, 4, 1.0, coins, wide)
-    assert_same_decision(tree, logits, 1.0, 0, 0.35, coins, small_config)
-    assert_same_decision(tree, logits, 1.0, 4, 0.35, coins, wide)
+    decide(tree, logits, 4, 1.0, coins, wide)
+    decide(tree, logits, 0, 0.35, coins, small_config)
+    decide(tree, logits, 4, 0.35, coins, wide)
     # Integer logits: ties everywhere, at the k-th value included.
     coarse = torch.randint(0, 6, (bs, n, vocab), generator=g).float()
-    assert_same_decision(tree, coarse, 1.0, 30, 1.0, coins, wide)
+    decide(tree, coarse, 30, 1.0, coins, wide)
     small, g = random_batch(1, 2, vocab, 6)
-    tiny = dataclasses.replace(TINY, candidates=candidates, sorted=sort)
-    assert_same_decision(small, coarse[:1, :2], 1.0, 6, 1.0, coins[:1, :2], tiny)
+    decide(small, coarse[:1, :2], 6, 1.0, coins[:1, :2], tiny)
 
 
 @pytest.mark.triton_interpreter
