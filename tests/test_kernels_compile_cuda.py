@@ -3,10 +3,12 @@
 
 The interpreter tests run the kernels' Python bodies, which accept code the Triton compiler
 refuses; a kernel that only the interpreter has run fails at its first launch on the GPU. Here
-every launch of the chunked sampling verify in the engine's two launch shapes (float32 and bf16 logits)
-and of the fused one, for each combination of temperature, top-k and top-p, is compiled by Triton
-for CUDA (tests/cuda_compile.py) from the same wrapper calls the engine makes. The other launch
-shapes are compiled on the GPU by `benchmarks/tree_kernels.py --sampling-configs sweep`.
+every launch of the chunked sampling verify in the engine's three launch shapes (float32 and bf16
+logits) and of the fused one, for each combination of temperature, top-k and top-p, is compiled by
+Triton for CUDA (tests/cuda_compile.py) from the same wrapper calls the engine makes, and so are the
+launch shapes that would replace them once timed (the spread copy, ``-sp2g``). The other launch
+shapes, kept to time against the engine's, are compiled on the GPU by
+`benchmarks/tree_kernels.py --sampling-configs sweep`.
 """
 
 from __future__ import annotations
@@ -24,10 +26,16 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 from cuda_compile import compiling_for_cuda  # noqa: E402
 from test_verify import random_batch  # noqa: E402
 
-from spectool.kernels.verify_sampling_chunked import CONFIGS, DEFAULT_CONFIG, FEW_ROWS_CONFIG  # noqa: E402
+from spectool.kernels.verify_sampling_chunked import (  # noqa: E402
+    CONFIGS,
+    DEFAULT_CONFIG,
+    FEW_ROWS_CONFIG,
+    ONE_TREE_CONFIG,
+)
 from spectool.verify import verify_sampling_chunked, verify_sampling_fused  # noqa: E402
 
 CUTS = [(0, 1.0), (50, 1.0), (0, 0.9), (50, 0.9)]  # (top_k, top_p): none, top-k, top-p, both
+ENGINE_CONFIGS = (ONE_TREE_CONFIG, FEW_ROWS_CONFIG, DEFAULT_CONFIG)
 
 
 def sampling_inputs(dtype: torch.dtype, batch: int = 2, nodes: int = 8, vocab: int = 4096):
@@ -40,51 +48,28 @@ def sampling_inputs(dtype: torch.dtype, batch: int = 2, nodes: int = 8, vocab: i
 def test_chunked_sampling_verify_compiles_for_cuda(dtype):
     tree, logits, temps, coins = sampling_inputs(dtype)
     with compiling_for_cuda() as compiled:
-        for (top_k, top_p), config in ((cut, c) for cut in CUTS for c in (FEW_ROWS_CONFIG, DEFAULT_CONFIG)):
+        for (top_k, top_p), config in ((cut, c) for cut in CUTS for c in ENGINE_CONFIGS):
             verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
-    assert compiled, "no kernel was launched"
+    assert {"_stats_kernel", "_cut_kernel", "_residual_kernel", "_spread_kernel"} <= set(compiled)
 
 
-def test_second_value_launch_shapes_compile_for_cuda():
-    # The launch shapes that keep each group's second value (timed against the engine's by
-    # benchmarks/tree_kernels.py --sampling-configs), for the cuts that take their path.
+def test_last_program_counts_with_one_atomic():
+    # One tree's shape lets the last row program decide and the last residual program draw the bonus;
+    # the count that picks the last program is one atomic with release and acquire at GPU scope.
     tree, logits, temps, coins = sampling_inputs(torch.float32)
     with compiling_for_cuda() as compiled:
-        for (top_k, top_p), config in ((cut, c) for cut in CUTS[1:] for c in ("c1024-p16-w4-g128-m2",
-                                                                             "c2048-p16-w4-g128-m2")):
-            verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
-    assert "_cut_kernel" in compiled
-
-
-def test_top_p_alone_launch_shapes_compile_for_cuda():
-    # Top-p alone's cut programs at 16 warps, whose search rounds read 512 values at once, and its first
-    # rounds spread over (row, chunk) programs, with and without their copy of the range (timed against the engine's by
-    # benchmarks/tree_kernels.py --sampling-configs).
-    tree, logits, temps, coins = sampling_inputs(torch.float32)
-    for config in ("c1024-p16-w4-g128-pw16", "c1024-p16-w4-g128-m2-fused-pw16",
-                   "c2048-p16-w4-g128-cw2-gt512-t64-r64-pw16", "c1024-p16-w4-g128-m2-fused-pw16-sp2",
-                   "c1024-p16-w4-g128-sp2", "c2048-p16-w4-g128-cw2-gt512-t64-r64-sp2",
-                   "c1024-p16-w4-g128-m2-fused-pw16-sp2g", "c1024-p16-w4-g128-sp2g",
-                   "c2048-p16-w4-g128-cw2-gt512-t64-r64-sp2g"):
-        with compiling_for_cuda() as compiled:
-            verify_sampling_chunked(tree, logits, temps, 0, 0.9, coins, config)
-        assert "_cut_kernel" in compiled, config
-        assert ("_spread_kernel" in compiled) == ("-sp2" in config), config
-        assert ("_spread_gather_kernel" in compiled) == config.endswith("-sp2g"), config
-
-
-def test_last_program_launch_shapes_compile_for_cuda():
-    # The launch shapes whose last row program decides and last residual program draws the bonus
-    # (timed against the engine's by benchmarks/tree_kernels.py --sampling-configs).
-    tree, logits, temps, coins = sampling_inputs(torch.float32)
-    with compiling_for_cuda() as compiled:
-        for (top_k, top_p), config in ((cut, c) for cut in CUTS for c in ("c1024-p16-w4-g128-fused",
-                                                                          "c2048-p16-w4-g128-m2-fused")):
-            verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
-    assert set(compiled) == {"_stats_kernel", "_cut_kernel", "_residual_kernel"}
-    # The count that picks the last program is one atomic with release and acquire at GPU scope.
+        verify_sampling_chunked(tree, logits, temps, 50, 0.9, coins, ONE_TREE_CONFIG)
     for name in ("_cut_kernel", "_residual_kernel"):
         assert compiled.ptx[name].count("atom.global.gpu.acq_rel.add") == 1
+
+
+def test_spread_copy_launch_shapes_compile_for_cuda():
+    # Each engine shape with the spread rounds' copy of the range (``-sp2g``), for top-p alone.
+    tree, logits, temps, coins = sampling_inputs(torch.float32)
+    for config in (c + "g" for c in ENGINE_CONFIGS):
+        with compiling_for_cuda() as compiled:
+            verify_sampling_chunked(tree, logits, temps, 0, 0.9, coins, config)
+        assert {"_cut_kernel", "_spread_kernel", "_spread_gather_kernel"} <= set(compiled), config
 
 
 def test_fused_sampling_verify_compiles_for_cuda():
@@ -113,15 +98,12 @@ def test_register_caps_reach_the_compiler(top_k, top_p):
         assert register_cap(compiled.ptx["_cut_kernel"]) == 0, config
 
 
-def test_short_search_round_launch_shapes_compile_for_cuda():
-    # The many-row shapes whose cut programs fit 8 an SM (timed against the engine's by
-    # benchmarks/tree_kernels.py --sampling-configs): 2 warps, or 4 under a 64-register cap.
+def test_cut_register_cap_reaches_the_compiler():
+    # A launch shape may cap the cut programs' registers (``cut_regs``) so that 8 fit an SM.
     tree, logits, temps, coins = sampling_inputs(torch.float32)
-    for config, cap in (("c2048-p16-w4-g128-cw2-gt512-t64-r64", 0), ("c2048-p16-w4-g128-cw4-gt256-t64-r64-cr64", 64)):
-        with compiling_for_cuda() as compiled:
-            for top_k, top_p in ((50, 1.0), (50, 0.9)):
-                verify_sampling_chunked(tree, logits, temps, top_k, top_p, coins, config)
-        assert register_cap(compiled.ptx["_cut_kernel"]) == cap, config
+    with compiling_for_cuda() as compiled:
+        verify_sampling_chunked(tree, logits, temps, 50, 0.9, coins, "c2048-p16-w4-g128-cw4-gt256-t64-r64-cr64")
+    assert register_cap(compiled.ptx["_cut_kernel"]) == 64
 
 
 def test_split_projection_compiles_for_cuda_with_one_counting_atomic():
