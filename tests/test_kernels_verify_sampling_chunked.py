@@ -186,9 +186,9 @@ def test_top_k_bound_from_the_groups_over_the_kth_chunk_maximum(config, top_p):
     assert_same_decision(tree, logits, 0.8, top_k, top_p, torch.rand(bs, n, generator=g), config)
 
 
-@pytest.mark.triton_interpreter
 # Sorted: groups of 16 leave the tie's 10 candidates (sorted in the small block) and the integer rows'
 # 200 or so (sorted in a block of 256); searched and whole-row search both cuts.
+@pytest.mark.triton_interpreter
 @pytest.mark.parametrize("shape", [dict(candidates=2048, sorted=256, sub=16), dict(candidates=2048, sorted=0),
                                    dict(candidates=8, sorted=0)], ids=["sorted", "searched", "whole-row"])
 def test_chunked_ties_at_both_cuts(shape):
