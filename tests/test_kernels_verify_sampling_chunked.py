@@ -25,6 +25,7 @@ from test_verify import random_batch
 
 from spectool.draft.tree import DraftTree
 from spectool.engine import Engine, _led_by
+from spectool.kernels import verify_sampling_chunked as chunked
 from spectool.kernels.verify_sampling_chunked import LaunchConfig, cut_rounds
 from spectool.verify import target_probs_at, verify_sampling, verify_sampling_chunked
 
@@ -219,11 +220,27 @@ def test_chunked_ties_at_both_cuts(shape):
     decide(small, coarse[:1, :2], 6, 1.0, coins[:1, :2], tiny)
 
 
+def copied_ranges(monkeypatch) -> list[torch.Tensor]:
+    """What each launch of the spread copy's kernel leaves in ``Gathered`` (per row, the values it
+    copied, or -1 where the cut kernel is to narrow and copy the range itself): a row that should take
+    the copy but falls back decides the same, only slower, so the tests ask which path it took."""
+    kernel = chunked._spread_gather_kernel
+    real, seen = kernel.run, []
+
+    def run(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append({**dict(zip(kernel.arg_names, args)), **kwargs}["Gathered"].clone())
+        return out
+
+    monkeypatch.setattr(kernel, "run", run)
+    return seen
+
+
 @pytest.mark.triton_interpreter
 @pytest.mark.parametrize("spread, gather", [(0, False), (1, False), (3, False), (1, True), (3, True)],
                          ids=["in-the-cut-kernel", "one-spread-round", "three-spread-rounds",
                               "one-spread-round-and-copy", "three-spread-rounds-and-copy"])
-def test_top_p_over_a_flat_row_searches_a_copy_of_the_narrowed_range(spread, gather):
+def test_top_p_over_a_flat_row_searches_a_copy_of_the_narrowed_range(spread, gather, monkeypatch):
     # Spread: the first rounds run as launches of (row, chunk) programs (one round narrows these rows
     # enough; a later round finds them narrowed and carries the state); with the copy, (row, chunk)
     # programs then copy the range, each after the chunks before it.
@@ -238,14 +255,19 @@ def test_top_p_over_a_flat_row_searches_a_copy_of_the_narrowed_range(spread, gat
     config = dataclasses.replace(FINE, candidates=256, sorted=0, spread_rounds=spread, spread_gather=gather)
     counts = candidates_over_the_bound(coarse, 1.0, 0, 0.9, config.sub)
     assert (counts > config.candidates).all() and ((coarse == 3).sum(-1) <= config.candidates).all()
+    copied = copied_ranges(monkeypatch)
     assert_same_decision(tree, coarse, 1.0, 0, 0.9, coins, config)
+    # With the copy every row's range fits after the spread rounds and is copied: the tie at 3 and
+    # perhaps a few values at its ends.
+    assert len(copied) == gather
+    assert all(((c >= (coarse == 3).sum(-1).flatten()) & (c <= config.candidates)).all() for c in copied)
 
 
 @pytest.mark.triton_interpreter
 @pytest.mark.parametrize("spread, gather", [(0, False), (3, False), (1, True), (3, True)],
                          ids=["in-the-cut-kernel", "three-spread-rounds", "one-spread-round-then-the-cut-kernel",
                               "three-spread-rounds-and-copy"])
-def test_top_p_over_flat_normal_rows_narrowed_in_rounds(spread, gather):
+def test_top_p_over_flat_normal_rows_narrowed_in_rounds(spread, gather, monkeypatch):
     # The sampling benchmark's rows (random normal x 2 at temperature 0.8) at 1,200 tokens: top-p 0.9
     # keeps about 130 of each, and with a buffer of 16 the search takes several rounds over the row
     # before the range still open fits it, spread over (row, chunk) programs (5 a row, whose partials
@@ -257,7 +279,12 @@ def test_top_p_over_flat_normal_rows_narrowed_in_rounds(spread, gather):
     config = dataclasses.replace(FINE, candidates=16, sorted=0, spread_rounds=spread, spread_chunk=256,
                                  spread_gather=gather)
     assert (candidates_over_the_bound(logits, 0.8, 0, 0.9, config.sub) > config.candidates).all()
+    copied = copied_ranges(monkeypatch)
     assert_same_decision(tree, logits, 0.8, 0, 0.9, torch.rand(bs, n, generator=g), config)
+    assert len(copied) == gather
+    if gather:
+        fits = (copied[0] >= 1) & (copied[0] <= config.candidates)
+        assert fits.all() if spread == 3 else (copied[0] == -1).all()
 
 
 def adjacent_floats(bs: int, n: int, vocab: int, g: torch.Generator) -> torch.Tensor:
@@ -272,14 +299,16 @@ def adjacent_floats(bs: int, n: int, vocab: int, g: torch.Generator) -> torch.Te
 @pytest.mark.triton_interpreter
 @pytest.mark.parametrize("spread", [0, 5, 6], ids=["in-the-cut-kernel", "five-spread-rounds-and-copy",
                                                    "six-spread-rounds-and-copy"])
-def test_top_p_over_adjacent_floats_copies_both_ends_of_the_range(spread):
+def test_top_p_over_adjacent_floats_copies_both_ends_of_the_range(spread, monkeypatch):
     # The range still open ends on values, which the copy must hold: after five spread rounds the last
     # one moved the ends, after six the last found the range narrowed and counted the values at its
     # ends. A chunk's count off by one leaves an entry unwritten, which the poisoned buffers show (conftest).
     bs, n = 2, 4
     tree, g = random_batch(bs, n, VOCAB, 21)
     config = dataclasses.replace(FINE, candidates=16, sorted=0, spread_rounds=spread, spread_gather=spread > 0)
+    copied = copied_ranges(monkeypatch)
     assert_same_decision(tree, adjacent_floats(bs, n, VOCAB, g), 1.0, 0, 0.5, torch.rand(bs, n, generator=g), config)
+    assert len(copied) == (spread > 0) and all(((c >= 1) & (c <= config.candidates)).all() for c in copied)
 
 
 def logits_dividing_to_one_value(temperature: float) -> tuple[float, float]:
