@@ -438,8 +438,7 @@ def _true_id(Logits, GMax2, row, t, cand_id, value, bound, V, NG, SUB: tl.conste
     or above the bound, which is then looked up."""
     g = cand_id // SUB
     if tl.load(GMax2 + row * NG + g) < bound:
-        offs = g * SUB + tl.arange(0, SUB).to(tl.int64)
-        x = _scaled(tl.load(Logits + row * V + offs, mask=offs < V, other=-float("inf")), t)
+        offs, x = _chunk_tile(Logits, row, t, g * SUB, V, SUB)
         cand_id = tl.min(tl.where(x == value, offs, V), axis=0)
     return cand_id
 
