@@ -508,9 +508,11 @@ def open_trace_file(path: str | Path) -> TraceFile:
     Every message header is read (cheap: it frames the file and finds damage); the per-record index
     comes from the file's trailer when it has a valid one, else from the index columns of each batch."""
     path = Path(path)
-    if path.is_file() and path.stat().st_size == 0:
-        raise TraceFormatError("the file is empty")
     mm = pa.memory_map(str(path))
+    # The map's size, not the file's now: a recorder may have appended since the map was taken.
+    size = mm.size()
+    if size == 0:
+        raise TraceFormatError("the file is empty")
     try:
         messages = pa.ipc.MessageReader.open_stream(mm)
         head = messages.read_next_message()
@@ -521,7 +523,6 @@ def open_trace_file(path: str | Path) -> TraceFile:
     missing = [name for name in sorted(_REQUIRED) if name not in schema.names]
     if missing:
         raise TraceFormatError(f"trace is missing column(s): {', '.join(missing)}")
-    size = mm.size()  # not the file's size now: a recorder may have appended since the map was taken
     head_end = mm.tell()
     batches: list[_Batch] = []
     ends: list[int] = []
