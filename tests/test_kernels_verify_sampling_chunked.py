@@ -236,6 +236,12 @@ def copied_ranges(monkeypatch) -> list[torch.Tensor]:
     return seen
 
 
+def every_row_copied(copied: list[torch.Tensor], config: LaunchConfig, at_least: int | torch.Tensor = 1) -> bool:
+    """Whether every launch of the spread copy copied every row's range: at least ``at_least`` values
+    (per row, or one bound for all), and no more than its buffer holds."""
+    return all(((c >= at_least) & (c <= config.candidates)).all() for c in copied)
+
+
 @pytest.mark.triton_interpreter
 @pytest.mark.parametrize("spread, gather", [(0, False), (1, False), (3, False), (1, True), (3, True)],
                          ids=["in-the-cut-kernel", "one-spread-round", "three-spread-rounds",
@@ -260,7 +266,7 @@ def test_top_p_over_a_flat_row_searches_a_copy_of_the_narrowed_range(spread, gat
     # With the copy every row's range fits after the spread rounds and is copied: the tie at 3 and
     # perhaps a few values at its ends.
     assert len(copied) == gather
-    assert all(((c >= (coarse == 3).sum(-1).flatten()) & (c <= config.candidates)).all() for c in copied)
+    assert every_row_copied(copied, config, at_least=(coarse == 3).sum(-1).flatten())
 
 
 @pytest.mark.triton_interpreter
@@ -283,8 +289,7 @@ def test_top_p_over_flat_normal_rows_narrowed_in_rounds(spread, gather, monkeypa
     assert_same_decision(tree, logits, 0.8, 0, 0.9, torch.rand(bs, n, generator=g), config)
     assert len(copied) == gather
     if gather:
-        fits = (copied[0] >= 1) & (copied[0] <= config.candidates)
-        assert fits.all() if spread == 3 else (copied[0] == -1).all()
+        assert every_row_copied(copied, config) if spread == 3 else (copied[0] == -1).all()
 
 
 def adjacent_floats(bs: int, n: int, vocab: int, g: torch.Generator) -> torch.Tensor:
@@ -308,7 +313,7 @@ def test_top_p_over_adjacent_floats_copies_both_ends_of_the_range(spread, monkey
     config = dataclasses.replace(FINE, candidates=16, sorted=0, spread_rounds=spread, spread_gather=spread > 0)
     copied = copied_ranges(monkeypatch)
     assert_same_decision(tree, adjacent_floats(bs, n, VOCAB, g), 1.0, 0, 0.5, torch.rand(bs, n, generator=g), config)
-    assert len(copied) == (spread > 0) and all(((c >= 1) & (c <= config.candidates)).all() for c in copied)
+    assert len(copied) == (spread > 0) and every_row_copied(copied, config)
 
 
 def logits_dividing_to_one_value(temperature: float) -> tuple[float, float]:
